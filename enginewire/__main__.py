@@ -1,0 +1,5 @@
+import sys
+
+from enginewire.cli import main
+
+sys.exit(main())

@@ -1,0 +1,59 @@
+"""The one exception hierarchy of enginewire's reference implementation.
+
+Every violation of the protocol raises a :class:`ProtocolError` subclass that carries the ID
+of the spec clause it breaks, what was expected and what came, so a log line or a conformance
+report can point at the exact rule (``enginewire spec show CLAUSE``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ProtocolError(Exception):
+    """A peer, a frame or a ring broke a clause of the spec."""
+
+    def __init__(
+        self,
+        clause: str,
+        message: str,
+        *,
+        expected: Any = None,
+        got: Any = None,
+    ) -> None:
+        self.clause = clause
+        self.message = message
+        self.expected = expected
+        self.got = got
+        detail = message
+        if expected is not None or got is not None:
+            detail += f" (expected {expected!r}, got {got!r})"
+        super().__init__(f"[{clause}] {detail}")
+
+
+class FramingError(ProtocolError):
+    """Wrong frame count, type byte, identity or sentinel."""
+
+
+class PayloadError(ProtocolError):
+    """A msgpack payload does not decode to the struct or value the spec names."""
+
+
+class TensorError(ProtocolError):
+    """A tensor tuple breaks the tensors surface (dtype, shape, data, buffer index, ext code)."""
+
+
+class StateError(ProtocolError):
+    """An event that is not allowed in the session's current state."""
+
+
+class HandshakeError(StateError):
+    """The start-up handshake went off the spec's state machine."""
+
+
+class RingError(ProtocolError):
+    """The shared-memory ring's layout, flags or chunk framing break the ring surface."""
+
+
+class ProtocolTimeout(ProtocolError, TimeoutError):
+    """A wait bounded by the spec (or by the caller) ran out."""

@@ -1,0 +1,22 @@
+"""enginewire.spec: the machine-readable wire specification and its loader.
+
+The facts live in TOML files under ``data/`` (one per surface, one per struct under
+``data/structs/``); :func:`load` validates them against :mod:`.schema` and returns a typed
+:class:`Spec`. Everything else in enginewire (reference, conformance, fuzz) reads the spec
+through this function rather than restating it.
+"""
+
+from .loader import REFERENCE_VLLM_VERSION, ClauseRef, Spec, SpecError, load
+from .types import TypeExpr, parse_type
+from .versions import VersionRange
+
+__all__ = [
+    "REFERENCE_VLLM_VERSION",
+    "ClauseRef",
+    "Spec",
+    "SpecError",
+    "TypeExpr",
+    "VersionRange",
+    "load",
+    "parse_type",
+]

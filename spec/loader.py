@@ -1,0 +1,316 @@
+"""Load and validate the spec files into typed objects.
+
+``load()`` reads every file under ``spec/data/`` (or a directory you pass), checks it against
+:mod:`enginewire.spec.schema` and the cross-file rules below, and returns a :class:`Spec`.
+Every problem raises :class:`SpecError` naming the file, the clause (where there is one) and the
+field, so ``enginewire spec check`` can point at the exact line to fix.
+
+Cross-file rules:
+
+- clause IDs are unique, start with their surface's name, and use ``[a-z0-9_.-]``;
+- every ``source`` is ``vllm/<path>.py:<line>`` (several joined by ``", "``);
+- every version range parses;
+- struct fields parse as type expressions, name only known structs and enums, keep required
+  fields before defaulted ones, and carry JSON-literal defaults;
+- steps, transitions and state machines refer only to clauses and states that exist.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from .schema import (
+    SURFACE_SCHEMAS,
+    Clause,
+    EnumSpec,
+    FieldSpec,
+    StructSpec,
+    SurfaceHeader,
+)
+from .types import TypeSyntaxError, parse_type
+from .versions import VersionError, VersionRange
+
+#: The vLLM release the spec files describe completely.
+REFERENCE_VLLM_VERSION = "0.33.0"
+
+DATA_DIR = Path(__file__).parent / "data"
+
+_CLAUSE_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$")
+_SOURCE = re.compile(r"^vllm/[A-Za-z0-9_/]+\.py:\d+(-\d+)?$")
+
+
+class SpecError(ValueError):
+    """A spec file breaks the schema or a cross-file rule."""
+
+    def __init__(
+        self, file: str, message: str, *, clause: str | None = None, field: str | None = None
+    ) -> None:
+        self.file = file
+        self.clause = clause
+        self.field = field
+        self.message = message
+        where = file
+        if clause:
+            where += f" clause {clause}"
+        if field:
+            where += f" field {field}"
+        super().__init__(f"{where}: {message}")
+
+
+@dataclass(frozen=True)
+class ClauseRef:
+    """A clause together with the surface and file it was read from."""
+
+    surface: str
+    file: str
+    clause: Clause
+
+
+@dataclass
+class Spec:
+    """The whole spec, restricted to one vLLM version."""
+
+    version: str
+    surfaces: dict[str, SurfaceHeader]
+    structs: dict[str, StructSpec | EnumSpec]
+    clauses: dict[str, ClauseRef] = field(default_factory=dict)
+
+    def clause(self, clause_id: str) -> Clause:
+        try:
+            return self.clauses[clause_id].clause
+        except KeyError:
+            raise KeyError(f"no clause {clause_id!r} in the spec") from None
+
+    def surface(self, name: str) -> Any:
+        return self.surfaces[name]
+
+    def struct(self, name: str) -> StructSpec:
+        found = self.structs.get(name)
+        if not isinstance(found, StructSpec):
+            raise KeyError(f"no struct {name!r} in the spec")
+        return found
+
+    def enum(self, name: str) -> EnumSpec:
+        found = self.structs.get(name)
+        if not isinstance(found, EnumSpec):
+            raise KeyError(f"no enum {name!r} in the spec")
+        return found
+
+    def to_builtins(self) -> dict[str, Any]:
+        """The whole spec as plain JSON-ready data (``enginewire spec export``)."""
+        return {
+            "format": "enginewire-spec/1",
+            "vllm_version": self.version,
+            "surfaces": {name: msgspec.to_builtins(s) for name, s in self.surfaces.items()},
+            "structs": {name: msgspec.to_builtins(s) for name, s in self.structs.items()},
+        }
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(path.name, f"not valid TOML: {exc}") from None
+
+
+def _decode(path: Path, raw: dict[str, Any], schema: type) -> Any:
+    try:
+        return msgspec.convert(raw, schema)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        clause_id = None
+        match = re.search(r"at `\$\.clauses\[(\d+)\]", message)
+        if match:
+            index = int(match.group(1))
+            clauses = raw.get("clauses", [])
+            if index < len(clauses) and isinstance(clauses[index], dict):
+                clause_id = clauses[index].get("id")
+        path_match = re.search(r"at `(\$[^`]*)`", message)
+        raise SpecError(
+            path.name,
+            message,
+            clause=clause_id,
+            field=path_match.group(1) if path_match else None,
+        ) from None
+
+
+def _check_range(file: str, text: str | None, *, clause: str | None, field: str) -> None:
+    if text is None:
+        return
+    try:
+        VersionRange.parse(text)
+    except VersionError as exc:
+        raise SpecError(file, str(exc), clause=clause, field=field) from None
+
+
+def _check_source(file: str, text: str, *, clause: str | None, field: str = "source") -> None:
+    for part in text.split(", "):
+        if not _SOURCE.match(part):
+            raise SpecError(
+                file,
+                f"expected 'vllm/<path>.py:<line>' (several joined by ', '), got {part!r}",
+                clause=clause,
+                field=field,
+            )
+
+
+def _in_range(versions: str | None, version: str) -> bool:
+    return versions is None or version in VersionRange.parse(versions)
+
+
+def _check_clauses(file: str, surface: str, clauses: list[Clause], seen: dict[str, str]) -> None:
+    for clause in clauses:
+        if not _CLAUSE_ID.match(clause.id):
+            raise SpecError(file, "clause IDs use [a-z0-9_.-] and have two or more parts",
+                            clause=clause.id, field="id")
+        if clause.id.split(".", 1)[0] != surface:
+            raise SpecError(file, f"clause IDs in this file start with '{surface}.'",
+                            clause=clause.id, field="id")
+        if clause.id in seen:
+            raise SpecError(file, f"duplicate clause ID (first in {seen[clause.id]})",
+                            clause=clause.id, field="id")
+        seen[clause.id] = file
+        if not clause.text.strip():
+            raise SpecError(file, "empty clause text", clause=clause.id, field="text")
+        _check_source(file, clause.source, clause=clause.id)
+        _check_range(file, clause.versions, clause=clause.id, field="versions")
+
+
+def _check_struct(file: str, spec: StructSpec | EnumSpec, names: set[str]) -> None:
+    _check_range(file, spec.versions, clause=None, field="versions")
+    _check_source(file, spec.source, clause=None)
+    if isinstance(spec, EnumSpec):
+        values = [m.value for m in spec.members]
+        if len(set(values)) != len(values):
+            raise SpecError(file, "duplicate enum values", field="members")
+        return
+    seen: set[str] = set()
+    defaulted_before: str | None = None
+    for index, fld in enumerate(spec.fields):
+        where = f"fields[{index}] ({fld.name})"
+        if fld.name in seen:
+            raise SpecError(file, "duplicate field name", field=where)
+        seen.add(fld.name)
+        _check_range(file, fld.versions, clause=None, field=where + ".versions")
+        try:
+            expr = parse_type(fld.type)
+        except TypeSyntaxError as exc:
+            raise SpecError(file, str(exc), field=where + ".type") from None
+        unknown = expr.names() - names
+        if unknown:
+            raise SpecError(file, f"unknown type name(s) {sorted(unknown)}", field=where + ".type")
+        has_default = fld.default is not None or fld.default_factory is not None
+        if fld.required and has_default:
+            raise SpecError(file, "a required field has no default", field=where)
+        if not fld.required and not has_default:
+            raise SpecError(file, "an optional field needs default or default_factory",
+                            field=where)
+        if fld.default is not None:
+            try:
+                json.loads(fld.default)
+            except json.JSONDecodeError as exc:
+                raise SpecError(file, f"default is not a JSON literal: {exc}",
+                                field=where + ".default") from None
+        if spec.encoding == "array":
+            if has_default:
+                defaulted_before = defaulted_before or fld.name
+            elif defaulted_before is not None:
+                raise SpecError(
+                    file,
+                    f"required field after defaulted field {defaulted_before!r} in an array "
+                    "encoding",
+                    field=where,
+                )
+
+
+def _restrict(spec: StructSpec | EnumSpec, version: str) -> StructSpec | EnumSpec:
+    if isinstance(spec, EnumSpec):
+        members = [m for m in spec.members if _in_range(m.versions, version)]
+        return msgspec.structs.replace(spec, members=members)
+    fields: list[FieldSpec] = [f for f in spec.fields if _in_range(f.versions, version)]
+    return msgspec.structs.replace(spec, fields=fields)
+
+
+def _check_surface_refs(file: str, surface: SurfaceHeader, clause_ids: set[str]) -> None:
+    def need(clause_id: str | None, where: str) -> None:
+        if clause_id is not None and clause_id not in clause_ids:
+            raise SpecError(file, f"refers to unknown clause {clause_id!r}", field=where)
+
+    for attr in ("writer_steps", "reader_steps"):
+        for index, step in enumerate(getattr(surface, attr, []) or []):
+            need(step.clause, f"{attr}[{index}].clause")
+    for index, machine in enumerate(getattr(surface, "machines", []) or []):
+        need(machine.illegal_event_clause, f"machines[{index}].illegal_event_clause")
+        states = {s.name for s in machine.states}
+        if machine.initial not in states:
+            raise SpecError(file, f"initial state {machine.initial!r} is not a state",
+                            field=f"machines[{index}].initial")
+        for t_index, transition in enumerate(machine.transitions):
+            for end in (transition.source, transition.target):
+                if end not in states:
+                    raise SpecError(file, f"transition names unknown state {end!r}",
+                                    field=f"machines[{index}].transitions[{t_index}]")
+
+
+def load(version: str | None = None, data_dir: Path | str | None = None) -> Spec:
+    """Load, validate and return the spec as it stands for ``version`` of vLLM.
+
+    ``version`` defaults to :data:`REFERENCE_VLLM_VERSION`. Clauses, fields and enum members
+    whose version range excludes ``version`` are left out of the result.
+    """
+    version = version or REFERENCE_VLLM_VERSION
+    return _load_cached(version, str(Path(data_dir) if data_dir else DATA_DIR))
+
+
+@lru_cache(maxsize=8)
+def _load_cached(version: str, data_dir: str) -> Spec:
+    root = Path(data_dir)
+    surfaces: dict[str, SurfaceHeader] = {}
+    seen_clauses: dict[str, str] = {}
+    clause_refs: dict[str, ClauseRef] = {}
+    for surface, schema in SURFACE_SCHEMAS.items():
+        path = root / f"{surface}.toml"
+        if not path.exists():
+            raise SpecError(path.name, "surface file is missing")
+        raw = _read_toml(path)
+        parsed = _decode(path, raw, schema)
+        if parsed.surface != surface:
+            raise SpecError(path.name, f"surface must be {surface!r}", field="surface")
+        _check_range(path.name, parsed.versions, clause=None, field="versions")
+        _check_clauses(path.name, surface, parsed.clauses, seen_clauses)
+        active = [c for c in parsed.clauses if _in_range(c.versions, version)]
+        surfaces[surface] = msgspec.structs.replace(parsed, clauses=active)
+        for clause in active:
+            clause_refs[clause.id] = ClauseRef(surface, path.name, clause)
+
+    structs: dict[str, StructSpec | EnumSpec] = {}
+    struct_files: dict[str, str] = {}
+    for path in sorted((root / "structs").glob("*.toml")):
+        raw = _read_toml(path)
+        schema = EnumSpec if raw.get("kind") == "enum" else StructSpec
+        parsed = _decode(path, raw, schema)
+        if parsed.name != path.stem:
+            raise SpecError(f"structs/{path.name}", f"name must match the file name {path.stem!r}",
+                            field="name")
+        structs[parsed.name] = parsed
+        struct_files[parsed.name] = f"structs/{path.name}"
+    for name, parsed in structs.items():
+        _check_struct(struct_files[name], parsed, set(structs))
+
+    all_ids = set(seen_clauses)
+    for surface in surfaces.values():
+        _check_surface_refs(f"{surface.surface}.toml", surface, all_ids)
+
+    active_structs = {
+        name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
+    }
+    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)

@@ -1,0 +1,155 @@
+"""Type expressions used by struct fields and frame payloads.
+
+The grammar is a small subset of Python's annotation syntax, so a reader already knows it::
+
+    type   := member ("|" member)*
+    member := NAME | NAME "[" type ("," type)* ("," "...")? "]"
+
+Built-in names and what they are on the wire (msgpack):
+
+=============  ===================================================================
+``str``        str                    ``int``    int (any width msgpack allows)
+``float``      float (msgpack float64) ``bool``  bool
+``bytes``      bin                    ``none``   nil (spelled ``None`` too)
+``any``        any msgpack value      ``slice``  array ``[start, stop, step]``
+``tensor``     a torch tensor as the tensors surface's ``(dtype, shape, data)``
+``ndarray``    a numpy array, same tuple with a numpy dtype string
+``list[T]``    array              ``set[T]``  array (order unspecified)
+``tuple[A, B]`` fixed-length array ``tuple[T, ...]`` array
+``dict[K, V]`` map
+=============  ===================================================================
+
+Any other name refers to a struct or enum under ``spec/data/structs/``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+BUILTINS = frozenset(
+    {"str", "int", "float", "bool", "bytes", "none", "any", "slice", "tensor", "ndarray"}
+)
+GENERICS = {"list": 1, "set": 1, "tuple": -1, "dict": 2}
+
+_TOKEN = re.compile(r"\s*(?:(\.\.\.)|([A-Za-z_][A-Za-z0-9_]*)|([\[\],|]))")
+
+
+class TypeSyntaxError(ValueError):
+    """A type expression does not follow the grammar above."""
+
+
+@dataclass(frozen=True)
+class TypeExpr:
+    """A parsed type: ``name`` with ``args``; a union has ``name == "union"``."""
+
+    name: str
+    args: tuple[TypeExpr, ...] = ()
+    #: ``tuple[T, ...]``: one element type, any length.
+    variadic: bool = False
+
+    @property
+    def nullable(self) -> bool:
+        return self.name == "none" or (
+            self.name == "union" and any(a.name == "none" for a in self.args)
+        )
+
+    def without_none(self) -> TypeExpr:
+        """The type with ``None`` removed from a union (a one-member union collapses)."""
+        if self.name != "union":
+            return self
+        rest = tuple(a for a in self.args if a.name != "none")
+        return rest[0] if len(rest) == 1 else TypeExpr("union", rest)
+
+    def names(self) -> set[str]:
+        """Every struct or enum name the expression refers to."""
+        found = set() if self.name in BUILTINS or self.name in GENERICS else {self.name}
+        found.discard("union")
+        for arg in self.args:
+            found |= arg.names()
+        return found
+
+    def __str__(self) -> str:
+        if self.name == "union":
+            return " | ".join(str(a) for a in self.args)
+        if not self.args:
+            return self.name
+        inner = ", ".join(str(a) for a in self.args)
+        return f"{self.name}[{inner}, ...]" if self.variadic else f"{self.name}[{inner}]"
+
+
+def parse_type(text: str) -> TypeExpr:
+    """Parse a type expression; raise :class:`TypeSyntaxError` naming the offending text."""
+    tokens: list[str] = []
+    pos = 0
+    stripped = text.rstrip()
+    while pos < len(stripped):
+        match = _TOKEN.match(stripped, pos)
+        if not match:
+            raise TypeSyntaxError(f"unexpected character at {pos} in type {text!r}")
+        tokens.append(match.group(1) or match.group(2) or match.group(3))
+        pos = match.end()
+    parser = _Parser(tokens, text)
+    result = parser.union()
+    if parser.pos != len(tokens):
+        raise TypeSyntaxError(f"trailing text {tokens[parser.pos:]} in type {text!r}")
+    return result
+
+
+class _Parser:
+    def __init__(self, tokens: list[str], text: str) -> None:
+        self.tokens = tokens
+        self.text = text
+        self.pos = 0
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self, expected: str | None = None) -> str:
+        token = self.peek()
+        if token is None or (expected is not None and token != expected):
+            raise TypeSyntaxError(
+                f"expected {expected or 'a name'} at token {self.pos} in type {self.text!r}, "
+                f"got {token!r}"
+            )
+        self.pos += 1
+        return token
+
+    def union(self) -> TypeExpr:
+        members = [self.member()]
+        while self.peek() == "|":
+            self.take("|")
+            members.append(self.member())
+        return members[0] if len(members) == 1 else TypeExpr("union", tuple(members))
+
+    def member(self) -> TypeExpr:
+        name = self.take()
+        if not re.match(r"[A-Za-z_]", name):
+            raise TypeSyntaxError(f"expected a type name in {self.text!r}, got {name!r}")
+        if name == "None":
+            name = "none"
+        if self.peek() != "[":
+            if name in GENERICS:
+                raise TypeSyntaxError(f"{name} needs type arguments in {self.text!r}")
+            return TypeExpr(name)
+        if name not in GENERICS:
+            raise TypeSyntaxError(f"{name} takes no type arguments in {self.text!r}")
+        self.take("[")
+        args = [self.union()]
+        variadic = False
+        while self.peek() == ",":
+            self.take(",")
+            if self.peek() == "...":
+                self.take("...")
+                variadic = True
+                break
+            args.append(self.union())
+        self.take("]")
+        arity = GENERICS[name]
+        if variadic and (name != "tuple" or len(args) != 1):
+            raise TypeSyntaxError(f"'...' is only allowed as tuple[T, ...] in {self.text!r}")
+        if arity > 0 and len(args) != arity:
+            raise TypeSyntaxError(
+                f"{name} takes {arity} type argument(s), got {len(args)} in {self.text!r}"
+            )
+        return TypeExpr(name, tuple(args), variadic)
