@@ -57,3 +57,8 @@ class RingError(ProtocolError):
 
 class ProtocolTimeout(ProtocolError, TimeoutError):
     """A wait bounded by the spec (or by the caller) ran out."""
+
+
+class EngineDeadError(StateError, ConnectionError):
+    """The engine sent ENGINE_CORE_DEAD (or the session already saw it): nothing more is
+    sent to it or accepted from it."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import sys
 from pathlib import Path
@@ -64,7 +65,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     levels: dict[str, int] = {}
     for ref in spec.clauses.values():
         levels[ref.clause.level] = levels.get(ref.clause.level, 0) + 1
-    counts = ", ".join(f"{n} {level}" for level, n in sorted(levels.items()))
+    counts = ", ".join(f"{levels[level]} {level}" for level in ("MUST", "SHOULD", "MAY")
+                       if level in levels)
     print(
         f"spec ok for vLLM {spec.version}: {len(spec.surfaces)} surfaces, "
         f"{len(spec.clauses)} clauses ({counts}), {len(spec.structs)} structs and enums, "
@@ -88,8 +90,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 1
     ref = spec.clauses.get(args.clause_id)
     if ref is None:
-        close = [c for c in spec.clauses if args.clause_id in c]
-        hint = f"; did you mean one of: {', '.join(close[:8])}" if close else ""
+        close = _similar_clause_ids(args.clause_id, list(spec.clauses))
+        hint = f"; did you mean one of: {', '.join(close)}" if close else ""
         print(f"enginewire spec: no clause {args.clause_id!r}{hint}", file=sys.stderr)
         return 2
     clause = ref.clause
@@ -103,6 +105,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     if clause.vllm_deviation:
         print(f"  vLLM deviates: {clause.vllm_deviation}")
     return 0
+
+
+def _similar_clause_ids(wanted: str, known: list[str], limit: int = 8) -> list[str]:
+    """Clause IDs a mistyped ``wanted`` may have meant: close spellings first, then IDs that
+    contain it, then the other IDs of the same surface."""
+    close = difflib.get_close_matches(wanted, known, n=limit, cutoff=0.6)
+    containing = sorted(c for c in known if wanted and wanted in c)
+    surface = wanted.split(".", 1)[0] + "."
+    same_surface = sorted(c for c in known if c.startswith(surface))
+    return list(dict.fromkeys([*close, *containing, *same_surface]))[:limit]
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

@@ -105,13 +105,31 @@ class Spec:
         return found
 
     def to_builtins(self) -> dict[str, Any]:
-        """The whole spec as plain JSON-ready data (``enginewire spec export``)."""
+        """The whole spec as plain JSON-ready data (``enginewire spec export``).
+
+        Every key of the schema is present, defaults included (``null`` for an absent optional
+        value), so a consumer in another language needs no knowledge of the schema's defaults:
+        ``kind`` tells a struct from an enum, ``required`` is always a boolean.
+        """
         return {
             "format": "enginewire-spec/1",
             "vllm_version": self.version,
-            "surfaces": {name: msgspec.to_builtins(s) for name, s in self.surfaces.items()},
-            "structs": {name: msgspec.to_builtins(s) for name, s in self.structs.items()},
+            "surfaces": {name: _complete(s) for name, s in self.surfaces.items()},
+            "structs": {name: _complete(s) for name, s in self.structs.items()},
         }
+
+
+def _complete(value: Any) -> Any:
+    """``value`` as JSON-ready builtins with every struct field written out, defaults too."""
+    if isinstance(value, msgspec.Struct):
+        return {
+            f.encode_name: _complete(getattr(value, f.name)) for f in msgspec.structs.fields(value)
+        }
+    if isinstance(value, list | tuple):
+        return [_complete(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _complete(item) for key, item in value.items()}
+    return value
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -119,7 +137,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         with path.open("rb") as handle:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
-        raise SpecError(path.name, f"not valid TOML: {exc}") from None
+        raise SpecError(_display_name(path), f"not valid TOML: {exc}") from None
 
 
 def _decode(path: Path, raw: dict[str, Any], schema: type) -> Any:
@@ -134,13 +152,33 @@ def _decode(path: Path, raw: dict[str, Any], schema: type) -> Any:
             clauses = raw.get("clauses", [])
             if index < len(clauses) and isinstance(clauses[index], dict):
                 clause_id = clauses[index].get("id")
-        path_match = re.search(r"at `(\$[^`]*)`", message)
-        raise SpecError(
-            path.name,
-            message,
-            clause=clause_id,
-            field=path_match.group(1) if path_match else None,
-        ) from None
+        field_path = _error_field(message)
+        field_match = re.match(r"fields\[(\d+)\]", field_path or "")
+        if field_path and field_match:
+            index = int(field_match.group(1))
+            fields = raw.get("fields", [])
+            if index < len(fields) and isinstance(fields[index], dict) and "name" in fields[index]:
+                name = fields[index]["name"]
+                field_path = f"{field_match.group(0)} ({name}){field_path[field_match.end():]}"
+        raise SpecError(_display_name(path), message, clause=clause_id, field=field_path) from None
+
+
+def _error_field(message: str) -> str | None:
+    """The field a msgspec validation message is about, as ``clauses[0].level``.
+
+    msgspec names the object that holds an unknown or missing key, not the key: append it.
+    """
+    path_match = re.search(r"at `\$\.?([^`]*)`", message)
+    where = path_match.group(1) if path_match else ""
+    key_match = re.search(r"(?:unknown|missing required) field `([^`]*)`", message)
+    if key_match:
+        where = f"{where}.{key_match.group(1)}" if where else key_match.group(1)
+    return where or None
+
+
+def _display_name(path: Path) -> str:
+    """A spec file as error messages name it: ``ring.toml`` or ``structs/Name.toml``."""
+    return f"structs/{path.name}" if path.parent.name == "structs" else path.name
 
 
 def _check_range(file: str, text: str | None, *, clause: str | None, field: str) -> None:
@@ -201,6 +239,8 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec, names: set[str]) -> No
             raise SpecError(file, "duplicate field name", field=where)
         seen.add(fld.name)
         _check_range(file, fld.versions, clause=None, field=where + ".versions")
+        if fld.source is not None:
+            _check_source(file, fld.source, clause=None, field=where + ".source")
         try:
             expr = parse_type(fld.type)
         except TypeSyntaxError as exc:
@@ -210,7 +250,7 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec, names: set[str]) -> No
             raise SpecError(file, f"unknown type name(s) {sorted(unknown)}", field=where + ".type")
         has_default = fld.default is not None or fld.default_factory is not None
         if fld.required and has_default:
-            raise SpecError(file, "a required field has no default", field=where)
+            raise SpecError(file, "a required field cannot have a default", field=where)
         if not fld.required and not has_default:
             raise SpecError(file, "an optional field needs default or default_factory",
                             field=where)

@@ -1,0 +1,96 @@
+"""``enginewire bench``: measure the ring, the codec and the peers against vLLM and baselines.
+
+Exit status: 0 when the run completed (whatever the figures: targets are measured, never
+asserted), 1 when some cell failed in every round, 2 for a usage error, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import replace
+from typing import Any
+
+from .config import BENCHES, BenchConfig
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="measure the ring, the codec and the peers against vLLM and raw baselines",
+        description=(
+            "Measure, in one run and alternating contenders round by round: ring messages/s, "
+            "GB/s and latency; codec encode and decode time; ADD to first output over ipc:// "
+            "and tcp://. Every figure is the median over rounds (with min and max) and "
+            "stands as a ratio to vLLM (when installed) and to the ceiling (memcpy, raw "
+            "msgspec, a bare ROUTER/DEALER round trip). See docs/bench.md."
+        ),
+    )
+    parser.add_argument(
+        "--target", action="append", default=[], metavar="T",
+        help="implementation to measure: reference (default), vllm, mutant:NAME or "
+             "package.module:attr, as for 'enginewire check'; may repeat or be "
+             "comma-separated. vLLM is measured as the comparison whenever it is installed",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help="a small grid and 3 rounds: under a minute")
+    parser.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
+    parser.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR (matplotlib)")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="write the command, the targets and the summary tables as "
+                             "Markdown (for a README)")
+    parser.add_argument("--bench", action="append", choices=BENCHES, default=[],
+                        help="run only this bench; may repeat (default: all)")
+    parser.add_argument("--rounds", type=int, metavar="N", help="rounds (default 5, quick 3)")
+    parser.add_argument("--no-vllm", action="store_true",
+                        help="do not measure vLLM (no vs-vLLM ratios)")
+    parser.add_argument("--summary", action="store_true",
+                        help="print only the headline cases (base reader and chunk counts)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=main)
+
+
+def config_from(args: argparse.Namespace) -> BenchConfig:
+    """The run's configuration from the parsed command line (ValueError if invalid)."""
+    targets = tuple(t.strip() for text in args.target for t in text.split(",") if t.strip())
+    overrides: dict[str, Any] = {"targets": targets or ("reference",),
+                                 "include_vllm": not args.no_vllm}
+    if args.bench:
+        overrides["benches"] = tuple(b for b in BENCHES if b in args.bench)
+    if args.rounds is not None:
+        overrides["rounds"] = args.rounds
+    config = BenchConfig.quick() if args.quick else BenchConfig.full()
+    return replace(config, **overrides)
+
+
+def main(args: argparse.Namespace) -> int:
+    from . import plots, report, runner
+
+    try:
+        config = config_from(args)
+    except ValueError as exc:
+        print(f"enginewire bench: {exc}", file=sys.stderr)
+        return 2
+    if args.plot and not plots.available():
+        print("enginewire bench: --plot needs matplotlib (pip install 'enginewire[bench]')",
+              file=sys.stderr)
+        return 2
+    command = shlex.join(["enginewire", "bench", *sys.argv[2:]]) if len(sys.argv) > 1 and \
+        sys.argv[1] == "bench" else "enginewire bench"
+    results = runner.run(config, progress=not args.no_progress, command=command)
+    print(report.render(results, summary=args.summary))
+    if args.json:
+        report.write_json(results, args.json)
+        print(f"wrote {args.json}")
+    if args.markdown:
+        report.write_markdown(results, args.markdown, plot_dir=args.plot)
+        print(f"wrote {args.markdown}")
+    if args.plot:
+        for path in plots.write_plots(results, args.plot):
+            print(f"wrote {path}")
+    if any("interrupted" in note for note in results.notes):
+        return 130
+    if any(s.summary is None for s in results.series):
+        return 1
+    return 0

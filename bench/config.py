@@ -1,0 +1,126 @@
+"""What a bench run measures and for how long: :class:`BenchConfig` and its two presets."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+KIB = 1 << 10
+MIB = 1 << 20
+
+#: The benches, in the order they run.
+BENCHES = ("ring", "codec", "peers")
+#: The transports of the peers bench.
+TRANSPORTS = ("ipc", "tcp")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One run's grid, repetitions and time bounds (seconds unless named otherwise).
+
+    The ring grid is either the full product of ``payloads`` x ``readers`` x ``chunks``
+    (``grid="product"``) or a star around ``base_readers`` and ``base_chunks``
+    (``grid="star"``): every payload with every reader count at ``base_chunks``, plus every
+    payload with every chunk count at ``base_readers``.
+    """
+
+    targets: tuple[str, ...] = ("reference",)
+    benches: tuple[str, ...] = BENCHES
+    #: Compare with vLLM when it is importable (its figures are the ``vs vLLM`` column).
+    include_vllm: bool = True
+    rounds: int = 5
+    # --- ring ---
+    payloads: tuple[int, ...] = (64, KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB)
+    readers: tuple[int, ...] = (1, 2, 3, 4)
+    chunks: tuple[int, ...] = (4, 10, 16)
+    grid: str = "star"
+    base_readers: int = 2
+    base_chunks: int = 10
+    #: vLLM's default chunk size: every payload of the grid fits in one chunk.
+    chunk_bytes: int = 24 * MIB
+    #: Timed part of one throughput cell, after ``warmup_seconds`` of warm-up (which also
+    #: writes every chunk at least once).
+    cell_seconds: float = 0.3
+    warmup_seconds: float = 0.05
+    #: Upper bound on the messages of one cell (tiny payloads on a fast machine).
+    max_messages: int = 200_000
+    latency_payload: int = KIB
+    latency_readers: tuple[int, ...] = (1, 2)
+    latency_messages: int = 200
+    #: Gap between two latency messages: the "low rate".
+    latency_interval: float = 0.005
+    # --- codec ---
+    codec_seconds: float = 0.2
+    # --- peers ---
+    transports: tuple[str, ...] = TRANSPORTS
+    round_trips: int = 200
+    # --- bounds ---
+    #: Longest any single wait may take (a reader attaching, one enqueue, a report).
+    timeout: float = 20.0
+
+    @classmethod
+    def full(cls, **overrides: Any) -> BenchConfig:
+        """The default run: the whole grid, 5 rounds (about 10 minutes on 2 cores)."""
+        return replace(cls(), **overrides)
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchConfig:
+        """A small grid, 3 rounds: well under a minute."""
+        return replace(cls(
+            rounds=3,
+            payloads=(64, KIB, 64 * KIB, MIB, 4 * MIB),
+            readers=(1, 2),
+            chunks=(10,),
+            cell_seconds=0.08,
+            warmup_seconds=0.02,
+            latency_readers=(1,),
+            latency_messages=60,
+            latency_interval=0.003,
+            codec_seconds=0.05,
+            round_trips=60,
+        ), **overrides)
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        unknown = set(self.benches) - set(BENCHES)
+        if unknown:
+            raise ValueError(f"unknown bench(es) {sorted(unknown)}: use {', '.join(BENCHES)}")
+        if self.grid not in ("star", "product"):
+            raise ValueError(f"grid must be 'star' or 'product', got {self.grid!r}")
+        if any(p < 16 for p in self.payloads) or self.latency_payload < 16:
+            raise ValueError("payloads carry a 16-byte header: 16 bytes at least")
+        if any(p > self.chunk_bytes - 4096 for p in self.payloads):
+            raise ValueError(f"every payload must fit one chunk of {self.chunk_bytes} bytes")
+        if any(r < 1 for r in (*self.readers, *self.latency_readers)):
+            raise ValueError("reader counts must be >= 1")
+        if any(c < 2 for c in self.chunks):
+            raise ValueError("chunk counts must be >= 2")
+        bad = set(self.transports) - set(TRANSPORTS)
+        if bad:
+            raise ValueError(f"unknown transport(s) {sorted(bad)}: use ipc, tcp")
+
+    def ring_cases(self) -> list[tuple[int, int, int]]:
+        """``(payload_bytes, readers, chunks)`` of every throughput cell, payload-major."""
+        if self.grid == "product":
+            return list(itertools.product(self.payloads, self.readers, self.chunks))
+        base_readers = self.base_readers if self.base_readers in self.readers else self.readers[0]
+        base_chunks = self.base_chunks if self.base_chunks in self.chunks else self.chunks[0]
+        cases: dict[tuple[int, int, int], None] = {}
+        for payload in self.payloads:
+            for readers in self.readers:
+                cases[(payload, readers, base_chunks)] = None
+            for chunks in self.chunks:
+                cases[(payload, base_readers, chunks)] = None
+        return list(cases)
+
+    def max_readers(self) -> int:
+        needed = []
+        if "ring" in self.benches:
+            needed = [*self.readers, *self.latency_readers]
+        return max(needed, default=0)
+
+    def to_builtins(self) -> dict[str, Any]:
+        return {key: list(value) if isinstance(value, tuple) else value
+                for key, value in asdict(self).items()}

@@ -1,0 +1,321 @@
+"""The peers bench: ADD to first output, over ipc:// and tcp://.
+
+A round trip starts just before the front end sends an ADD (a request for one token, built
+beforehand) and ends when that request's first output is back in the front end's hands.
+
+- ``reference``: :class:`~enginewire.reference.frontend.ReferenceFrontend` with a reference
+  engine process (:func:`~enginewire.reference.engine.spawn_engine`), handshake and all.
+- ``vllm``: vLLM's own front-end client (``AsyncMPClient``, what vLLM's API server runs) with
+  the same reference engine process: vLLM's engine core needs a model, the wire does not. The
+  difference between the two is the front end's cost; the engine's is common to both.
+- ``router_dealer`` (the ceiling): a bare ROUTER sends the same pre-encoded ADD frames and a
+  bare DEALER process answers with pre-encoded output frames over the same socket pair.
+
+Each session is set up once for the run (the constructor starts the processes, ``wait_ready``
+waits for them, so several sessions start side by side); a round sends ``round_trips``
+requests one after the other and reports the median and the 99th percentile. Every wait has a
+timeout; engines and helper processes are stopped and ipc files removed on :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+from typing import Any
+
+import zmq
+
+SPAWN = multiprocessing.get_context("spawn")
+PROMPT = (1, 2, 3)
+#: The identity of the bare DEALER (engine rank 0, 2 bytes little-endian).
+BARE_IDENTITY = b"\x00\x00"
+STOP = b"STOP"
+
+
+def free_tcp_address(host: str = "127.0.0.1") -> str:
+    """A tcp:// address on a port that was free a moment ago (for peers that cannot bind
+    port 0 and report the port back, like vLLM's client)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return f"tcp://{host}:{probe.getsockname()[1]}"
+
+
+def _address(transport: str) -> str:
+    from enginewire.reference.addresses import ipc_address
+
+    return ipc_address() if transport == "ipc" else free_tcp_address()
+
+
+class PeerError(RuntimeError):
+    """A round trip failed: no output in time, or an output for another request."""
+
+
+def _check(request_id: str, outputs: Any) -> None:
+    got = [o.request_id for o in outputs.outputs]
+    if got != [request_id]:
+        raise PeerError(f"expected the output of {request_id!r}, got outputs for {got}")
+
+
+class ReferencePeers:
+    """The reference front end and a reference engine process."""
+
+    name = "reference"
+
+    def __init__(self, transport: str, timeout: float) -> None:
+        from enginewire.reference.engine import EngineOptions, spawn_engine
+        from enginewire.reference.frontend import ReferenceFrontend
+
+        self.timeout = timeout
+        addresses = {}
+        if transport == "tcp":
+            addresses = {key: "tcp://127.0.0.1:0"
+                         for key in ("handshake_address", "input_address", "output_address")}
+        self.frontend = ReferenceFrontend(1, **addresses)
+        self.engine = None
+        try:
+            self.engine = spawn_engine(
+                EngineOptions(handshake_address=self.frontend.handshake_address, tokens=1),
+                stderr=subprocess.DEVNULL)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self) -> None:
+        self.frontend.wait_ready(self.timeout)
+
+    def measure(self, count: int, prefix: str) -> list[float]:
+        from enginewire.reference.engine import generation_request
+
+        requests = [generation_request(f"{prefix}-{i}", PROMPT, max_tokens=1)
+                    for i in range(count)]
+        frontend = self.frontend
+        clock = time.perf_counter
+        found = []
+        for request in requests:
+            start = clock()
+            frontend.add_request(request)
+            outputs = frontend.get_output(self.timeout)
+            found.append(clock() - start)
+            _check(request.request_id, outputs)
+        return found
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.stop(timeout=10)
+        self.frontend.close()
+
+
+class VllmPeers:
+    """vLLM's ``AsyncMPClient`` and a reference engine process."""
+
+    name = "vllm"
+
+    def __init__(self, transport: str, timeout: float) -> None:
+        from enginewire.reference.engine import EngineOptions, spawn_engine
+
+        self.timeout = timeout
+        self.addresses = {"input_address": _address(transport),
+                          "output_address": _address(transport)}
+        self.loop = asyncio.new_event_loop()
+        self.client: Any = None
+        # The engine connects to the client's addresses (retrying until the client binds).
+        self.engine = spawn_engine(EngineOptions(
+            input_addresses=[self.addresses["input_address"]],
+            output_addresses=[self.addresses["output_address"]], tokens=1,
+        ), stderr=subprocess.DEVNULL)
+
+    def wait_ready(self) -> None:
+        """Start the client; it returns once the engine's ready response came."""
+        from types import SimpleNamespace
+
+        import vllm.v1.engine.core_client as core_client
+        from vllm.config import DeviceConfig, ParallelConfig, VllmConfig
+        from vllm.v1.executor import Executor
+
+        config = VllmConfig(device_config=DeviceConfig(device="cpu"),
+                            parallel_config=ParallelConfig(data_parallel_size=1))
+        # The client reads only these two attributes of the model config; VllmConfig
+        # validates assignments, hence object.__setattr__.
+        object.__setattr__(config, "model_config",
+                           SimpleNamespace(max_model_len=2048, multimodal_config=None))
+        # The client waits this module global (default 600 s) for the engine's ready response.
+        saved = core_client.VLLM_ENGINE_READY_TIMEOUT_S
+        core_client.VLLM_ENGINE_READY_TIMEOUT_S = max(1, int(self.timeout))
+        try:
+            async def make() -> Any:
+                return core_client.AsyncMPClient(config, Executor, False,
+                                                 client_addresses=self.addresses)
+
+            self.client = self.loop.run_until_complete(make())
+        finally:
+            core_client.VLLM_ENGINE_READY_TIMEOUT_S = saved
+
+    def measure(self, count: int, prefix: str) -> list[float]:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.engine import EngineCoreRequest
+
+        requests = [EngineCoreRequest(
+            request_id=f"{prefix}-{i}", prompt_token_ids=list(PROMPT), mm_features=None,
+            sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+            arrival_time=time.time(), lora_request=None, cache_salt=None,
+            data_parallel_rank=None) for i in range(count)]
+        client, timeout = self.client, self.timeout
+
+        async def batch() -> list[float]:
+            clock = time.perf_counter
+            found = []
+            for request in requests:
+                start = clock()
+                await client.add_request_async(request)
+                outputs = await asyncio.wait_for(client.get_output_async(), timeout)
+                found.append(clock() - start)
+                _check(request.request_id, outputs)
+            return found
+
+        return self.loop.run_until_complete(batch())
+
+    def close(self) -> None:
+        from enginewire.reference.addresses import remove_ipc_file
+
+        try:
+            if self.client is not None:
+                client, self.client = self.client, None
+
+                async def shutdown() -> None:
+                    client.shutdown()
+
+                self.loop.run_until_complete(shutdown())
+        finally:
+            self.engine.stop(timeout=10)
+            if not self.loop.is_closed():
+                self.loop.close()
+            # vLLM's client leaves its ipc socket files behind (transport.ipc-files-removed).
+            for address in self.addresses.values():
+                remove_ipc_file(address)
+
+
+def bare_dealer(address: str, reply: Sequence[bytes], conn: Connection, timeout: float) -> None:
+    """The ceiling's engine: answer every message with ``reply`` until ``STOP`` (or until
+    nothing came for ``timeout`` seconds, or the parent is gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, also on Ctrl-C
+    parent = os.getppid()
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, BARE_IDENTITY)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(b"HELLO")
+        conn.send("connected")
+        idle_since = time.monotonic()
+        while True:
+            if not sock.poll(200):
+                if os.getppid() != parent or time.monotonic() - idle_since > timeout * 5:
+                    return
+                continue
+            frames = sock.recv_multipart(copy=False)
+            if frames[0].bytes == STOP:
+                return
+            sock.send_multipart(reply)
+            idle_since = time.monotonic()
+    finally:
+        sock.close(linger=0)
+        context.term()
+        conn.close()
+
+
+class BarePeers:
+    """A bare ROUTER here and a bare DEALER process exchanging pre-encoded frames."""
+
+    name = "router_dealer"
+
+    def __init__(self, transport: str, timeout: float) -> None:
+        from enginewire.reference import codec, structs
+        from enginewire.reference.engine import generation_request
+
+        self.timeout = timeout
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.process: Any = None
+        self.address = ""
+        self.identity = BARE_IDENTITY
+        try:
+            self.socket.bind(_bind_address(transport))
+            self.address = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.request = [bytes(memoryview(f).cast("B")) for f in codec.encode(
+                "add", generation_request("bench-bare", PROMPT, max_tokens=1))]
+            outputs = structs.EngineCoreOutputs(
+                engine_index=0, timestamp=time.monotonic(), finished_requests=["bench-bare"],
+                outputs=[structs.EngineCoreOutput(request_id="bench-bare",
+                                                  new_token_ids=[PROMPT[0] + 1],
+                                                  finish_reason=structs.FinishReason.LENGTH)])
+            reply = [bytes(memoryview(f).cast("B")) for f in codec.encode("outputs", outputs)]
+            parent, child = SPAWN.Pipe(duplex=False)
+            self.process = SPAWN.Process(target=bare_dealer,
+                                         args=(self.address, reply, child, timeout),
+                                         daemon=True, name="enginewire-bench-dealer")
+            self.process.start()
+            child.close()
+            self._started = parent
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self) -> None:
+        if not self._started.poll(self.timeout * 3):
+            raise PeerError("the bare DEALER process did not start in time")
+        self._started.recv()
+        self._started.close()
+        if not self.socket.poll(int(self.timeout * 1000)):
+            raise PeerError("no HELLO from the bare DEALER")
+        self.identity = self.socket.recv_multipart()[0]
+
+    def measure(self, count: int, prefix: str) -> list[float]:
+        sock, timeout_ms = self.socket, int(self.timeout * 1000)
+        message = [self.identity, *self.request]
+        clock = time.perf_counter
+        found = []
+        for _ in range(count):
+            start = clock()
+            sock.send_multipart(message)
+            if not sock.poll(timeout_ms):
+                raise PeerError(f"no reply within {self.timeout} s")
+            sock.recv_multipart()
+            found.append(clock() - start)
+        return found
+
+    def close(self) -> None:
+        from enginewire.reference.addresses import remove_ipc_file
+
+        if self.process is not None and self.process.is_alive():
+            try:
+                self.socket.send_multipart([self.identity, STOP])
+            except zmq.ZMQError:
+                pass
+            self.process.join(5)
+            if self.process.is_alive():
+                self.process.terminate()
+                self.process.join(5)
+        self.socket.close(linger=0)
+        self.context.term()
+        if self.address:
+            remove_ipc_file(self.address)
+
+
+def _bind_address(transport: str) -> str:
+    from enginewire.reference.addresses import ipc_address
+
+    return ipc_address() if transport == "ipc" else "tcp://127.0.0.1:0"
+
+
+#: Contender name -> session class.
+SESSIONS: dict[str, type] = {"reference": ReferencePeers, "vllm": VllmPeers,
+                             "router_dealer": BarePeers}

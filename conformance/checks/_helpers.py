@@ -1,0 +1,135 @@
+"""Building blocks the check modules share: calling a codec with evidence on failure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from enginewire.conformance.registry import CheckFailure, Reproduction
+from enginewire.conformance.values import complete, differences, neutral
+from enginewire.conformance.wire import compare_wire, expected_wire, raw_decode
+
+
+def as_bytes(frames: Sequence[Any]) -> list[bytes]:
+    """Frames as ``bytes`` (copies memoryviews and zmq frames)."""
+    out = []
+    for frame in frames:
+        if isinstance(frame, bytes):
+            out.append(frame)
+        elif hasattr(frame, "bytes") and not isinstance(frame, bytearray | memoryview):
+            out.append(frame.bytes)
+        else:
+            out.append(bytes(memoryview(frame).cast("B")))
+    return out
+
+
+def encode(codec: Any, kind: str, value: Any, **notes: Any) -> list[bytes]:
+    """``codec.encode(kind, value)`` as bytes; an exception becomes a :class:`CheckFailure`."""
+    try:
+        frames = codec.encode(kind, value)
+    except Exception as exc:  # noqa: BLE001 - the target's exception is the evidence
+        raise CheckFailure(
+            f"encode({kind!r}) raised {type(exc).__name__}: {exc}",
+            Reproduction(received=f"{type(exc).__name__}: {exc}",
+                         notes={"value": value, **notes}),
+        ) from exc
+    if not isinstance(frames, list | tuple) or not frames:
+        raise CheckFailure(
+            f"encode({kind!r}) must return a non-empty list of frames, got {type(frames).__name__}",
+            Reproduction(received=frames, notes={"value": value}),
+        )
+    return as_bytes(frames)
+
+
+def decode(codec: Any, kind: str, frames: Sequence[bytes], **notes: Any) -> Any:
+    """``codec.decode(kind, frames)``; an exception becomes a :class:`CheckFailure`."""
+    try:
+        return codec.decode(kind, list(frames))
+    except Exception as exc:  # noqa: BLE001
+        clause = getattr(exc, "clause", None)
+        raise CheckFailure(
+            f"decode({kind!r}) rejected valid frames: {type(exc).__name__}"
+            + (f" [{clause}]" if clause else "") + f": {exc}",
+            Reproduction(sent=frames, received=f"{type(exc).__name__}: {exc}", notes=notes),
+        ) from exc
+
+
+def expect_rejection(
+    codec: Any, kind: str, frames: Sequence[bytes], clause: str | Sequence[str], why: str,
+    **notes: Any,
+) -> BaseException:
+    """Decoding ``frames`` must raise; an error that names a clause must name ``clause``."""
+    accepted = (clause,) if isinstance(clause, str) else tuple(clause)
+    try:
+        value = codec.decode(kind, list(frames))
+    except Exception as exc:  # noqa: BLE001
+        named = getattr(exc, "clause", None)
+        if named is not None and named not in accepted:
+            raise CheckFailure(
+                f"{why}: rejected, but citing clause {named} instead of {' or '.join(accepted)}",
+                Reproduction(sent=frames, received=f"{type(exc).__name__}: {exc}", notes=notes),
+            ) from exc
+        return exc
+    raise CheckFailure(
+        f"{why}: decode({kind!r}) accepted the frames",
+        Reproduction(sent=frames, received=neutral(value), notes=notes),
+    )
+
+
+def expect_wire(
+    frames: Sequence[bytes], value: Any, type_text: str, spec: Any, *, threshold: int = 256,
+    what: str = "", strict_omit: bool = False,
+) -> None:
+    """Frame 0 must decode to the spec's wire form of ``value`` and the out-of-band frames
+    must follow it exactly."""
+    form = expected_wire(value, type_text, spec, threshold=threshold)
+    try:
+        actual = raw_decode(frames[0])
+    except Exception as exc:  # noqa: BLE001
+        raise CheckFailure(
+            f"{what or type_text}: frame 0 is not valid msgpack: {exc}",
+            Reproduction(sent=None, received=frames),
+        ) from exc
+    problems = compare_wire(form.value, actual, strict_omit=strict_omit)
+    if len(frames) - 1 != len(form.oob):
+        problems.append(f"expected {len(form.oob)} out-of-band frames, got {len(frames) - 1}")
+    else:
+        for index, (want, got) in enumerate(zip(form.oob, frames[1:], strict=True), start=1):
+            if bytes(want) != bytes(got):
+                problems.append(f"out-of-band frame {index}: bytes differ")
+    if problems:
+        raise CheckFailure(
+            f"{what or type_text}: the encoding differs from the spec: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            Reproduction(received=frames, notes={"differences": problems[:20],
+                                                 "threshold": threshold}),
+        )
+
+
+def expect_value(
+    actual: Any, expected: Any, type_text: str, spec: Any, *, what: str,
+    sent: Sequence[bytes] | None = None, fields: Sequence[str] | None = None,
+) -> None:
+    """A decoded value must equal ``expected`` completed with the spec's defaults.
+
+    ``fields`` limits the comparison to those fields of a struct value.
+    """
+    want = complete(neutral(expected), type_text, spec)
+    got = neutral(actual)
+    if fields is not None:
+        want = {k: want.get(k) for k in fields}
+        got = {k: got.get(k) for k in fields} if isinstance(got, dict) else got
+    problems = differences(want, got)
+    if problems:
+        raise CheckFailure(
+            f"{what}: {problems[0]}" + (f" (and {len(problems) - 1} more)"
+                                        if len(problems) > 1 else ""),
+            Reproduction(sent=sent, received=got, notes={"differences": problems[:20]}),
+        )
+
+
+def field_value(value: Any, name: str) -> Any:
+    """Field ``name`` of a decoded struct, whether a dict or an object."""
+    if isinstance(value, dict):
+        return value[name]
+    return getattr(value, name)

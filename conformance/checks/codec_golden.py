@@ -1,0 +1,173 @@
+"""Golden vectors: the target must write vLLM's bytes exactly and read them back.
+
+Every file under ``conformance/data/golden/`` (see :mod:`enginewire.conformance.golden`)
+becomes two checks:
+
+- ``codec.golden.<name>.encode``: encoding the vector's value (with the vector's threshold)
+  gives the vector's frames byte for byte;
+- ``codec.golden.<name>.decode``: decoding the vector's frames gives the vector's value.
+
+A vector written with a threshold other than the spec's default needs the target's
+``codec.threshold`` capability for its encode check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from enginewire.conformance.golden import payload_type
+from enginewire.conformance.registry import CheckFailure, CheckSkip, Reproduction, check
+from enginewire.conformance.values import TensorValue, complete, differences, neutral
+
+from ._helpers import as_bytes
+
+#: The clause a vector of each kind is first about (struct kinds: their layout clause).
+KIND_CLAUSES = {
+    "add": "frames.type-byte-before-payload",
+    "abort": "frames.abort-payload",
+    "utility": "frames.utility-payload",
+    "start_dp_wave": "frames.start-dp-wave-payload",
+    "outputs": "frames.outputs-payload",
+    "utility_reply": "frames.utility-reply",
+    "engine_core_dead": "frames.engine-core-dead-literal",
+    "hello": "handshake.hello-first",
+    "ready": "handshake.message-keys",
+    "init": "handshake.init-answers-hello",
+    "ready_response": "frames.ready-response-first",
+}
+STRUCT_CLAUSES = {
+    "array": "structs.array.field-order",
+    "tuple": "structs.tuple.array",
+    "map": "structs.map.keyed-by-field-name",
+    "dataclass": "structs.dataclass.all-fields",
+}
+
+
+def _has_tensor(value: Any) -> bool:
+    if isinstance(value, TensorValue):
+        return True
+    if isinstance(value, dict):
+        return any(_has_tensor(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_tensor(v) for v in value)
+    return False
+
+
+def _clauses(spec: Any, kind: str, value: Any) -> list[str]:
+    if kind in KIND_CLAUSES:
+        clauses = [KIND_CLAUSES[kind]]
+    else:
+        item = spec.structs.get(kind)
+        clauses = [STRUCT_CLAUSES.get(getattr(item, "encoding", ""), "frames.payload-matches-type")]
+    if _has_tensor(neutral(value)):
+        clauses.append("structs.tensor-fields")
+    return clauses
+
+
+def _configured(codec: Any, ctx: Any, threshold: int) -> Any:
+    if threshold == ctx.spec.surface("tensors").threshold_default:
+        return codec
+    if not ctx.target.has("codec.threshold"):
+        from enginewire.conformance.registry import NotImplementedSurface
+
+        raise NotImplementedSurface(
+            f"this vector was written with threshold {threshold}: needs codec.threshold"
+        )
+    return codec.with_threshold(threshold)
+
+
+def _register(vector: Any, spec: Any) -> None:
+    clauses = _clauses(spec, vector.kind, vector.value)
+    base = f"codec.golden.{vector.name.replace('_', '-').lower()}"
+
+    @check(f"{base}.encode", clauses=clauses, surface="codec",
+           description=f"golden {vector.name}: {vector.description} (encode, byte-exact)")
+    def _encode(codec: Any, ctx: Any) -> None:
+        configured = _configured(codec, ctx, vector.threshold)
+        try:
+            frames = as_bytes(configured.encode(vector.kind, vector.value))
+        except Exception as exc:  # noqa: BLE001
+            raise CheckFailure(
+                f"encode({vector.kind!r}) raised {type(exc).__name__}: {exc}",
+                Reproduction(received=f"{type(exc).__name__}: {exc}",
+                             notes={"vector": vector.name}),
+            ) from exc
+        problems = []
+        if len(frames) != len(vector.frames):
+            problems.append(f"{len(frames)} frames, vLLM wrote {len(vector.frames)}")
+        for index, (mine, theirs) in enumerate(zip(frames, vector.frames, strict=False)):
+            if mine != theirs:
+                at = next((i for i, (a, b) in enumerate(zip(mine, theirs, strict=False))
+                           if a != b), min(len(mine), len(theirs)))
+                problems.append(f"frame {index} differs from byte {at} on")
+        if problems:
+            raise CheckFailure(
+                f"golden {vector.name}: {problems[0]}",
+                Reproduction(sent=list(vector.frames), received=frames,
+                             notes={"problems": problems, "threshold": vector.threshold}),
+            )
+
+    @check(f"{base}.decode", clauses=clauses, surface="codec",
+           description=f"golden {vector.name}: {vector.description} (decode)")
+    def _decode(codec: Any, ctx: Any) -> None:
+        try:
+            decoded = codec.decode(vector.kind, list(vector.frames))
+        except Exception as exc:  # noqa: BLE001
+            raise CheckFailure(
+                f"decode({vector.kind!r}) rejected vLLM's frames: {type(exc).__name__}: {exc}",
+                Reproduction(sent=list(vector.frames), received=f"{type(exc).__name__}: {exc}"),
+            ) from exc
+        expected = neutral(vector.value)
+        payload = payload_type(vector.kind)
+        if payload is not None:
+            expected = complete(expected, payload, ctx.spec)
+        problems = differences(_tensors(expected), _tensors(neutral(decoded)))
+        if problems:
+            raise CheckFailure(
+                f"golden {vector.name}: {problems[0]}"
+                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                Reproduction(sent=list(vector.frames), received=neutral(decoded),
+                             notes={"differences": problems[:20]}),
+            )
+
+
+def _tensors(value: Any) -> Any:
+    """Tensor-like values a decoder may return besides torch/numpy, as TensorValue."""
+    if isinstance(value, dict):
+        return {k: _tensors(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tensors(v) for v in value]
+    if hasattr(value, "dtype") and hasattr(value, "shape") and hasattr(value, "data") and \
+            not isinstance(value, TensorValue):
+        try:
+            return TensorValue(str(value.dtype), tuple(value.shape), bytes(value.data), "tensor")
+        except (TypeError, ValueError):
+            return value
+    return value
+
+
+def _register_all() -> None:
+    from enginewire.spec import load
+
+    try:
+        from enginewire.conformance.golden import load_vectors
+        vectors = load_vectors()
+    except (ImportError, FileNotFoundError) as exc:
+        reason = f"no golden vectors: {exc}"
+        vectors = []
+    else:
+        reason = "conformance/data/golden/ holds no vectors"
+    if not vectors:
+
+        @check("codec.golden.vectors-present", clauses=["frames.payload-msgpack-first"],
+               surface="codec", description="golden vectors are installed")
+        def _absent(codec: Any, ctx: Any) -> None:
+            raise CheckSkip(reason)
+
+        return
+    spec = load()
+    for vector in vectors:
+        _register(vector, spec)
+
+
+_register_all()

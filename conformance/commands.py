@@ -1,0 +1,134 @@
+"""``enginewire check``: run the conformance suite against a target.
+
+Exit status: 0 iff nothing unexpected happened (no unexpected failure, no unexpected pass, no
+changed failure against the expected-failure list); 1 otherwise, and for ``--coverage`` when a
+MUST clause has no check; 2 for a usage error (a target that cannot be loaded, a malformed
+expected-failure file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .registry import SURFACES
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "check",
+        help="run the conformance suite against an implementation",
+        description=(
+            "Run the conformance checks against a target. Every check names the spec "
+            "clause(s) it enforces; SHOULD and MAY checks run only with --strict. The last "
+            "line of the output is 'N passed, M failed'."
+        ),
+    )
+    parser.add_argument(
+        "--target", default=None,
+        help="reference (default), vllm, mutant:NAME, package.module:attr, or none (only "
+             "--target-cmd surfaces)",
+    )
+    parser.add_argument(
+        "--target-cmd", action="append", default=[], metavar="[SURFACE=]COMMAND",
+        help="an external program for one surface; placeholders like {handshake} are filled "
+             "in (see docs/conformance.md); may repeat",
+    )
+    parser.add_argument("--surface", action="append", choices=SURFACES, default=[],
+                        help="run only checks of this surface; may repeat")
+    parser.add_argument("-k", "--select", action="append", default=[], metavar="GLOB",
+                        help="run only checks whose ID matches this glob; may repeat")
+    parser.add_argument("--strict", action="store_true",
+                        help="also run checks of SHOULD and MAY clauses")
+    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
+    parser.add_argument("--junit", metavar="PATH", help="write a JUnit XML report here")
+    parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
+    parser.add_argument("--expected-failures", metavar="FILE",
+                        help="checks the target is known to fail (one ID per line, "
+                             "optional '# message prefix')")
+    parser.add_argument("--update-expected", action="store_true",
+                        help="rewrite --expected-failures FILE from this run")
+    parser.add_argument("--coverage", action="store_true",
+                        help="list clauses without a check (exit 1 if a MUST clause has none)")
+    parser.add_argument("--list", action="store_true", help="list the checks and exit")
+    parser.add_argument("--timeout-scale", type=float, default=1.0, metavar="X",
+                        help="multiply every check's time limit by X (slow machines)")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show tracebacks, skips and not-implemented reasons")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from enginewire.spec import load
+
+    from . import reports
+    from .expected import ExpectedFailures, ExpectedFileError
+    from .registry import all_checks, select
+    from .targets import TargetError, load_target
+
+    spec = load()
+    checks = select(all_checks(), surfaces=args.surface, patterns=args.select)
+
+    if args.list:
+        for item in checks:
+            level = item.level(spec)
+            print(f"{item.id}  [{', '.join(item.clauses)}]  {level}  {item.description}")
+        print(f"{len(checks)} checks")
+        return 0
+
+    if args.coverage:
+        report = reports.coverage(spec, all_checks())
+        print(reports.render_coverage(report, spec))
+        return 1 if report["uncovered"]["MUST"] else 0
+
+    if args.update_expected and not args.expected_failures:
+        print("enginewire check: --update-expected needs --expected-failures FILE",
+              file=sys.stderr)
+        return 2
+    expected = None
+    if args.expected_failures:
+        try:
+            expected = ExpectedFailures.load(args.expected_failures)
+        except ExpectedFileError as exc:
+            print(f"enginewire check: {exc}", file=sys.stderr)
+            return 2
+
+    target_text = args.target
+    if target_text is None:
+        target_text = "none" if args.target_cmd else "reference"
+    try:
+        target = load_target(target_text, args.target_cmd)
+    except TargetError as exc:
+        print(f"enginewire check: {exc}", file=sys.stderr)
+        return 2
+
+    from .runner import run
+
+    progress = reports.Progress(enabled=False if args.no_progress else None)
+    try:
+        result = run(
+            checks, target, spec,
+            strict=args.strict,
+            expected=expected,
+            progress=progress,
+            timeout_scale=args.timeout_scale,
+        )
+    finally:
+        target.close()
+
+    if args.update_expected and expected is not None:
+        rewritten = expected.updated(result)
+        written = rewritten.write()
+        rewritten.apply(result)
+        print(f"enginewire check: wrote {len(rewritten.entries)} entries to {written}",
+              file=sys.stderr)
+    if args.json:
+        reports.write_json(result, args.json)
+    if args.junit:
+        reports.write_junit(result, args.junit)
+    if args.html:
+        reports.write_html(result, args.html)
+    print(reports.render_terminal(result, verbose=args.verbose))
+    return 0 if result.ok else 1

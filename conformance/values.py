@@ -1,0 +1,285 @@
+"""The neutral value model the suite and its targets exchange, derived from the spec.
+
+The suite never hands a target its own classes: it speaks in *neutral values*, the shape the
+spec's type expressions describe (:mod:`enginewire.spec.types`):
+
+==================  =====================================================================
+spec type           neutral value
+==================  =====================================================================
+struct ``Name``     ``dict`` field name -> neutral value; a missing key means the field's
+                    default (given to a target) or is filled from the spec (for comparison)
+enum ``Name``       its wire value (``int`` or ``str``); an ``IntEnum`` member compares equal
+``tensor``          a ``torch.Tensor`` (given), :class:`TensorValue` (normalized)
+``ndarray``         a ``numpy.ndarray`` (given), :class:`TensorValue` (normalized)
+``bytes``           ``bytes``
+``tuple``/``list``  ``list`` (normalized), ``set`` stays a ``set``
+``slice``           ``slice``
+==================  =====================================================================
+
+:func:`neutral` turns whatever a target's decoder returns (msgspec Structs, dataclasses,
+dicts, enum members, tensors) into that model; :func:`complete` fills a partial struct value
+with the spec's defaults; :func:`differences` compares two neutral values field by field and
+names the path of every mismatch. :func:`build` does the opposite of :func:`neutral` for a
+Python implementation whose codec takes its own classes (the built-in adapters use it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from enginewire.spec.schema import EnumSpec, StructSpec
+from enginewire.spec.types import TypeExpr, parse_type
+
+
+@dataclass(frozen=True)
+class TensorValue:
+    """A tensor or array reduced to what travels: dtype string, shape, raw bytes (C order)."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+    #: ``"tensor"`` for torch, ``"ndarray"`` for numpy.
+    family: str = "tensor"
+
+    def __repr__(self) -> str:
+        shown = self.data[:32].hex() + ("..." if len(self.data) > 32 else "")
+        size = len(self.data)
+        return f"TensorValue({self.family} {self.dtype} {list(self.shape)} {size}B {shown})"
+
+
+def tensor_value(obj: Any) -> TensorValue:
+    """Normalize a ``torch.Tensor`` or ``numpy.ndarray`` to a :class:`TensorValue`."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return TensorValue(obj.dtype.str, tuple(int(n) for n in obj.shape),
+                           np.ascontiguousarray(obj).tobytes(), "ndarray")
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        flat = obj.detach().contiguous().reshape(-1).view(torch.uint8)
+        return TensorValue(str(obj.dtype).removeprefix("torch."), tuple(int(n) for n in obj.shape),
+                           bytes(flat.numpy().tobytes()), "tensor")
+    raise TypeError(f"expected a torch.Tensor or numpy.ndarray, got {type(obj).__name__}")
+
+
+def _is_tensor(obj: Any) -> bool:
+    module = type(obj).__module__
+    if module.startswith("numpy") and type(obj).__name__ == "ndarray":
+        return True
+    if module.startswith("torch"):
+        import torch
+
+        return isinstance(obj, torch.Tensor)
+    return False
+
+
+def neutral(obj: Any) -> Any:
+    """Normalize a decoded value (any Python implementation's types) to the neutral model."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        if isinstance(obj, enum.Enum):
+            return obj.value
+        return obj
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return bytes(obj)
+    if isinstance(obj, TensorValue):
+        return obj
+    if _is_tensor(obj):
+        return tensor_value(obj)
+    if isinstance(obj, Mapping):
+        return {_key(k): neutral(v) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return {name: neutral(getattr(obj, name)) for name in obj._fields}
+    if isinstance(obj, list | tuple):
+        return [neutral(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return {neutral(v) for v in obj}
+    if isinstance(obj, slice):
+        return obj
+    fields = getattr(type(obj), "__struct_fields__", None)
+    if fields is not None:
+        return {name: neutral(getattr(obj, name)) for name in fields}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: neutral(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if hasattr(obj, "result") and type(obj).__name__ == "UtilityResult":
+        # vLLM's wrapper class: on the wire it is [type_info, value], type_info null unless
+        # insecure serialization is on.
+        return {"type_info": None, "value": neutral(obj.result)}
+    return obj
+
+
+def _key(key: Any) -> Any:
+    return key.value if isinstance(key, enum.Enum) else key
+
+
+def default_of(field: Any) -> Any:
+    """The neutral default of a spec field (``FieldSpec``); ``KeyError`` for a required one."""
+    if field.default_factory == "list":
+        return []
+    if field.default_factory == "dict":
+        return {}
+    if field.default_factory == "set":
+        return set()
+    if field.default is not None:
+        return json.loads(field.default)
+    raise KeyError(f"field {field.name!r} is required and has no default")
+
+
+def complete(value: Any, type_text: str | TypeExpr, spec: Any) -> Any:
+    """``value`` with every struct's missing fields set to the spec's defaults, recursively."""
+    expr = parse_type(type_text) if isinstance(type_text, str) else type_text
+    if value is None:
+        return None
+    if expr.name == "union":
+        member = _union_member(value, expr, spec)
+        return value if member is None else complete(value, member, spec)
+    item = spec.structs.get(expr.name)
+    if isinstance(item, StructSpec) and isinstance(value, Mapping):
+        out = {}
+        for fld in item.fields:
+            if fld.name in value:
+                out[fld.name] = complete(value[fld.name], fld.type, spec)
+            elif not fld.required:
+                out[fld.name] = default_of(fld)
+        for key in value:
+            if key not in out:
+                out[key] = value[key]
+        return out
+    if expr.name in ("list", "tuple", "set") and isinstance(value, list | tuple | set):
+        if expr.name == "tuple" and not expr.variadic and len(expr.args) == len(value):
+            return [complete(v, a, spec) for v, a in zip(value, expr.args, strict=True)]
+        inner = expr.args[0]
+        done = [complete(v, inner, spec) for v in value]
+        return set(done) if isinstance(value, set) else done
+    if expr.name == "dict" and isinstance(value, Mapping):
+        return {k: complete(v, expr.args[1], spec) for k, v in value.items()}
+    return value
+
+
+def _union_member(value: Any, expr: TypeExpr, spec: Any) -> TypeExpr | None:
+    """The member of a union a neutral value belongs to (a struct for a dict, else None)."""
+    candidates = [a for a in expr.args if a.name != "none"]
+    if isinstance(value, Mapping):
+        structs = [a for a in candidates if isinstance(spec.structs.get(a.name), StructSpec)]
+        if len(structs) == 1:
+            return structs[0]
+        dicts = [a for a in candidates if a.name == "dict"]
+        if dicts:
+            return dicts[0]
+    if isinstance(value, list | tuple | set):
+        for a in candidates:
+            if a.name in ("list", "tuple", "set"):
+                return a
+    return None
+
+
+def differences(expected: Any, actual: Any, path: str = "$") -> list[str]:
+    """Every mismatch between two neutral values, as ``path: expected X, got Y`` lines."""
+    found: list[str] = []
+    _diff(neutral(expected), neutral(actual), path, found)
+    return found
+
+
+def _diff(expected: Any, actual: Any, path: str, found: list[str]) -> None:
+    if isinstance(expected, Mapping) and isinstance(actual, Mapping):
+        for key in expected:
+            if key not in actual:
+                found.append(f"{path}.{key}: missing (expected {_short(expected[key])})")
+            else:
+                _diff(expected[key], actual[key], f"{path}.{key}", found)
+        for key in actual:
+            if key not in expected:
+                found.append(f"{path}.{key}: unexpected field (got {_short(actual[key])})")
+        return
+    if isinstance(expected, list) and isinstance(actual, list):
+        if len(expected) != len(actual):
+            found.append(f"{path}: expected {len(expected)} items, got {len(actual)}: "
+                         f"expected {_short(expected)}, got {_short(actual)}")
+            return
+        for index, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            _diff(e, a, f"{path}[{index}]", found)
+        return
+    if isinstance(expected, set) and isinstance(actual, list | set):
+        if expected != set(actual):
+            found.append(f"{path}: expected {_short(expected)}, got {_short(actual)}")
+        return
+    if isinstance(expected, float) and isinstance(actual, float):
+        if expected != actual and not (expected != expected and actual != actual):
+            found.append(f"{path}: expected {expected!r}, got {actual!r}")
+        return
+    if type(expected) is bool or type(actual) is bool:
+        if type(expected) is not type(actual) or expected != actual:
+            found.append(f"{path}: expected {_short(expected)}, got {_short(actual)}")
+        return
+    if expected != actual:
+        found.append(f"{path}: expected {_short(expected)}, got {_short(actual)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 160 else text[:160] + "..."
+
+
+# --- building a Python implementation's own objects --------------------------------------
+
+Resolver = Callable[[str], type | None]
+
+
+def build(value: Any, type_text: str | TypeExpr, spec: Any, resolve: Resolver) -> Any:
+    """Turn a neutral value into objects of an implementation's classes.
+
+    ``resolve(name)`` returns the implementation's class for a spec struct or enum name (or
+    None to keep the neutral dict/value). Struct classes are called with keyword arguments;
+    enum classes with the wire value.
+    """
+    expr = parse_type(type_text) if isinstance(type_text, str) else type_text
+    if value is None:
+        return None
+    if expr.name == "union":
+        member = _union_member(value, expr, spec)
+        if member is None:
+            for arg in expr.args:
+                if isinstance(spec.structs.get(arg.name), EnumSpec):
+                    member = arg
+                    break
+        return value if member is None else build(value, member, spec, resolve)
+    item = spec.structs.get(expr.name)
+    if isinstance(item, StructSpec) and isinstance(value, Mapping):
+        kwargs = {}
+        types = {f.name: f.type for f in item.fields}
+        for key, val in value.items():
+            kwargs[key] = build(val, types[key], spec, resolve) if key in types else val
+        cls = resolve(expr.name)
+        return kwargs if cls is None else cls(**kwargs)
+    if isinstance(item, EnumSpec):
+        cls = resolve(expr.name)
+        return value if cls is None else cls(value)
+    if expr.name == "list" and isinstance(value, list | tuple):
+        return [build(v, expr.args[0], spec, resolve) for v in value]
+    if expr.name == "set" and isinstance(value, list | tuple | set):
+        return {build(v, expr.args[0], spec, resolve) for v in value}
+    if expr.name == "tuple" and isinstance(value, list | tuple):
+        if expr.variadic:
+            return tuple(build(v, expr.args[0], spec, resolve) for v in value)
+        return tuple(build(v, a, spec, resolve) for v, a in zip(value, expr.args, strict=False))
+    if expr.name == "dict" and isinstance(value, Mapping):
+        return {k: build(v, expr.args[1], spec, resolve) for k, v in value.items()}
+    return value
+
+
+def import_class(path: str) -> type:
+    """Import ``module:QualName`` (the spec's ``vllm_class`` form)."""
+    import importlib
+
+    module_name, _, qualname = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,250 @@
+"""``explore()`` and ``replay()``: search a ring target's interleavings for violations.
+
+::
+
+    from enginewire.fuzz.explore import ReferenceTarget, RingConfig, explore
+
+    result = explore(ReferenceTarget(), RingConfig(readers=2, chunks=2, messages=3),
+                     model="sc")                           # every interleaving
+    assert result.ok and result.complete
+    result = explore(target, config, model="weak", random=1000, seed=7)   # PCT sampling
+    for finding in result.findings:
+        print(finding.format())                           # trace + replay string
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .engine import (
+    Event,
+    ExplorerError,
+    Outcome,
+    Simulator,
+    Violation,
+    World,
+    outcome_of,
+    run_forward,
+)
+from .model import AddressMap, MemoryModel
+from .schedule import RingConfig, Schedule
+from .shrink import shrink as shrink_outcome
+from .strategies import PctStrategy, ReplayStrategy, search
+from .targets import RingTarget, resolve_target
+from .trace import format_events, format_received, format_violation
+
+CHECKS = ("all", "behavior")
+
+
+@dataclass
+class Finding:
+    """One violation, shrunk, with its trace and the schedule that replays it."""
+
+    violation: Violation
+    schedule: Schedule
+    events: list[Event]
+    received: dict[str, list[bytes]]
+    preemptions: int
+    amap: AddressMap
+    payloads: list[bytes]
+    #: The PCT seed of the sampled run that found it (None for exhaustive search).
+    seed: int | None = None
+
+    @property
+    def steps(self) -> int:
+        return self.violation.step
+
+    def format(self) -> str:
+        schedule = self.schedule
+        lines = [f"VIOLATION {format_violation(self.violation)}",
+                 f"trace ({schedule.target}, {schedule.model.value}, "
+                 f"{schedule.config.describe()}; {self.steps} steps, "
+                 f"{self.preemptions} preemption(s)):"]
+        lines += ["  " + line for line in format_events(self.amap, self.events)]
+        lines.append("what each reader saw (message numbers):")
+        lines += ["  " + line for line in format_received(self.payloads, self.received)]
+        if self.seed is not None:
+            lines.append(f"found by random schedule seed {self.seed}")
+        lines.append(f"replay: enginewire explore --replay '{schedule}'")
+        return "\n".join(lines)
+
+
+@dataclass
+class ExploreResult:
+    """What a search did and found. ``complete``: every schedule of the mode was run (for
+    ``exhaustive``: every interleaving; ``bounded``: every one within the preemption bound)."""
+
+    target: str
+    model: MemoryModel
+    config: RingConfig
+    mode: str
+    bound: int | None
+    #: Executions that ran to their end (search: ends of distinct paths; random: runs).
+    executions: int
+    #: Distinct states explored (search only).
+    states: int
+    #: Actions taken in all.
+    transitions: int
+    #: Times the target's thread code was run to learn what it does after a new history.
+    code_runs: int
+    complete: bool
+    elapsed: float
+    findings: list[Finding] = field(default_factory=list)
+    #: The trace of the last execution (replay mode only).
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def summary(self) -> str:
+        if self.mode == "exhaustive":
+            scope = "every interleaving" if self.complete else "interleavings (search cut short)"
+        elif self.mode == "bounded":
+            scope = (f"every interleaving with <= {self.bound} preemption(s)" if self.complete
+                     else f"interleavings with <= {self.bound} preemption(s) (cut short)")
+        elif self.mode == "random":
+            scope = "random (PCT) schedules"
+        else:
+            scope = "replayed schedule"
+        counts = (f"{self.states} states, {self.transitions} transitions, "
+                  f"{self.executions} execution ends" if self.mode in ("exhaustive", "bounded")
+                  else f"{self.executions} executions")
+        verdict = ("no violation" if self.ok else
+                   f"{len(self.findings)} violation(s): "
+                   + ", ".join(f.violation.kind for f in self.findings))
+        return (f"{self.target} {self.model.value} {self.config.spell()}: {scope} ({counts}, "
+                f"{self.code_runs} code runs) in {self.elapsed:.1f} s: {verdict}")
+
+
+def default_max_steps(config: RingConfig) -> int:
+    """A bound on actions per execution well above what a correct ring needs."""
+    return 200 + 60 * config.messages * (config.readers + 1)
+
+
+class _Session:
+    def __init__(self, target: RingTarget, config: RingConfig, model: MemoryModel, check: str,
+                 max_steps: int | None) -> None:
+        if check not in CHECKS:
+            raise ValueError(f"check must be one of {', '.join(CHECKS)}, got {check!r}")
+        self.target = target
+        self.config = config
+        self.model = model
+        self.sim = Simulator(layout=target.layout(config), model=model,
+                             threads=target.threads(config), payloads=config.payloads(),
+                             check_protocol=check == "all",
+                             max_steps=max_steps or default_max_steps(config))
+
+    def lenient(self, keys: Sequence[str]) -> Outcome:
+        return run_forward(self.sim, ReplayStrategy(keys, strict=False))
+
+    def finding(self, outcome: Outcome, *, shrink: bool, seed: int | None = None) -> Finding:
+        assert outcome.violation is not None
+        if shrink:
+            outcome = shrink_outcome(self.lenient, outcome)
+        assert outcome.violation is not None
+        keys = tuple(outcome.keys[:outcome.violation.step])
+        final = run_forward(self.sim, ReplayStrategy(keys), recording=True)
+        if final.violation is None or final.violation.kind != outcome.violation.kind:
+            raise ExplorerError("replaying the violating schedule did not reproduce it: the "
+                                "target's code does not behave the same way twice")
+        sim = self.sim
+        return Finding(final.violation, Schedule(self.target.name, self.model, self.config, keys),
+                       final.events, final.received, final.preemptions, sim.amap,
+                       sim.payloads, seed)
+
+
+def explore(target: RingTarget | str, config: RingConfig | None = None, *,
+            model: MemoryModel | str = MemoryModel.SC, preemptions: int | None = None,
+            random: int | None = None, seed: int = 0, pct_depth: int = 3,
+            check: str = "all", max_steps: int | None = None,
+            max_states: int | None = None, keep_going: bool = False,
+            shrink: bool = True, reduce: bool = True) -> ExploreResult:
+    """Run ``target`` under many schedules and report violations.
+
+    - ``random=None``: depth-first search; ``preemptions=None`` explores every interleaving,
+      ``preemptions=K`` every one with at most K preemptions.
+    - ``random=N``: N PCT schedules (seeds ``seed`` .. ``seed + N - 1``, ``pct_depth``).
+    - ``check="behavior"`` checks only what readers receive, deadlock and termination, not
+      the flag discipline.
+    - ``keep_going``: search on after a violation, keeping the first of each kind.
+    - ``max_states`` cuts the search short (``complete`` is then False).
+    - ``reduce=False`` turns the sleep-set reduction of the unbounded search off.
+    """
+    if isinstance(target, str):
+        target = resolve_target(target)
+    config = config or RingConfig()
+    model = MemoryModel.parse(model)
+    started = time.monotonic()
+    findings: list[Finding] = []
+    kinds: set[str] = set()
+    with target.installed():
+        session = _Session(target, config, model, check, max_steps)
+        sim = session.sim
+        if random is not None:
+            mode, bound = "random", None
+            horizon = session.lenient([]).steps
+            executions = 0
+            complete = True
+            for offset in range(random):
+                run_seed = seed + offset
+                outcome = run_forward(sim, PctStrategy(run_seed, depth=pct_depth,
+                                                       horizon=horizon))
+                executions += 1
+                violation = outcome.violation
+                if violation is not None and violation.kind not in kinds:
+                    kinds.add(violation.kind)
+                    findings.append(session.finding(outcome, shrink=shrink, seed=run_seed))
+                    if not keep_going:
+                        complete = offset == random - 1
+                        break
+            states = transitions = 0
+        else:
+            mode, bound = ("exhaustive", None) if preemptions is None else ("bounded",
+                                                                            preemptions)
+            found: list[Outcome] = []
+
+            def on_violation(world: World, keys: list[str]) -> bool:
+                violation = world.violation
+                assert violation is not None
+                if violation.kind in kinds:
+                    return False
+                kinds.add(violation.kind)
+                found.append(outcome_of(world, keys))
+                return not keep_going
+
+            stats = search(sim, bound=bound, on_violation=on_violation, max_states=max_states,
+                           reduce=reduce)
+            findings = [session.finding(outcome, shrink=shrink) for outcome in found]
+            executions, states, transitions = stats.ends, stats.states, stats.transitions
+            complete = stats.complete
+        runs = sim.runs
+    return ExploreResult(target.name, model, config, mode, bound, executions, states,
+                         transitions, runs, complete, time.monotonic() - started, findings)
+
+
+def replay(schedule: Schedule | str, target: RingTarget | None = None, *,
+           check: str = "all", max_steps: int | None = None) -> ExploreResult:
+    """Run one schedule exactly (strictly: a choice that is not enabled is an error).
+
+    ``target`` defaults to resolving the schedule's target name; pass the object when the
+    schedule was found on a target without a resolvable name (a variant made in code).
+    """
+    if isinstance(schedule, str):
+        schedule = Schedule.parse(schedule)
+    if target is None:
+        target = resolve_target(schedule.target)
+    started = time.monotonic()
+    with target.installed():
+        session = _Session(target, schedule.config, schedule.model, check, max_steps)
+        sim = session.sim
+        outcome = run_forward(sim, ReplayStrategy(schedule.keys), recording=True)
+    findings = []
+    if outcome.violation is not None:
+        findings.append(Finding(outcome.violation, schedule, outcome.events, outcome.received,
+                                outcome.preemptions, sim.amap, sim.payloads))
+    return ExploreResult(target.name, schedule.model, schedule.config, "replay", None, 1, 0,
+                         outcome.steps, sim.runs, True, time.monotonic() - started, findings,
+                         outcome.events)

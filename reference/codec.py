@@ -1,0 +1,800 @@
+"""The sans-IO message codec: values to ZMQ frames and back, exactly as the spec lays them out.
+
+No sockets here: callers hand in and take out lists of frames. Every violation raises a
+:class:`~enginewire.reference.errors.ProtocolError` subclass carrying the clause it breaks.
+
+API
+---
+``encode(kind, value) -> list[bytes | memoryview]`` and ``decode(kind, frames) -> value``, where
+``kind`` is either
+
+- a message kind from ``spec/data/frames.toml``: ``hello``, ``init``, ``ready`` (handshake);
+  ``ready_response``, ``add``, ``abort``, ``utility`` (input); ``outputs``, ``utility_reply``,
+  ``engine_core_dead`` (output); ``coordinator_subscribe``, ``coordinator_ready``,
+  ``start_dp_wave``, ``coordinator_outputs``, ``stats_subscribe``, ``stats_update``,
+  ``scale_elastic_ep`` (coordinator). The frames are those the sending socket writes (type byte
+  first on the input channel), without the ROUTER's identity frame; or
+- a struct name from ``spec/data/structs/`` (``EngineCoreRequest``, ``EngineCoreOutputs``, ...):
+  just the payload, the msgpack frame followed by its out-of-band frames.
+
+Values: struct kinds take the classes of :mod:`enginewire.reference.structs`; ``abort`` a list
+of request ids; ``utility`` ``(client_index, call_id, method, args)``; ``start_dp_wave``
+``(new_wave, exclude_engine_index)``; ``hello``/``ready`` a dict; literal-only kinds
+(``engine_core_dead``, subscriptions, ``coordinator_ready``) ``None``; ``ready_response``
+``None`` for the empty frame older engines send.
+
+The module functions take :class:`Codec` options as keywords (``encode(kind, value,
+threshold=0)``). ``MESSAGE_PAYLOADS`` maps each message kind to its payload type expression.
+
+Routing and identity: ``encode_routed(kind, value, rank)`` / ``decode_routed(kind, frames) -> (rank, value)``
+add and strip the identity frame; ``decode_message(channel, frames, sender=None) -> Message``
+tells the kinds of one channel apart; ``encode_identity(rank)`` / ``decode_identity(frame)``.
+
+:class:`Codec` holds the options (``threshold``, ``allow_insecure``, ``copy``, ``tensors``,
+``ipc_handles``, ``version``); the module functions use a default instance. A frame may be
+``bytes``, ``bytearray``, ``memoryview`` or anything with a ``.buffer`` (a ``zmq.Frame``).
+Tensors decode as torch tensors where torch is installed (``tensors="auto"``) and as
+:class:`~enginewire.reference.tensors.WireTensor` otherwise. Out-of-band frames are views of the
+value's memory unless ``copy=True``: keep the value unchanged until the send completes
+(frames.oob-not-mutated-in-flight).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pickle
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+import msgspec
+import numpy as np
+from enginewire.spec import load
+from enginewire.spec.loader import Spec
+
+from .errors import FramingError, PayloadError, ProtocolError, TensorError
+from .structs import NdarraySlot, StructSet, TensorSlot, UnionSlot, build
+from .tensors import (
+    RAW_VIEW_EXT,
+    TensorIpcHandle,
+    Vocabulary,
+    WireTensor,
+    decode_value,
+    encode_ndarray,
+    encode_tensor,
+    encode_wire_tensor,
+    is_torch_tensor,
+    vocabulary,
+)
+
+Frame = Any  # bytes | bytearray | memoryview | an object with a ``.buffer`` (zmq.Frame)
+
+PICKLE_EXT = 1
+CLOUDPICKLE_EXT = 2
+
+#: Kinds whose empty payload frame stands for None (handshake.ready-response-empty-accepted).
+_EMPTY_MEANS_NONE = frozenset({"ready_response"})
+
+
+class Message(NamedTuple):
+    """A decoded message: its kind (from frames.toml) and its value."""
+
+    kind: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The frames of one message kind, read from frames.toml."""
+
+    kind: str
+    channel: str
+    sender: str
+    routed: bool
+    #: Fixed frames in front of the payload (type byte or literals), as bytes.
+    prefix: tuple[bytes, ...]
+    #: ``type_byte`` or ``literal`` for each prefix frame.
+    prefix_content: tuple[str, ...]
+    #: Type expression of the msgpack frame; None for literal-only messages.
+    payload: str | None
+    #: Out-of-band frames may follow the msgpack frame.
+    oob: bool
+    request_type: str | None
+
+
+def _layouts(spec: Spec) -> dict[str, Layout]:
+    found: dict[str, Layout] = {}
+    for message in spec.surface("frames").messages:
+        prefix: list[bytes] = []
+        contents: list[str] = []
+        payload: str | None = None
+        oob = False
+        for frame in message.frames:
+            if frame.content in ("type_byte", "literal"):
+                if payload is not None:
+                    raise ValueError(f"{message.kind}: fixed frame after the payload")
+                prefix.append(bytes.fromhex(frame.literal_hex or ""))
+                contents.append(frame.content)
+            elif frame.content == "msgpack":
+                payload = frame.payload
+            elif frame.content == "oob":
+                oob = True
+            else:
+                raise ValueError(f"{message.kind}: frame content {frame.content!r} not in payload")
+        found[message.kind] = Layout(
+            kind=message.kind,
+            channel=message.channel,
+            sender=message.sender,
+            routed=message.routed,
+            prefix=tuple(prefix),
+            prefix_content=tuple(contents),
+            payload=payload,
+            oob=oob,
+            request_type=message.request_type,
+        )
+    return found
+
+
+def _buffer(frame: Frame) -> Any:
+    return getattr(frame, "buffer", frame)
+
+
+def _frame_bytes(frame: Frame) -> bytes:
+    return bytes(_buffer(frame))
+
+
+# msgspec's messages -> the structs clause each one breaks; anything else breaks the payload type.
+_VALIDATION_CLAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Object missing required field"), "structs.map.absent-key-default"),
+    (re.compile(r"Expected `array` of at least length"), "structs.array.missing-required-rejected"),
+    (re.compile(r"Invalid enum value"), "structs.enum.value"),
+)
+_TUPLE_LENGTH = re.compile(r"Expected `array` of length (\d+) to (\d+), got (\d+)")
+
+
+def _validation_clause(message: str) -> str:
+    for pattern, clause in _VALIDATION_CLAUSES:
+        if pattern.search(message):
+            return clause
+    match = _TUPLE_LENGTH.search(message)
+    if match:
+        low, high, got = (int(n) for n in match.groups())
+        if got > high:
+            return "structs.tuple.extra-elements-rejected"
+        if got < low:
+            return "structs.tuple.array"
+    return "frames.payload-matches-type"
+
+
+#: vLLM's multimodal field factories and the field struct each builds (MMF_CLASS_TO_FACTORY,
+#: vllm/v1/serial_utils.py:48-52; structs.mm-item.known-factories-only).
+_MM_FACTORIES = {
+    "batched": "MultiModalBatchedField",
+    "flat": "MultiModalFlatField",
+    "shared": "MultiModalSharedField",
+}
+
+
+class _HookState(threading.local):
+    """Per-thread scratch space the msgspec hooks read: one encode or decode at a time."""
+
+    aux: list[Any] | None = None
+    frames: Sequence[Frame] = ()
+    used: set[int] | None = None
+
+
+class Codec:
+    """Encodes and decodes every message kind and struct of one vLLM version.
+
+    Options:
+
+    - ``threshold``: tensors and arrays of fewer bytes travel inline (default: the spec's 256);
+    - ``allow_insecure``: accept and produce extension types 1 (pickle) and 2 (cloudpickle),
+      and a non-nil UtilityResult.type_info, like vLLM with VLLM_ALLOW_INSECURE_SERIALIZATION=1;
+    - ``copy``: out-of-band frames are copies (not views of the value's memory) and decoded
+      tensors and arrays own their memory (not views of the received frames);
+    - ``tensors``: ``"torch"``, ``"wire"`` (:class:`WireTensor`) or ``"auto"`` (torch when
+      installed) for decoded tensor fields;
+    - ``ipc_handles``: accept tensor IPC handles (a map in the data position) as
+      :class:`TensorIpcHandle`, for peers that share vLLM's tensor IPC queue;
+    - ``version``: the vLLM version whose spec to follow (default: the reference version).
+
+    A Codec is safe to share between threads.
+    """
+
+    def __init__(
+        self,
+        *,
+        threshold: int | None = None,
+        allow_insecure: bool = False,
+        copy: bool = False,
+        tensors: Literal["auto", "torch", "wire"] = "auto",
+        ipc_handles: bool = False,
+        version: str | None = None,
+    ) -> None:
+        self.spec: Spec = load(version)
+        self.structs: StructSet = build(self.spec.version)
+        surface = self.spec.surface("tensors")
+        self.threshold = surface.threshold_default if threshold is None else threshold
+        if self.threshold < 0:
+            raise ValueError(f"threshold must be >= 0, got {threshold}")
+        self.allow_insecure = allow_insecure
+        self.copy = copy
+        if tensors == "auto":
+            tensors = "torch" if importlib.util.find_spec("torch") is not None else "wire"
+        if tensors not in ("torch", "wire"):
+            raise ValueError(f"tensors must be 'auto', 'torch' or 'wire', got {tensors!r}")
+        self.tensor_mode: Literal["torch", "wire"] = tensors
+        self.ipc_handles = ipc_handles
+        self._vocab: Vocabulary = vocabulary(self.spec.version)
+        self._layouts = _layouts(self.spec)
+        identity = self.spec.surface("identity")
+        self._identity_width: int = identity.width
+        self._identity_order: Literal["little", "big"] = identity.byteorder
+        self._internal_type_bytes = frozenset(
+            bytes([t.byte]) for t in self.spec.surface("request_types").types if not t.on_wire
+        )
+        self._handshake_keys = {
+            m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
+        }
+        self._state = _HookState()
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+        self._decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+        self._lock = threading.Lock()
+
+    # --- public API -----------------------------------------------------------------------
+
+    @property
+    def message_kinds(self) -> tuple[str, ...]:
+        """Every message kind of frames.toml, in file order."""
+        return tuple(self._layouts)
+
+    def layout(self, kind: str) -> Layout:
+        """The frame layout of a message kind."""
+        try:
+            return self._layouts[kind]
+        except KeyError:
+            raise KeyError(f"unknown message kind {kind!r}") from None
+
+    def encode(self, kind: str, value: Any) -> list[bytes | memoryview]:
+        """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
+        layout = self._layouts.get(kind)
+        if layout is None:
+            cls = self._struct_class(kind)
+            self._check_instance(kind, cls, value)
+            self._validate(kind, value)
+            return self._encode_payload(value, oob=True)
+        if layout.payload is None:
+            if value is not None:
+                raise PayloadError(
+                    "frames.frame-count",
+                    f"{kind} is a fixed frame and carries no value",
+                    got=type(value).__name__,
+                )
+            return list(layout.prefix)
+        if value is None and kind in _EMPTY_MEANS_NONE:
+            return [*layout.prefix, b""]
+        self._check_payload_value(layout, value)
+        self._validate(kind, value)
+        return [*layout.prefix, *self._encode_payload(value, oob=layout.oob)]
+
+    def decode(self, kind: str, frames: Sequence[Frame]) -> Any:
+        """The value of a message of ``kind`` (or a struct payload) from its frames."""
+        layout = self._layouts.get(kind)
+        if layout is None:
+            self._struct_class(kind)
+            if not frames:
+                raise FramingError("frames.frame-count", f"{kind} has no msgpack frame", got=0)
+            value = self._decode_payload(kind, frames, oob=True, kind=kind)
+            self._validate(kind, value)
+            return value
+        count = len(layout.prefix)
+        for index, expected in enumerate(layout.prefix):
+            if index >= len(frames):
+                raise FramingError(
+                    "frames.frame-count",
+                    f"{kind} is missing its fixed frame {index}",
+                    expected=expected,
+                    got=f"{len(frames)} frames",
+                )
+            self._check_fixed(layout, index, _frame_bytes(frames[index]))
+        if layout.payload is None:
+            if len(frames) != count:
+                clause = (
+                    "frames.engine-core-dead-literal"
+                    if kind == "engine_core_dead"
+                    else "frames.frame-count"
+                )
+                raise FramingError(
+                    clause, f"{kind} is exactly {count} frame(s)", expected=count, got=len(frames)
+                )
+            return None
+        payload = frames[count:]
+        if not payload:
+            raise FramingError(
+                "frames.frame-count", f"{kind} has no msgpack frame", got=len(frames)
+            )
+        if kind in _EMPTY_MEANS_NONE and len(payload) == 1 and len(_buffer(payload[0])) == 0:
+            return None
+        value = self._decode_payload(layout.payload, payload, oob=layout.oob, kind=kind)
+        self._validate(kind, value)
+        return value
+
+    def encode_routed(self, kind: str, value: Any, rank: int) -> list[bytes | memoryview]:
+        """The frames a ROUTER sends: the identity of ``rank``, then the message."""
+        self._require_routed(kind)
+        return [self.encode_identity(rank), *self.encode(kind, value)]
+
+    def decode_routed(self, kind: str, frames: Sequence[Frame]) -> tuple[int, Any]:
+        """``(rank, value)`` from the frames a ROUTER received (identity first)."""
+        self._require_routed(kind)
+        if not frames:
+            raise FramingError("frames.routed-identity-first", "no identity frame", got=0)
+        return self.decode_identity(frames[0]), self.decode(kind, frames[1:])
+
+    def decode_message(
+        self, channel: str, frames: Sequence[Frame], *, sender: str | None = None
+    ) -> Message:
+        """Tell which kind of ``channel`` the frames are (optionally only kinds sent by
+        ``sender``) and decode them. Routed frames must come without their identity."""
+        candidates = [
+            layout
+            for layout in self._layouts.values()
+            if layout.channel == channel and (sender is None or layout.sender == sender)
+        ]
+        if not candidates:
+            raise KeyError(f"no message kinds on channel {channel!r} from sender {sender!r}")
+        heads = [_frame_bytes(f) for f in frames[: max(len(c.prefix) for c in candidates)]]
+        prefixed = [
+            c
+            for c in candidates
+            if c.prefix and tuple(heads[: len(c.prefix)]) == c.prefix
+        ]
+        if prefixed:
+            chosen = max(prefixed, key=lambda c: len(c.prefix))
+            return Message(chosen.kind, self.decode(chosen.kind, frames))
+        bare = [c for c in candidates if not c.prefix]
+        if not bare:
+            self._reject_unknown_head(candidates, heads)
+        first_error: ProtocolError | None = None
+        for layout in bare:
+            try:
+                return Message(layout.kind, self.decode(layout.kind, frames))
+            except ProtocolError as exc:
+                first_error = first_error or exc
+        assert first_error is not None
+        raise first_error
+
+    def encode_identity(self, rank: int) -> bytes:
+        """The routing identity of the engine with index ``rank`` (identity surface)."""
+        if type(rank) is not int or not 0 <= rank < 1 << (8 * self._identity_width):
+            raise FramingError(
+                "identity.width-two-bytes",
+                f"an engine index fits in {self._identity_width} unsigned bytes",
+                got=rank,
+            )
+        return rank.to_bytes(self._identity_width, self._identity_order)
+
+    def decode_identity(self, frame: Frame) -> int:
+        """The engine index of a routing identity frame."""
+        raw = _frame_bytes(frame)
+        if len(raw) != self._identity_width:
+            raise FramingError(
+                "identity.width-two-bytes",
+                "an engine identity has a fixed width",
+                expected=self._identity_width,
+                got=len(raw),
+            )
+        return int.from_bytes(raw, self._identity_order)
+
+    # --- payloads -------------------------------------------------------------------------
+
+    def _encode_payload(self, value: Any, *, oob: bool) -> list[bytes | memoryview]:
+        state = self._state
+        aux: list[Any] = [b""]
+        state.aux = aux
+        try:
+            aux[0] = self._encoder.encode(value)
+        except TypeError as exc:
+            raise PayloadError("frames.payload-matches-type", str(exc)) from None
+        finally:
+            state.aux = None
+        if not oob and len(aux) > 1:
+            raise PayloadError(
+                "frames.untyped-payload-no-oob",
+                "this payload is decoded untyped: a tensor or array in it must stay below the "
+                "inline threshold",
+                got=f"{len(aux) - 1} out-of-band buffer(s)",
+            )
+        return aux
+
+    def _decode_payload(
+        self, payload: str, frames: Sequence[Frame], *, oob: bool, kind: str
+    ) -> Any:
+        if not oob and len(frames) > 1:
+            raise FramingError(
+                "frames.untyped-payload-no-oob",
+                f"{kind} carries no out-of-band frames",
+                expected=1,
+                got=len(frames),
+            )
+        decoder = self._decoder(payload)
+        state = self._state
+        used: set[int] = set()
+        state.frames, state.used = frames, used
+        try:
+            value = decoder.decode(_buffer(frames[0]))
+        except msgspec.ValidationError as exc:
+            text = str(exc)
+            raise PayloadError(
+                _validation_clause(text), f"{kind}: {text}", expected=payload
+            ) from None
+        except msgspec.DecodeError as exc:
+            raise PayloadError(
+                "frames.payload-matches-type", f"{kind}: {exc}", expected=payload
+            ) from None
+        finally:
+            state.frames, state.used = (), None
+        if len(used) != len(frames) - 1:
+            raise FramingError(
+                "frames.oob-count-matches",
+                f"{kind}: out-of-band frames that no value refers to",
+                expected=len(used),
+                got=len(frames) - 1,
+            )
+        return value
+
+    def _decoder(self, payload: str) -> msgspec.msgpack.Decoder[Any]:
+        found = self._decoders.get(payload)
+        if found is None:
+            with self._lock:
+                found = self._decoders.get(payload)
+                if found is None:
+                    found = msgspec.msgpack.Decoder(
+                        self.structs.type_of(payload),
+                        dec_hook=self._dec_hook,
+                        ext_hook=self._ext_hook,
+                    )
+                    self._decoders[payload] = found
+        return found
+
+    # --- msgspec hooks --------------------------------------------------------------------
+
+    def _enc_hook(self, value: Any) -> Any:
+        aux = self._state.aux
+        if aux is None:
+            raise RuntimeError("enc_hook outside an encode call")
+        if isinstance(value, np.ndarray):
+            if value.dtype.kind in ("O", "V") and self.allow_insecure:
+                return self._pickle(value)
+            return encode_ndarray(
+                value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
+            )
+        if is_torch_tensor(value):
+            return encode_tensor(
+                value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
+            )
+        if isinstance(value, WireTensor):
+            return encode_wire_tensor(
+                value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
+            )
+        if isinstance(value, TensorIpcHandle):
+            if not self.ipc_handles:
+                raise TensorError(
+                    "tensors.ipc-handle-needs-side-channel",
+                    "tensor IPC handles need a codec created with ipc_handles=True",
+                )
+            return value.dtype, value.shape, value.meta
+        if isinstance(value, slice):
+            bounds = (value.start, value.stop, value.step)
+            return tuple(None if v is None else int(v) for v in bounds)
+        if self.allow_insecure:
+            return self._pickle(value)
+        raise PayloadError(
+            "structs.no-implicit-pickle",
+            f"a value of type {type(value).__module__}.{type(value).__qualname__} has no wire form"
+            " (pickle needs allow_insecure=True)",
+        )
+
+    def _pickle(self, value: Any) -> msgspec.msgpack.Ext:
+        import types
+
+        if isinstance(value, types.FunctionType):
+            try:
+                import cloudpickle
+            except ImportError:
+                raise PayloadError(
+                    "tensors.insecure-function-cloudpickle",
+                    "sending a function needs the cloudpickle package",
+                ) from None
+            return msgspec.msgpack.Ext(CLOUDPICKLE_EXT, cloudpickle.dumps(value))
+        pickled = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return msgspec.msgpack.Ext(PICKLE_EXT, pickled)
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        if code == RAW_VIEW_EXT:
+            return data
+        if code in (PICKLE_EXT, CLOUDPICKLE_EXT):
+            if not self.allow_insecure:
+                raise TensorError(
+                    "tensors.ext-pickle-opt-in",
+                    f"extension type {code} (pickle) needs allow_insecure=True",
+                    got=code,
+                )
+            # cloudpickle writes ordinary pickle streams: pickle.loads reads both.
+            return pickle.loads(data)
+        raise TensorError(
+            "tensors.ext-codes-known",
+            "unknown msgpack extension type",
+            expected=[PICKLE_EXT, CLOUDPICKLE_EXT, RAW_VIEW_EXT],
+            got=code,
+        )
+
+    def _dec_hook(self, target: Any, raw: Any) -> Any:
+        state = self._state
+        if target is TensorSlot or target is NdarraySlot:
+            if state.used is None:
+                raise RuntimeError("dec_hook outside a decode call")
+            return decode_value(
+                raw,
+                "tensor" if target is TensorSlot else "ndarray",
+                state.frames,
+                state.used,
+                mode=self.tensor_mode,
+                copy=self.copy,
+                vocab=self._vocab,
+                ipc_handles=self.ipc_handles,
+            )
+        if target is slice:
+            if (
+                isinstance(raw, list)
+                and len(raw) == 3
+                and all(v is None or type(v) is int for v in raw)
+            ):
+                return slice(*raw)
+            raise PayloadError(
+                "structs.slice.triple", "a slice is [start, stop, step] of ints or nil", got=raw
+            )
+        if isinstance(target, type) and issubclass(target, UnionSlot):
+            return self._decode_union(target, raw)
+        raise PayloadError("frames.payload-matches-type", f"no decoder for {target!r}")
+
+    def _decode_union(self, target: type[UnionSlot], raw: Any) -> Any:
+        used = self._state.used
+        before = set(used) if used is not None else set()
+        failures: list[str] = []
+        for member in target.members:
+            try:
+                return msgspec.convert(raw, member, dec_hook=self._dec_hook)
+            except (msgspec.ValidationError, ProtocolError) as exc:
+                failures.append(str(exc))
+                if used is not None:
+                    used.clear()
+                    used.update(before)
+        raise PayloadError(
+            "frames.payload-matches-type",
+            f"value matches no member of {target.expr}: " + "; ".join(failures),
+        )
+
+    # --- checks ---------------------------------------------------------------------------
+
+    def _struct_class(self, kind: str) -> Any:
+        try:
+            return self.structs.classes[kind]
+        except KeyError:
+            raise KeyError(f"unknown message kind or struct {kind!r}") from None
+
+    def _check_instance(self, kind: str, cls: Any, value: Any) -> None:
+        if not isinstance(value, cls):
+            raise PayloadError(
+                "frames.payload-matches-type",
+                f"{kind} takes an instance of enginewire.reference.structs.{cls.__name__}",
+                got=type(value).__name__,
+            )
+
+    def _check_payload_value(self, layout: Layout, value: Any) -> None:
+        assert layout.payload is not None
+        target = self.structs.type_of(layout.payload)
+        if isinstance(target, type) and issubclass(target, msgspec.Struct):
+            self._check_instance(layout.kind, target, value)
+            return
+        try:
+            msgspec.convert(value, target, dec_hook=_pass_through)
+        except msgspec.ValidationError as exc:
+            raise PayloadError(
+                "frames.payload-matches-type", f"{layout.kind}: {exc}", expected=layout.payload
+            ) from None
+
+    def _check_fixed(self, layout: Layout, index: int, got: bytes) -> None:
+        expected = layout.prefix[index]
+        if got == expected:
+            return
+        if layout.prefix_content[index] == "type_byte":
+            if len(got) != 1:
+                clause = "request_types.one-byte-frame"
+            elif got in self._internal_type_bytes:
+                clause = "request_types.sentinels-never-on-wire"
+            else:
+                clause = "request_types.unknown-byte-rejected"
+            raise FramingError(clause, f"{layout.kind} type frame", expected=expected, got=got)
+        clause = (
+            "frames.engine-core-dead-literal" if layout.kind == "engine_core_dead"
+            else "frames.frame-count"
+        )
+        raise FramingError(clause, f"{layout.kind} literal frame", expected=expected, got=got)
+
+    def _reject_unknown_head(self, candidates: list[Layout], heads: list[bytes]) -> None:
+        head = heads[0] if heads else None
+        if any(c.prefix_content[:1] == ("type_byte",) for c in candidates):
+            if head is not None and len(head) == 1:
+                clause = (
+                    "request_types.sentinels-never-on-wire"
+                    if head in self._internal_type_bytes
+                    else "request_types.unknown-byte-rejected"
+                )
+            else:
+                clause = "request_types.one-byte-frame"
+            raise FramingError(
+                clause,
+                "first frame is not a known request type",
+                expected=sorted(c.prefix[0] for c in candidates if c.prefix),
+                got=head,
+            )
+        raise FramingError(
+            "frames.frame-count",
+            "first frame matches no message of this channel",
+            expected=sorted(c.prefix[0] for c in candidates if c.prefix),
+            got=head,
+        )
+
+    def _validate(self, kind: str, value: Any) -> None:
+        """The rules a kind adds to its payload type (run on encode and on decode)."""
+        if kind in self._handshake_keys:
+            self._validate_handshake_map(kind, value)
+        elif kind in ("add", "EngineCoreRequest"):
+            if (value.sampling_params is None) == (value.pooling_params is None):
+                raise PayloadError(
+                    "structs.exclusive-params",
+                    "exactly one of sampling_params and pooling_params is set",
+                    got="both" if value.sampling_params is not None else "neither",
+                )
+            for feature in value.mm_features or ():
+                self._validate_mm_item(feature.data)
+        elif kind in ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"):
+            self._validate_outputs(kind, value)
+
+    def _validate_outputs(self, kind: str, value: Any) -> None:
+        utility = value.utility_output
+        if kind == "outputs" and utility is not None:
+            raise PayloadError(
+                "frames.utility-reply", "a utility reply is the utility_reply kind, not outputs"
+            )
+        if kind == "utility_reply" and (utility is None or value.outputs):
+            raise PayloadError(
+                "frames.utility-reply",
+                "a utility reply has utility_output set and no request outputs",
+            )
+        if kind == "coordinator_outputs" and (value.outputs or utility is not None):
+            raise PayloadError(
+                "frames.coordinator-outputs-single-frame",
+                "outputs for the coordinator carry no request outputs and no utility output",
+            )
+        if (
+            utility is not None
+            and utility.result is not None
+            and utility.result.type_info is not None
+            and not self.allow_insecure
+        ):
+            raise PayloadError(
+                "structs.utility-result.type-info-insecure-only",
+                "UtilityResult.type_info is nil unless insecure serialization is on",
+                got=utility.result.type_info,
+            )
+
+    def _validate_mm_item(self, item: dict[str, Any] | None) -> None:
+        for key, element in (item or {}).items():
+            name, field = element.field
+            expected = _MM_FACTORIES.get(name)
+            if expected is None or type(field).__name__ != expected:
+                raise PayloadError(
+                    "structs.mm-item.known-factories-only",
+                    f"multimodal item {key!r}: field factory {name!r} with a "
+                    f"{type(field).__name__}",
+                    expected=_MM_FACTORIES,
+                    got=name,
+                )
+
+    def _validate_handshake_map(self, kind: str, value: Any) -> None:
+        if not isinstance(value, dict):
+            raise PayloadError("handshake.message-keys", f"{kind} is a map", got=type(value))
+        for key in self._handshake_keys[kind]:
+            if key.name not in value:
+                if key.required:
+                    raise PayloadError(
+                        "handshake.message-keys", f"{kind} lacks the key {key.name!r}"
+                    )
+                continue
+            got = value[key.name]
+            if key.value is not None and got != key.value:
+                raise PayloadError(
+                    "handshake.message-keys",
+                    f"{kind} key {key.name!r}",
+                    expected=key.value,
+                    got=got,
+                )
+            try:
+                msgspec.convert(got, self.structs.type_of(key.type), strict=True)
+            except msgspec.ValidationError as exc:
+                raise PayloadError(
+                    "handshake.message-keys", f"{kind} key {key.name!r}: {exc}", got=got
+                ) from None
+
+    def _require_routed(self, kind: str) -> None:
+        if not self.layout(kind).routed:
+            raise KeyError(f"{kind} does not travel through a ROUTER")
+
+
+def _pass_through(_target: Any, value: Any) -> Any:
+    return value
+
+
+_CODECS: dict[tuple[tuple[str, Any], ...], Codec] = {}
+_CODECS_LOCK = threading.Lock()
+
+
+def default_codec(**options: Any) -> Codec:
+    """The shared Codec for these options (none: the defaults) that the module functions use."""
+    key = tuple(sorted(options.items()))
+    found = _CODECS.get(key)
+    if found is None:
+        with _CODECS_LOCK:
+            found = _CODECS.get(key)
+            if found is None:
+                found = Codec(**options)
+                _CODECS[key] = found
+    return found
+
+
+#: Message kind -> type expression of its msgpack frame (None for literal-only kinds).
+MESSAGE_PAYLOADS: dict[str, str | None] = {
+    kind: layout.payload for kind, layout in _layouts(load()).items()
+}
+
+
+def encode(kind: str, value: Any, **options: Any) -> list[bytes | memoryview]:
+    """:meth:`Codec.encode`; ``options`` are :class:`Codec` keywords (``threshold=0``...)."""
+    return default_codec(**options).encode(kind, value)
+
+
+def decode(kind: str, frames: Sequence[Frame], **options: Any) -> Any:
+    """:meth:`Codec.decode`; ``options`` are :class:`Codec` keywords."""
+    return default_codec(**options).decode(kind, frames)
+
+
+def encode_routed(kind: str, value: Any, rank: int, **options: Any) -> list[bytes | memoryview]:
+    """:meth:`Codec.encode_routed`; ``options`` are :class:`Codec` keywords."""
+    return default_codec(**options).encode_routed(kind, value, rank)
+
+
+def decode_routed(kind: str, frames: Sequence[Frame], **options: Any) -> tuple[int, Any]:
+    """:meth:`Codec.decode_routed`; ``options`` are :class:`Codec` keywords."""
+    return default_codec(**options).decode_routed(kind, frames)
+
+
+def decode_message(
+    channel: str, frames: Sequence[Frame], *, sender: str | None = None, **options: Any
+) -> Message:
+    """:meth:`Codec.decode_message`; ``options`` are :class:`Codec` keywords."""
+    return default_codec(**options).decode_message(channel, frames, sender=sender)
+
+
+def encode_identity(rank: int) -> bytes:
+    """The 2-byte little-endian routing identity of engine ``rank``."""
+    return default_codec().encode_identity(rank)
+
+
+def decode_identity(frame: Frame) -> int:
+    """The engine index of a routing identity frame."""
+    return default_codec().decode_identity(frame)

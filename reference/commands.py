@@ -1,0 +1,191 @@
+"""``enginewire serve-engine`` and ``enginewire frontend``: the reference peers from a shell.
+
+``serve-engine`` runs one scripted reference engine core (:mod:`enginewire.reference.engine`)
+until SIGTERM (clean exit 0) or SIGUSR1 / a ``die`` utility call (ENGINE_CORE_DEAD, exit 1).
+
+``frontend`` runs the reference front end (:mod:`enginewire.reference.frontend`): it binds,
+waits for ``--engines`` engines to complete the handshake (``--spawn`` starts them as child
+processes), then runs one action and prints JSON lines on stdout:
+
+- ``send --count K``: K requests, round-robin over the engines; one line per request output
+  ``{"engine", "request_id", "new_token_ids", "finish_reason"}``, until every request finished;
+- ``utility METHOD [ARG...]``: one line ``{"engine", "method", "result"}`` per engine (each ARG
+  is read as JSON, falling back to a string), or ``{"engine", "method", "error"}``;
+- ``ready``: one line per engine with its ready response.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from typing import Any
+
+import msgspec
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    engine = subparsers.add_parser(
+        "serve-engine", help="run the scripted reference engine core"
+    )
+    target = engine.add_mutually_exclusive_group(required=True)
+    target.add_argument("--handshake", metavar="ADDR",
+                        help="the front end's handshake ROUTER (ipc:// or tcp://)")
+    target.add_argument("--input", metavar="ADDR", action="append",
+                        help="connect directly to this input ROUTER (no handshake; repeatable, "
+                             "one per front-end client, with as many --output)")
+    engine.add_argument("--output", metavar="ADDR", action="append", default=[],
+                        help="output PULL to connect to when there is no handshake")
+    engine.add_argument("--rank", type=int, default=0, help="engine index (DP rank)")
+    where = engine.add_mutually_exclusive_group()
+    where.add_argument("--local", dest="local", action="store_true", default=True,
+                       help="report local=true in HELLO/READY (default)")
+    where.add_argument("--remote", dest="local", action="store_false",
+                       help="report local=false")
+    engine.add_argument("--headless", action="store_true", help="report headless=true")
+    engine.add_argument("--tokens", type=int, default=4,
+                        help="tokens per request without max_tokens (default: %(default)s)")
+    engine.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds between generation steps (default: %(default)s)")
+    engine.add_argument("--handshake-timeout", type=float, default=300.0,
+                        help="seconds to wait for init after HELLO (default: %(default)s)")
+    engine.add_argument("--max-model-len", type=int, default=4096)
+    engine.add_argument("--dp-size", type=int, default=1)
+    engine.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process is no longer the parent")
+    engine.set_defaults(handler=cmd_serve_engine)
+
+    frontend = subparsers.add_parser(
+        "frontend", help="run the reference front end against reference or other engines"
+    )
+    frontend.add_argument("--engines", type=int, default=1, help="number of engines (ranks)")
+    frontend.add_argument("--handshake", metavar="ADDR", default=None,
+                          help="bind the handshake ROUTER here (default: a fresh ipc path)")
+    frontend.add_argument("--input", metavar="ADDR", default=None)
+    frontend.add_argument("--output", metavar="ADDR", default=None)
+    frontend.add_argument("--spawn", action="store_true",
+                          help="start the engines as child processes (reference engines)")
+    frontend.add_argument("--timeout", type=float, default=30.0,
+                          help="seconds for the handshake and for each output (default: "
+                               "%(default)s)")
+    actions = frontend.add_subparsers(dest="action", metavar="ACTION", required=True)
+    send = actions.add_parser("send", help="send requests and print their outputs")
+    send.add_argument("--count", type=int, default=1)
+    send.add_argument("--max-tokens", type=int, default=None)
+    send.add_argument("--prompt", default="1,2,3",
+                      help="comma-separated prompt token ids (default: %(default)s)")
+    utility = actions.add_parser("utility", help="call a utility method on every engine")
+    utility.add_argument("method")
+    utility.add_argument("args", nargs="*")
+    actions.add_parser("ready", help="print every engine's ready response")
+    frontend.set_defaults(handler=cmd_frontend)
+
+
+def cmd_serve_engine(args: argparse.Namespace) -> int:
+    from .engine import EngineOptions, main
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.input and len(args.input) != len(args.output):
+        print("enginewire serve-engine: give one --output per --input", file=sys.stderr)
+        return 2
+    options = EngineOptions(
+        handshake_address=args.handshake,
+        input_addresses=args.input or (),
+        output_addresses=args.output,
+        rank=args.rank,
+        local=args.local,
+        headless=args.headless,
+        tokens=args.tokens,
+        step_delay=args.step_delay,
+        handshake_timeout=args.handshake_timeout,
+        max_model_len=args.max_model_len,
+        dp_size=args.dp_size,
+        parent_pid=args.parent_pid,
+    )
+    return main(options)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(msgspec.to_builtins(value), sort_keys=True)
+
+
+def _arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def cmd_frontend(args: argparse.Namespace) -> int:
+    from .engine import EngineOptions, spawn_engine
+    from .errors import ProtocolError
+    from .frontend import ReferenceFrontend
+
+    engines = []
+    with ReferenceFrontend(
+        args.engines, handshake_address=args.handshake, input_address=args.input,
+        output_address=args.output,
+    ) as frontend:
+        try:
+            print(f"handshake address: {frontend.handshake_address}", file=sys.stderr)
+            if args.spawn:
+                for rank in range(args.engines):
+                    engines.append(spawn_engine(EngineOptions(
+                        handshake_address=frontend.handshake_address, rank=rank,
+                        dp_size=args.engines,
+                    ), stderr=subprocess.DEVNULL))
+            frontend.wait_ready(args.timeout)
+            return _run_action(frontend, args)
+        except ProtocolError as error:
+            print(f"enginewire frontend: {error}", file=sys.stderr)
+            return 1
+        finally:
+            for engine in engines:
+                engine.stop()
+
+
+def _run_action(frontend: Any, args: argparse.Namespace) -> int:
+    from . import structs
+    from .engine import generation_request
+
+    if args.action == "ready":
+        for rank, response in sorted(frontend.ready_responses.items()):
+            print(json.dumps({"engine": rank, "ready_response": msgspec.to_builtins(response)},
+                             sort_keys=True))
+        return 0
+    if args.action == "utility":
+        from .frontend import UtilityCallError
+
+        call_args = [_arg(a) for a in args.args]
+        status = 0
+        for rank in range(frontend.engine_count):
+            try:
+                result = frontend.call_utility(args.method, call_args, rank, args.timeout)
+                print(_json({"engine": rank, "method": args.method, "result": result}))
+            except UtilityCallError as error:
+                print(_json({"engine": rank, "method": args.method,
+                             "error": error.failure_message}))
+                status = 1
+        return status
+    prompt = [int(t) for t in args.prompt.split(",") if t.strip()]
+    pending = set()
+    for index in range(args.count):
+        request = generation_request(f"cli-{index}", prompt, args.max_tokens)
+        frontend.add_request(request)
+        pending.add(request.request_id)
+    while pending:
+        outputs = frontend.get_output(args.timeout)
+        for output in outputs.outputs:
+            reason = output.finish_reason
+            print(_json({
+                "engine": outputs.engine_index,
+                "request_id": output.request_id,
+                "new_token_ids": output.new_token_ids,
+                "finish_reason": None if reason is None else structs.FinishReason(reason).name,
+            }))
+            if reason is not None:
+                pending.discard(output.request_id)
+    return 0

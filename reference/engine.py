@@ -1,0 +1,553 @@
+"""A scripted reference engine core over ZMQ, on top of :class:`EngineSession` and the codec.
+
+It connects like vLLM's engine core: a handshake DEALER with its 2-byte identity (HELLO, init,
+READY), then one input DEALER per front-end client and one output PUSH per client, sending its
+ready response first on every input DEALER. It has no model: it answers each ADD with a
+deterministic token stream (:func:`scripted_tokens`), one token per request per step, and
+finishes with LENGTH when ``sampling_params.max_tokens`` ran out (STOP after ``tokens`` tokens
+when the request sets no max_tokens).
+
+What it serves:
+
+- ADD: a token stream; a request it can decode but cannot serve (no prompt, no sampling
+  params, max_tokens < 1, a negative token id, a request id already running, a client_index
+  with no output socket) gets one output with finish_reason ERROR.
+- ABORT: every aborted request still running gets an output with finish_reason ABORT and its id
+  in ``finished_requests`` (handshake.session.abort-output-optional).
+- UTILITY: ``echo`` returns its arguments, ``die`` sends ENGINE_CORE_DEAD and exits with status
+  1 (no reply), ``get_supported_tasks`` returns ``["generate"]``; any other method gets a
+  failure message (handshake.session.unknown-method-fails-call).
+- START_DP_WAVE: accepted, nothing to do.
+- Garbage (unknown type byte, wrong frame count, undecodable payload, an event its state does
+  not allow): logged with the clause it breaks, and the engine keeps serving.
+
+Signals (when run by :func:`main` / ``enginewire serve-engine``): SIGTERM and SIGINT stop it
+cleanly (exit 0, no sentinel, as vLLM's shutdown); SIGUSR1 makes it die (ENGINE_CORE_DEAD,
+exit 1). It also exits when its parent process goes away (``parent_pid``), so a test that
+crashes leaves no orphan behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+
+from . import codec, structs
+from .errors import HandshakeError, PayloadError, ProtocolError, ProtocolTimeout
+from .session import EngineSession, get_field
+from .transport import ChannelSocket, open_socket
+
+log = logging.getLogger("enginewire.engine")
+
+#: Exit status of an engine that stopped cleanly, of one that died (sent the sentinel), and of
+#: one that failed to start (handshake timeout or violation).
+EXIT_CLEAN, EXIT_DIED, EXIT_STARTUP_FAILED = 0, 1, 2
+DEFAULT_VOCAB_SIZE = 32000
+
+
+def scripted_tokens(
+    prompt_token_ids: Sequence[int] | None, count: int, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> list[int]:
+    """The tokens the reference engine generates for a prompt: token k is
+    ``(prompt[k % len(prompt)] + k + 1) % vocab_size`` (``(k + 1) % vocab_size`` without a
+    prompt)."""
+    prompt = list(prompt_token_ids or ())
+    if not prompt:
+        return [(k + 1) % vocab_size for k in range(count)]
+    return [(prompt[k % len(prompt)] + k + 1) % vocab_size for k in range(count)]
+
+
+def generation_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int] = (1, 2, 3),
+    max_tokens: int | None = None,
+    **fields: Any,
+) -> Any:
+    """An EngineCoreRequest (reference structs) the reference engine serves: greedy sampling
+    params with ``max_tokens`` (None: the engine's ``tokens``), other fields from ``fields``."""
+    values: dict[str, Any] = {
+        "request_id": request_id,
+        "prompt_token_ids": list(prompt_token_ids),
+        "mm_features": None,
+        "sampling_params": structs.SamplingParams(max_tokens=max_tokens),
+        "pooling_params": None,
+        "arrival_time": time.time(),
+        "lora_request": None,
+        "cache_salt": None,
+        "data_parallel_rank": None,
+    }
+    values.update(fields)
+    return structs.EngineCoreRequest(**values)
+
+
+def expected_generation(request: Any, default_tokens: int) -> tuple[list[int], int]:
+    """The tokens and the FinishReason value the reference engine produces for ``request``."""
+    max_tokens = get_field(get_field(request, "sampling_params"), "max_tokens")
+    count = default_tokens if max_tokens is None else int(max_tokens)
+    reason = structs.FinishReason.STOP if max_tokens is None else structs.FinishReason.LENGTH
+    return scripted_tokens(get_field(request, "prompt_token_ids"), count), int(reason)
+
+
+@dataclass
+class _Running:
+    request_id: str
+    client_index: int
+    tokens: list[int]
+    finish_reason: int
+    sent: int = 0
+
+
+@dataclass
+class EngineOptions:
+    """How a reference engine starts and behaves (see :class:`ReferenceEngine`)."""
+
+    handshake_address: str | None = None
+    #: Without a handshake address: the input/output addresses to connect to directly.
+    input_addresses: Sequence[str] = ()
+    output_addresses: Sequence[str] = ()
+    rank: int = 0
+    local: bool = True
+    headless: bool = False
+    #: Tokens per request when its sampling params set no max_tokens.
+    tokens: int = 4
+    #: Seconds between generation steps (0: as fast as it can).
+    step_delay: float = 0.0
+    #: Bound on the wait for init after HELLO (the spec's engine_init_wait by default).
+    handshake_timeout: float = 300.0
+    max_model_len: int = 4096
+    dp_size: int = 1
+    #: Extra READY keys (parallel_config_hash, ...).
+    ready_extra: dict[str, Any] = field(default_factory=dict)
+    #: Exit when this process is no longer our parent (None: don't watch).
+    parent_pid: int | None = None
+
+
+class ReferenceEngine:
+    """One scripted engine core. :meth:`run` blocks until it stops or dies.
+
+    Thread-safe controls: :meth:`request_stop` (clean exit) and :meth:`request_death`
+    (ENGINE_CORE_DEAD, then exit). Everything else runs on the thread that called :meth:`run`.
+    """
+
+    def __init__(self, options: EngineOptions) -> None:
+        self.options = options
+        handshake = options.handshake_address is not None
+        if not handshake and not options.input_addresses:
+            raise ValueError("an engine needs a handshake address or input/output addresses")
+        self.session = EngineSession(
+            options.rank, local=options.local, headless=options.headless, handshake=handshake
+        )
+        self._stop = threading.Event()
+        self._die = threading.Event()
+        self._ctx: zmq.Context | None = None
+        self._inputs: list[ChannelSocket] = []
+        self._outputs: list[ChannelSocket] = []
+        self._running: dict[str, _Running] = {}
+        self._next_step = 0.0
+        #: The violations the engine logged and survived, as (clause, message).
+        self.violations: list[tuple[str, str]] = []
+        self._utilities: dict[str, Callable[..., Any]] = {
+            "echo": lambda *args: args,
+            "get_supported_tasks": lambda: ["generate"],
+        }
+
+    # --- controls ------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def request_death(self) -> None:
+        self._die.set()
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start up, serve until stopped or dead; returns EXIT_CLEAN or EXIT_DIED."""
+        self._ctx = zmq.Context()
+        try:
+            addresses = self._start_up()
+            if addresses is None:
+                return EXIT_CLEAN
+            return self._serve()
+        finally:
+            for sock in (*self._inputs, *self._outputs):
+                sock.close()
+            self._ctx.term()
+            self._ctx = None
+
+    def _start_up(self) -> Any:
+        opts = self.options
+        if opts.handshake_address is None:
+            addresses = structs.EngineZmqAddresses(
+                inputs=list(opts.input_addresses), outputs=list(opts.output_addresses)
+            )
+            self.session.use_addresses(addresses)
+            self._connect(addresses)
+            self._send_ready_responses()
+            self.session.begin_serving()
+            return addresses
+        assert self._ctx is not None
+        handshake = open_socket(
+            self._ctx, "handshake", "engine", opts.handshake_address,
+            identity=self.session.identity,
+        )
+        try:
+            [hello] = self.session.start()
+            handshake.socket.send_multipart(codec.encode("hello", hello.data))
+            deadline = time.monotonic() + opts.handshake_timeout
+            while not handshake.socket.poll(50):
+                if self._stop.is_set() or self._parent_gone():
+                    return None
+                if time.monotonic() > deadline:
+                    raise ProtocolTimeout(
+                        "handshake.engine-init-timeout",
+                        f"no init message within {opts.handshake_timeout} s of HELLO",
+                    )
+            frames = handshake.socket.recv_multipart()
+            if len(frames) != 1:
+                raise HandshakeError(
+                    "frames.frame-count", "init is one frame at the engine's DEALER",
+                    expected=1, got=len(frames),
+                )
+            metadata = codec.decode("init", frames)
+            [connect] = self.session.receive_init(metadata)
+            self._connect(connect.data)
+            self._send_ready_responses()
+            [ready] = self.session.send_ready(opts.ready_extra or None)
+            handshake.socket.send_multipart(codec.encode("ready", ready.data))
+            return connect.data
+        finally:
+            handshake.close()
+
+    def _connect(self, addresses: Any) -> None:
+        assert self._ctx is not None
+        for address in get_field(addresses, "inputs"):
+            self._inputs.append(
+                open_socket(self._ctx, "input", "engine", address,
+                            identity=self.session.identity)
+            )
+        for address in get_field(addresses, "outputs"):
+            self._outputs.append(open_socket(self._ctx, "output", "engine", address))
+
+    def _ready_response(self) -> Any:
+        opts = self.options
+        return structs.EngineCoreReadyResponse(
+            max_model_len=opts.max_model_len,
+            num_gpu_blocks=1024,
+            block_size=16,
+            dp_stats_address=None,
+            dtype="float16",
+            vllm_version=REFERENCE_VLLM_VERSION,
+            world_size=1,
+            data_parallel_size=opts.dp_size,
+            tensor_parallel_size=1,
+            pipeline_parallel_size=1,
+            decode_context_parallel_size=1,
+            data_parallel_rank=opts.rank,
+            max_num_seqs=256,
+            max_num_batched_tokens=8192,
+            instance_id=f"enginewire-reference-{opts.rank}",
+            supports_lora=False,
+            max_loras=0,
+        )
+
+    def _send_ready_responses(self) -> None:
+        self.session.send_ready_response()
+        frames = codec.encode("ready_response", self._ready_response())
+        for sock in self._inputs:
+            sock.socket.send_multipart(frames)
+
+    def _serve(self) -> int:
+        poller = zmq.Poller()
+        for sock in self._inputs:
+            poller.register(sock.socket, zmq.POLLIN)
+        while True:
+            if self._die.is_set():
+                self._send_dead()
+                return EXIT_DIED
+            if self._stop.is_set() or self._parent_gone():
+                return EXIT_CLEAN
+            wait_ms = 50
+            if self._running:
+                wait_ms = max(0, int((self._next_step - time.monotonic()) * 1000))
+            for sock, _ in poller.poll(wait_ms):
+                # Drain what is there, so a burst of requests joins one step.
+                while sock.poll(0) and not self._die.is_set():
+                    self._handle(sock.recv_multipart())
+            if self._running and time.monotonic() >= self._next_step and not self._die.is_set():
+                self._step()
+                self._next_step = time.monotonic() + self.options.step_delay
+
+    def _parent_gone(self) -> bool:
+        parent = self.options.parent_pid
+        return parent is not None and os.getppid() != parent
+
+    # --- input ---------------------------------------------------------------------------
+
+    def _violation(self, error: BaseException, what: str) -> None:
+        clause = getattr(error, "clause", "frames.payload-msgpack-first")
+        self.violations.append((clause, str(error)))
+        log.warning("engine %d: %s rejected [%s]: %s", self.options.rank, what, clause, error)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            self._violation(
+                PayloadError(
+                    "frames.frame-count",
+                    "an input message is a type frame followed by its payload frames",
+                    expected=">= 2 frames", got=len(frames),
+                ),
+                "message",
+            )
+            return
+        try:
+            name, kind = self.session.request_event(frames[0])
+            value = codec.decode(kind, frames)
+            actions = self.session.receive_request(frames[0], value)
+        except ProtocolError as error:
+            self._violation(error, "message")
+            return
+        except Exception as error:  # a codec bug must not stop the engine either
+            self._violation(error, "message")
+            return
+        for action in actions:
+            if action.name == "accept_request":
+                self._add(action.data)
+            elif action.name == "abort_requests":
+                self._abort(action.data)
+            elif action.name == "accept_call":
+                self._call(*action.data)
+
+    def _bad_content(self, request: Any) -> str | None:
+        sampling = get_field(request, "sampling_params")
+        prompt = get_field(request, "prompt_token_ids")
+        client_index = get_field(request, "client_index", 0) or 0
+        if prompt is None and get_field(request, "prompt_embeds") is None:
+            return "no prompt_token_ids and no prompt_embeds"
+        if sampling is None:
+            return "no sampling_params (the reference engine only generates)"
+        max_tokens = get_field(sampling, "max_tokens")
+        if max_tokens is not None and max_tokens < 1:
+            return f"max_tokens {max_tokens} < 1"
+        if prompt is not None and any(t < 0 for t in prompt):
+            return "a negative token id"
+        if not 0 <= client_index < len(self._outputs):
+            return f"client_index {client_index} has no output socket"
+        return None
+
+    def _add(self, request: Any) -> None:
+        request_id = get_field(request, "request_id")
+        problem = self._bad_content(request)
+        if problem is None and request_id in self._running:
+            problem = "a request with this id is already running"
+        if problem is not None:
+            log.warning("engine %d: request %r refused: %s", self.options.rank, request_id,
+                        problem)
+            client_index = get_field(request, "client_index", 0) or 0
+            if not 0 <= client_index < len(self._outputs):
+                client_index = 0
+            if request_id not in self._running:
+                self._finish_now([request_id], client_index, structs.FinishReason.ERROR)
+            return
+        tokens, reason = expected_generation(request, self.options.tokens)
+        self._running[request_id] = _Running(
+            request_id, get_field(request, "client_index", 0) or 0, tokens, reason
+        )
+        if len(self._running) == 1:
+            self._next_step = time.monotonic() + self.options.step_delay
+
+    def _abort(self, request_ids: list[str]) -> None:
+        by_client: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            running = self._running.pop(request_id, None)
+            if running is not None:
+                by_client.setdefault(running.client_index, []).append(request_id)
+        for client_index, ids in by_client.items():
+            self._finish_now(ids, client_index, structs.FinishReason.ABORT)
+
+    def _finish_now(self, request_ids: list[str], client_index: int, reason: int) -> None:
+        outputs = structs.EngineCoreOutputs(
+            engine_index=self.options.rank,
+            outputs=[
+                structs.EngineCoreOutput(request_id=r, new_token_ids=[], finish_reason=reason)
+                for r in request_ids
+            ],
+            finished_requests=list(request_ids),
+            timestamp=time.monotonic(),
+        )
+        self.session.send_outputs(finished=request_ids)
+        self._outputs[client_index].socket.send_multipart(codec.encode("outputs", outputs))
+
+    def _call(self, client_index: int, call_id: int, method: str, args: Sequence[Any]) -> None:
+        if method == "die":
+            self._die.set()
+            return
+        failure, result = None, None
+        function = self._utilities.get(method)
+        try:
+            if function is None:
+                raise AttributeError(f"the reference engine has no method {method!r}")
+            result = structs.UtilityResult(None, function(*args))
+        except Exception as error:  # every failure becomes the call's answer
+            failure = f"Call to {method} method failed: {error}"
+        if not 0 <= client_index < len(self._outputs):
+            self._violation(
+                PayloadError(
+                    "transport.one-socket-pair-per-client",
+                    "a utility call from a client this engine has no output socket for",
+                    expected=f"0..{len(self._outputs) - 1}", got=client_index,
+                ),
+                "utility call",
+            )
+            return
+        self.session.send_utility_reply(client_index, call_id)
+        outputs = structs.EngineCoreOutputs(
+            engine_index=self.options.rank,
+            utility_output=structs.UtilityOutput(
+                call_id=call_id, failure_message=failure, result=result
+            ),
+            timestamp=time.monotonic(),
+        )
+        self._outputs[client_index].socket.send_multipart(codec.encode("utility_reply", outputs))
+
+    # --- output --------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        by_client: dict[int, list[Any]] = {}
+        finished: dict[int, list[str]] = {}
+        for request_id, running in list(self._running.items()):
+            token = running.tokens[running.sent] if running.sent < len(running.tokens) else None
+            running.sent += 1
+            done = running.sent >= len(running.tokens)
+            by_client.setdefault(running.client_index, []).append(
+                structs.EngineCoreOutput(
+                    request_id=request_id,
+                    new_token_ids=[] if token is None else [token],
+                    finish_reason=running.finish_reason if done else None,
+                )
+            )
+            if done:
+                finished.setdefault(running.client_index, []).append(request_id)
+                del self._running[request_id]
+        for client_index, outputs in by_client.items():
+            done_ids = finished.get(client_index, [])
+            message = structs.EngineCoreOutputs(
+                engine_index=self.options.rank,
+                outputs=outputs,
+                finished_requests=done_ids or None,
+                timestamp=time.monotonic(),
+            )
+            self.session.send_outputs(finished=done_ids)
+            self._outputs[client_index].socket.send_multipart(codec.encode("outputs", message))
+
+    def _send_dead(self) -> None:
+        [dead] = self.session.send_dead()
+        frames = codec.encode("engine_core_dead", None)
+        for sock in self._outputs:
+            sock.socket.send_multipart(frames)
+        log.warning("engine %d: sent ENGINE_CORE_DEAD", self.options.rank)
+
+
+# --- process ---------------------------------------------------------------------------------
+
+
+def main(options: EngineOptions) -> int:
+    """Run an engine in this process with SIGTERM/SIGINT (stop) and SIGUSR1 (die) handlers;
+    returns the exit status (EXIT_CLEAN, EXIT_DIED or EXIT_STARTUP_FAILED)."""
+    engine = ReferenceEngine(options)
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: engine.request_stop()),
+        signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: engine.request_stop()),
+        signal.SIGUSR1: signal.signal(signal.SIGUSR1, lambda *_: engine.request_death()),
+    }
+    try:
+        return engine.run()
+    except ProtocolError as error:
+        log.error("engine %d failed to start: %s", options.rank, error)
+        return EXIT_STARTUP_FAILED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class EngineProcess:
+    """A reference engine in a child process (``enginewire serve-engine``)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], options: EngineOptions) -> None:
+        self.popen = popen
+        self.options = options
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill_with(self, signum: int) -> None:
+        if self.alive():
+            self.popen.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        """The exit status, waiting at most ``timeout`` s (subprocess.TimeoutExpired after)."""
+        return self.popen.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, wait up to ``timeout`` s, then SIGKILL; idempotent. Returns the status."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+        return self.popen.wait(timeout)
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def engine_argv(options: EngineOptions) -> list[str]:
+    """The ``enginewire serve-engine`` arguments that reproduce ``options``."""
+    argv = ["serve-engine", "--rank", str(options.rank), "--tokens", str(options.tokens),
+            "--step-delay", str(options.step_delay),
+            "--handshake-timeout", str(options.handshake_timeout),
+            "--max-model-len", str(options.max_model_len), "--dp-size", str(options.dp_size)]
+    if options.handshake_address is not None:
+        argv += ["--handshake", options.handshake_address]
+    for address in options.input_addresses:
+        argv += ["--input", address]
+    for address in options.output_addresses:
+        argv += ["--output", address]
+    argv.append("--local" if options.local else "--remote")
+    if options.headless:
+        argv.append("--headless")
+    if options.parent_pid is not None:
+        argv += ["--parent-pid", str(options.parent_pid)]
+    return argv
+
+
+def spawn_engine(options: EngineOptions, *, stderr: Any = None) -> EngineProcess:
+    """Start ``enginewire serve-engine`` as a child that exits when this process goes away.
+
+    ``stderr``: where its log goes (a file object, ``subprocess.DEVNULL``; None: inherit).
+    """
+    if options.parent_pid is None:
+        options = EngineOptions(**{**options.__dict__, "parent_pid": os.getpid()})
+    argv = [sys.executable, "-m", "enginewire", *engine_argv(options)]
+    popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=stderr)
+    return EngineProcess(popen, options)

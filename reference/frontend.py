@@ -1,0 +1,325 @@
+"""A reference front end over ZMQ, on top of :class:`FrontendSession` and the codec.
+
+It binds what vLLM's front end binds (the handshake ROUTER, the input ROUTER, the output PULL),
+runs the handshake with ``engine_count`` engines (ranks 0..N-1), waits for one ready response
+per engine identity, and then sends requests and utility calls and reads outputs.
+
+It is single-threaded and has no background reader: outputs and utility replies are read while
+:meth:`ReferenceFrontend.get_output`, :meth:`ReferenceFrontend.call_utility` or
+:meth:`ReferenceFrontend.pump` run. Request outputs read while waiting for a utility reply are
+queued for :meth:`get_output`. Every wait takes a timeout and raises
+:class:`~enginewire.reference.errors.ProtocolTimeout` (a ``TimeoutError``) when it runs out.
+After ENGINE_CORE_DEAD, :meth:`get_output` first returns the outputs that came before it, then
+raises :class:`~enginewire.reference.errors.EngineDeadError` (a ``ConnectionError``), as does
+every send; pending utility calls fail with it at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import zmq
+
+from . import codec, structs
+from .addresses import ipc_address
+from .errors import EngineDeadError, HandshakeError, ProtocolError, ProtocolTimeout
+from .session import FrontendSession, get_field
+from .transport import ChannelSocket, open_socket
+
+
+class UtilityCallError(ProtocolError):
+    """The engine answered a utility call with a failure message."""
+
+    def __init__(self, method: str, failure_message: str) -> None:
+        super().__init__("handshake.session.unknown-method-fails-call",
+                         f"utility call {method!r} failed: {failure_message}")
+        self.method = method
+        self.failure_message = failure_message
+
+
+class ReferenceFrontend:
+    """Front end for ``engine_count`` engines.
+
+    Addresses default to fresh ``ipc://`` paths; pass ``tcp://host:0`` to bind any free port
+    (the resolved address is in :attr:`handshake_address`, :attr:`input_address`,
+    :attr:`output_address`). ``handshake=False`` skips the handshake channel (the engines are
+    given the input/output addresses directly, as with vLLM's ``client_addresses``).
+    ``local`` and ``remote_headless`` are what the engines' HELLO/READY must say.
+    """
+
+    def __init__(
+        self,
+        engine_count: int = 1,
+        *,
+        handshake_address: str | None = None,
+        input_address: str | None = None,
+        output_address: str | None = None,
+        handshake: bool = True,
+        local: bool = True,
+        remote_headless: bool = True,
+        client_index: int = 0,
+    ) -> None:
+        self.engine_count = engine_count
+        self.client_index = client_index
+        self.session = FrontendSession(
+            range(engine_count), local=local, remote_headless=remote_headless,
+            handshake=handshake,
+        )
+        self._ctx = zmq.Context()
+        self._sockets: list[ChannelSocket] = []
+        self._handshake: ChannelSocket | None = None
+        try:
+            if handshake:
+                self._handshake = self._open("handshake", handshake_address or ipc_address())
+            self._input = self._open("input", input_address or ipc_address())
+            self._output = self._open("output", output_address or ipc_address())
+        except BaseException:
+            self.close()
+            raise
+        self._outputs: deque[Any] = deque()
+        self._calls: dict[int, tuple[str, Future[Any]]] = {}
+        self._round_robin = itertools.cycle(range(engine_count))
+
+    def _open(self, channel: str, address: str) -> ChannelSocket:
+        sock = open_socket(self._ctx, channel, "frontend", address)
+        self._sockets.append(sock)
+        return sock
+
+    # --- addresses -----------------------------------------------------------------------
+
+    @property
+    def handshake_address(self) -> str | None:
+        return self._handshake.address if self._handshake is not None else None
+
+    @property
+    def input_address(self) -> str:
+        return self._input.address
+
+    @property
+    def output_address(self) -> str:
+        return self._output.address
+
+    @property
+    def dead(self) -> bool:
+        return self.session.dead
+
+    # --- start-up ------------------------------------------------------------------------
+
+    def wait_ready(self, timeout: float) -> None:
+        """Run the handshake and wait for every engine's ready response, within ``timeout`` s.
+
+        A protocol violation during start-up raises (as vLLM's front end fails start-up).
+        """
+        deadline = time.monotonic() + timeout
+        metadata = structs.EngineHandshakeMetadata(
+            addresses=structs.EngineZmqAddresses(
+                inputs=[self.input_address], outputs=[self.output_address]
+            ),
+            parallel_config={},
+        )
+        while self.session.awaiting_handshake():
+            assert self._handshake is not None
+            frames = self._recv(self._handshake, deadline, "HELLO/READY from every engine")
+            if len(frames) != 2:
+                raise HandshakeError(
+                    "frames.frame-count",
+                    "a handshake message at the ROUTER is [identity, payload]",
+                    expected=2, got=len(frames),
+                )
+            identity, payload = frames
+            message = codec.decode_message("handshake", [payload], sender="engine").value
+            for action in self.session.receive_handshake(identity, message):
+                if action.name == "send_init":
+                    self._handshake.socket.send_multipart(
+                        [action.data, *codec.encode("init", metadata)]
+                    )
+        while self.session.awaiting_ready_response():
+            frames = self._recv(self._input, deadline, "a ready response from every engine")
+            if len(frames) != 2:
+                raise HandshakeError(
+                    "frames.frame-count",
+                    "a ready response at the ROUTER is [identity, payload]",
+                    expected=2, got=len(frames),
+                )
+            identity, payload = frames
+            codec.decode_identity(identity)
+            response = codec.decode("ready_response", [payload])
+            self.session.receive_ready_response(identity, response)
+
+    def _recv(self, sock: ChannelSocket, deadline: float, what: str) -> list[bytes]:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not sock.socket.poll(int(remaining * 1000)):
+            raise ProtocolTimeout(
+                "handshake.frontend.bounded-handshake", f"timed out waiting for {what}",
+                expected=what, got=self.session.states(),
+            )
+        return sock.socket.recv_multipart()
+
+    @property
+    def ready_responses(self) -> dict[int, Any]:
+        return {rank: link.ready_response for rank, link in self.session.engines.items()}
+
+    # --- requests ------------------------------------------------------------------------
+
+    def _send(self, rank: int, kind: str, value: Any) -> None:
+        self._input.socket.send_multipart(
+            [self.session.link(rank).identity, *codec.encode(kind, value)], copy=False
+        )
+
+    def send_raw(self, engine_index: int, frames: Sequence[Any]) -> None:
+        """Send ``frames`` as they are to engine ``engine_index``'s identity on the input
+        channel, bypassing the codec and the session (for robustness tests and fuzzing)."""
+        self._input.socket.send_multipart(
+            [self.session.link(engine_index).identity, *frames], copy=False
+        )
+
+    def add_request(self, request: Any, engine_index: int | None = None) -> int:
+        """Send an ADD (an EngineCoreRequest); returns the engine it went to.
+
+        The engine is ``engine_index``, else the request's ``data_parallel_rank``, else the
+        next one in turn. The request's client_index is set to this front end's.
+        """
+        if engine_index is None:
+            engine_index = get_field(request, "data_parallel_rank")
+        if engine_index is None:
+            engine_index = next(self._round_robin)
+        request.client_index = self.client_index
+        self.session.send_add(engine_index, request.request_id)
+        self._send(engine_index, "add", request)
+        return engine_index
+
+    def abort(self, request_ids: Sequence[str], engine_index: int | None = None) -> None:
+        """Send an ABORT; without ``engine_index``, to the engine each request went to."""
+        if not request_ids:
+            return
+        groups: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            rank = engine_index if engine_index is not None else (
+                self.session.rank_of_request(request_id)
+            )
+            groups.setdefault(0 if rank is None else rank, []).append(request_id)
+        for rank, ids in groups.items():
+            self.session.send_abort(rank, ids)
+            self._send(rank, "abort", list(ids))
+
+    def call_utility_async(
+        self, method: str, *args: Any, engine_index: int = 0
+    ) -> Future[Any]:
+        """Send a UTILITY call; the future resolves while outputs are read (see :meth:`pump`)
+        with the result, a :class:`UtilityCallError`, or an :class:`EngineDeadError`."""
+        call_id = self.session.send_utility(engine_index)
+        future: Future[Any] = Future()
+        self._calls[call_id] = (method, future)
+        try:
+            self._send(engine_index, "utility", (self.client_index, call_id, method, tuple(args)))
+        except BaseException:
+            self._calls.pop(call_id, None)
+            raise
+        return future
+
+    def call_utility(
+        self, method: str, args: Sequence[Any] = (), engine_index: int = 0,
+        timeout: float = 5.0,
+    ) -> Any:
+        """Call a utility method and return its result (raises on failure or timeout)."""
+        future = self.call_utility_async(method, *args, engine_index=engine_index)
+        deadline = time.monotonic() + timeout
+        while not future.done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ProtocolTimeout(
+                    "frames.utility-reply", f"no reply to utility call {method!r} within "
+                    f"{timeout} s",
+                )
+            self.pump(remaining)
+        return future.result()
+
+    # --- outputs -------------------------------------------------------------------------
+
+    def pump(self, timeout: float) -> bool:
+        """Read at most one message from the output channel within ``timeout`` s; returns
+        whether one came. Utility replies resolve their futures; outputs are queued. A message
+        that breaks the spec raises its ProtocolError here (the session state is unchanged)."""
+        if self.session.dead:
+            return False
+        if not self._output.socket.poll(max(0, int(timeout * 1000))):
+            return False
+        frames = self._output.socket.recv_multipart(copy=False)
+        message = codec.decode_message("output", frames, sender="engine")
+        if message.kind == "engine_core_dead":
+            for action in self.session.receive_engine_dead():
+                for call_id in action.data:
+                    method, future = self._calls.pop(call_id)
+                    future.set_exception(EngineDeadError(
+                        "handshake.session.dead-is-final",
+                        f"engine {action.rank} died before answering {method!r}",
+                    ))
+            return True
+        for action in self.session.receive_outputs(message.value):
+            if action.name == "resolve_call":
+                self._resolve(action.data)
+            elif action.name == "deliver_outputs":
+                self._outputs.append(action.data)
+        return True
+
+    def _resolve(self, utility: Any) -> None:
+        found = self._calls.pop(get_field(utility, "call_id"), None)
+        if found is None:  # an engine notification (reserved call_id): nobody waits for it
+            return
+        method, future = found
+        failure = get_field(utility, "failure_message")
+        if failure is not None:
+            future.set_exception(UtilityCallError(method, failure))
+        else:
+            result = get_field(utility, "result")
+            future.set_result(None if result is None else result[1])
+
+    def get_output(self, timeout: float) -> Any:
+        """The next EngineCoreOutputs with request outputs, within ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while not self._outputs:
+            if self.session.dead:
+                raise EngineDeadError(
+                    "handshake.session.dead-is-final", "the engine sent ENGINE_CORE_DEAD"
+                )
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ProtocolTimeout(
+                    "frames.outputs-payload", f"no outputs within {timeout} s"
+                )
+            self.pump(remaining)
+        return self._outputs.popleft()
+
+    # --- shutdown ------------------------------------------------------------------------
+
+    def close(self, timeout: float | None = None) -> None:
+        """Close every socket and remove the ipc files this front end bound; idempotent.
+
+        ``timeout`` is accepted for symmetry with engine processes: closing never waits
+        (linger 0, as vLLM's client closes its sockets)."""
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._sockets.clear()
+        if not self._ctx.closed:
+            self._ctx.term()
+        for _, future in self._calls.values():
+            if not future.done():
+                future.cancel()
+        self._calls.clear()
+
+    stop = close
+
+    def alive(self) -> bool:
+        """True until :meth:`close`."""
+        return not self._ctx.closed
+
+    def __enter__(self) -> ReferenceFrontend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,48 @@
+"""The shared-memory broadcast ring and the ``MessageQueue`` built on it (vLLM-compatible).
+
+Read it in this order:
+
+- :mod:`.layout`: where every byte lives (pure arithmetic);
+- :mod:`.framing`: how a message's buffers sit in one chunk (sans-IO encode/decode);
+- :mod:`.protocol`: the writer's and readers' flag steps over an injectable memory;
+- :mod:`.shm`: the real shared-memory segment behind that memory;
+- :mod:`.wait`: how the ends wait between two failed checks;
+- :mod:`.payload`: the pickle (vLLM-compatible) and msgspec payload codecs;
+- :mod:`.queue`: ``MessageQueue``, sockets and all.
+
+The spec of all of it is ``spec/data/ring.toml`` (``enginewire spec show ring.<clause>``).
+"""
+
+from .framing import DecodedChunk, decode_chunk, encode_chunk, framed_size, needs_overflow
+from .layout import RingLayout
+from .payload import MsgspecCodec, PayloadCodec, PickleCodec
+from .protocol import BytearrayMemory, ChunkState, RingMemory, RingReader, RingWriter, classify
+from .queue import Handle, MessageQueue, QueueClosed
+from .shm import ShmMemory, ShmSegment, memory_fence
+from .wait import Backoff, WaitPolicy
+
+__all__ = [
+    "Backoff",
+    "BytearrayMemory",
+    "ChunkState",
+    "DecodedChunk",
+    "Handle",
+    "MessageQueue",
+    "MsgspecCodec",
+    "PayloadCodec",
+    "PickleCodec",
+    "QueueClosed",
+    "RingLayout",
+    "RingMemory",
+    "RingReader",
+    "RingWriter",
+    "ShmMemory",
+    "ShmSegment",
+    "WaitPolicy",
+    "classify",
+    "decode_chunk",
+    "encode_chunk",
+    "framed_size",
+    "memory_fence",
+    "needs_overflow",
+]

@@ -1,0 +1,215 @@
+"""Payload codecs: how an object becomes the buffers of one ring message, and back.
+
+A codec turns an object into ``[main, oob_1, ..., oob_n]`` (see :mod:`.framing`) and back.
+
+- :class:`PickleCodec` produces the bytes vLLM's ``MessageQueue`` produces and reads what it
+  writes: pickle protocol 5 with a ``buffer_callback`` that sends every ``PickleBuffer`` of
+  1 MiB or more out of band (clause ring.payload.oob-threshold), and CPU tensors reduced to
+  ``_rebuild_tensor(PickleBuffer(bytes), shape, dtype_name)`` the way vLLM reduces them
+  (clause ring.payload.tensor-reducer). It never imports vLLM: vLLM's rebuild function is named
+  in the stream through ``importlib.import_module`` and, when reading, both spellings are mapped
+  to :func:`rebuild_tensor`.
+- :class:`MsgspecCodec` is a fast path between enginewire peers only: one msgpack buffer.
+
+Unpickling runs code chosen by whoever wrote the bytes: use the pickle codec only between
+processes that trust each other (clause ring.payload.trusted-only, vLLM issue 29565).
+"""
+
+from __future__ import annotations
+
+import copyreg
+import importlib
+import io
+import pickle
+import sys
+from collections.abc import Sequence
+from pickle import PickleBuffer
+from types import SimpleNamespace
+from typing import Any, Protocol
+
+import msgspec
+
+from ..errors import PayloadError
+from .framing import Buffer
+
+#: PickleBuffers of at least this many bytes travel out of band.
+OOB_THRESHOLD_BYTES = 1024 * 1024
+#: The module holding vLLM's tensor rebuild function.
+VLLM_SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
+VLLM_REBUILD_NAME = "_rebuild_tensor"
+#: A pickle stream naming vLLM's rebuild function (either spelling) contains these bytes.
+_VLLM_MODULE_BYTES = VLLM_SHM_MODULE.encode()
+
+
+class PayloadCodec(Protocol):
+    """Turns objects into message buffers and back."""
+
+    name: str
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        """``[main, oob...]``; every item a C-contiguous bytes-like object."""
+        ...
+
+    def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
+        """The object; ``oob`` are owned copies the result may keep."""
+        ...
+
+
+def rebuild_tensor(buf: Any, shape: tuple[int, ...], dtype_name: str) -> Any:
+    """Rebuild a CPU tensor from its raw bytes (the counterpart of the tensor reducer).
+
+    ``buf`` is whatever pickle hands over for the out-of-band or in-band buffer: a
+    ``bytearray`` (owned, used as storage without a copy) or any other bytes-like object
+    (copied, so the tensor is writable and outlives the ring slot or socket frame).
+    """
+    import torch
+
+    dtype = getattr(torch, dtype_name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PayloadError("ring.payload.tensor-reducer", "unknown torch dtype name",
+                           expected="a torch dtype name such as 'float16'", got=dtype_name)
+    raw = buf if isinstance(buf, bytearray) else bytearray(memoryview(buf).cast("B"))
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(shape)
+
+
+class _VllmModuleRef:
+    """Pickles as ``importlib.import_module(VLLM_SHM_MODULE)``."""
+
+
+class _VllmRebuildRef:
+    """Pickles as ``getattr(importlib.import_module(VLLM_SHM_MODULE), "_rebuild_tensor")``.
+
+    Calling it (when a stream written here is read back without the mapping) rebuilds locally.
+    """
+
+    def __call__(self, buf: Any, shape: tuple[int, ...], dtype_name: str) -> Any:
+        return rebuild_tensor(buf, shape, dtype_name)
+
+
+_MODULE_REF = _VllmModuleRef()
+_REBUILD_REF = _VllmRebuildRef()
+_VLLM_SHIM = SimpleNamespace(**{VLLM_REBUILD_NAME: rebuild_tensor})
+
+
+def _reduce_module_ref(_: _VllmModuleRef) -> tuple[Any, tuple[str]]:
+    return importlib.import_module, (VLLM_SHM_MODULE,)
+
+
+def _reduce_rebuild_ref(_: _VllmRebuildRef) -> tuple[Any, tuple[Any, str]]:
+    return getattr, (_MODULE_REF, VLLM_REBUILD_NAME)
+
+
+def _reduce_tensor(tensor: Any) -> tuple[Any, ...]:
+    """vLLM's tensor reduction: dense CPU tensors without grad go out as raw bytes."""
+    import torch
+
+    if tensor.device.type == "cpu" and tensor.layout == torch.strided and not tensor.requires_grad:
+        try:
+            raw = tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+        except RuntimeError:
+            pass  # tensors that cannot be viewed as bytes (conjugate bit ...): torch's own way
+        else:
+            dtype_name = str(tensor.dtype).removeprefix("torch.")
+            return _REBUILD_REF, (PickleBuffer(raw), tuple(tensor.shape), dtype_name)
+    return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
+def _import_module_mapped(name: str) -> Any:
+    if name == VLLM_SHM_MODULE:
+        return _VLLM_SHIM
+    return importlib.import_module(name)
+
+
+class _RingUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == VLLM_SHM_MODULE and name == VLLM_REBUILD_NAME:
+            return rebuild_tensor
+        if module == "importlib" and name == "import_module":
+            return _import_module_mapped
+        return super().find_class(module, name)
+
+
+class PickleCodec:
+    """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``)."""
+
+    name = "pickle"
+
+    def __init__(self, oob_threshold: int = OOB_THRESHOLD_BYTES) -> None:
+        self.oob_threshold = oob_threshold
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        buffers: list[Buffer] = [b""]
+        threshold = self.oob_threshold
+
+        def out_of_band(buffer: PickleBuffer) -> bool:
+            raw = buffer.raw()
+            if raw.nbytes < threshold:
+                return True  # serialise in band
+            buffers.append(raw)
+            return False
+
+        torch = sys.modules.get("torch")
+        if torch is None:
+            # No tensor can exist in a process that never imported torch.
+            buffers[0] = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL,
+                                      buffer_callback=out_of_band)
+            return buffers
+        with io.BytesIO() as stream:
+            pickler = pickle.Pickler(stream, protocol=pickle.HIGHEST_PROTOCOL,
+                                     buffer_callback=out_of_band)
+            # Start from copyreg's table so reducers registered process-wide still apply.
+            table = dict(copyreg.dispatch_table)
+            table[torch.Tensor] = _reduce_tensor
+            table[_VllmRebuildRef] = _reduce_rebuild_ref
+            table[_VllmModuleRef] = _reduce_module_ref
+            pickler.dispatch_table = table
+            pickler.dump(obj)
+            buffers[0] = stream.getvalue()
+        return buffers
+
+    def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
+        data = main if isinstance(main, bytes) else bytes(main)
+        if _VLLM_MODULE_BYTES not in data:
+            return pickle.loads(data, buffers=oob)
+        # Only streams that name vLLM's tensor rebuild need the mapping (and its slower path).
+        with io.BytesIO(data) as stream:
+            return _RingUnpickler(stream, buffers=oob).load()
+
+
+class MsgspecCodec:
+    """One msgpack buffer per message (msgspec): fast, for enginewire peers only.
+
+    ``type`` is the type the decoder validates against (default: any msgpack value).
+    """
+
+    name = "msgspec"
+
+    def __init__(self, type: Any = Any) -> None:
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(type)
+
+    def encode(self, obj: Any) -> list[Buffer]:
+        return [self._encoder.encode(obj)]
+
+    def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
+        if oob:
+            raise PayloadError("ring.payload.codec", "the msgspec codec uses one buffer",
+                               expected=1, got=1 + len(oob))
+        try:
+            return self._decoder.decode(main)
+        except msgspec.DecodeError as exc:
+            raise PayloadError("ring.payload.codec", f"not a msgpack payload: {exc}") from None
+
+
+def get_codec(codec: str | PayloadCodec) -> PayloadCodec:
+    """A codec instance from a name (``"pickle"``, ``"msgspec"``) or the instance itself."""
+    if isinstance(codec, str):
+        if codec == "pickle":
+            return PickleCodec()
+        if codec == "msgspec":
+            return MsgspecCodec()
+        raise PayloadError("ring.payload.codec", "unknown codec name",
+                           expected="'pickle' or 'msgspec'", got=codec)
+    return codec

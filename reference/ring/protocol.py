@@ -1,0 +1,304 @@
+"""The flag protocol of the ring: one writer, ``n_reader`` readers, no locks.
+
+The writer and the readers coordinate only through the one-byte flags of each chunk's metadata
+row (see :mod:`.layout`). This module holds that protocol and nothing else: no waiting policy,
+no sockets, no payloads. Every step touches memory only through a :class:`RingMemory`, so the
+same code runs over real shared memory (:class:`.shm.ShmMemory`), over a plain
+:class:`BytearrayMemory` in unit tests, and over an instrumented memory in a schedule explorer
+that pauses a thread at every ``load``/``store``/``fence`` to try interleavings.
+
+Every method is one non-blocking step; the caller loops (and waits) around them::
+
+    writer = RingWriter(memory, layout)            reader = RingReader(memory, layout, rank)
+    index = writer.try_acquire()  # None: full     index = reader.try_acquire()  # None: empty
+    ... write chunk `index` ...                    try: ... read chunk `index` ...
+    writer.commit()                                finally: reader.release()
+
+The chunk states (``states`` table of ``spec/data/ring.toml``), for n_reader = 3:
+
+=============  ==============  =========  ==========
+state          flags           can read   can write
+=============  ==============  =========  ==========
+NOT_WRITTEN    ``0...``        no         yes
+WRITTEN        ``1000``        yes        no
+PARTLY_READ    ``1?1?``        if own 0   no
+READ_BY_ALL    ``1111``        no         yes
+=============  ==============  =========  ==========
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import threading
+from typing import Protocol
+
+from ..errors import RingError
+from .framing import Buffer
+from .layout import RingLayout
+
+
+class RingMemory(Protocol):
+    """The memory a ring lives in, as the protocol sees it.
+
+    Offsets are absolute byte offsets into the segment (see :class:`.layout.RingLayout`).
+    Implementations must make ``fence()`` a full memory barrier between the processes or threads
+    sharing the memory: every load and store before it is complete and visible before any load
+    or store after it starts. ``yield_()`` gives the processor away once (``sched_yield``); the
+    protocol never calls it, the waiting loops around the protocol do.
+    """
+
+    def load(self, offset: int) -> int:
+        """Read one byte (a flag)."""
+        ...
+
+    def store(self, offset: int, value: int) -> None:
+        """Write one byte (a flag)."""
+        ...
+
+    def read(self, offset: int, length: int) -> Buffer:
+        """Read ``length`` bytes; a view is fine if it stays valid until the next release."""
+        ...
+
+    def write(self, offset: int, data: Buffer) -> None:
+        """Write the bytes of ``data`` starting at ``offset``."""
+        ...
+
+    def fence(self) -> None:
+        """Full memory barrier."""
+        ...
+
+    def yield_(self) -> None:
+        """Give the processor to another thread or process once."""
+        ...
+
+
+class BytearrayMemory:
+    """A :class:`RingMemory` over a private ``bytearray``: for one process (threads, tests).
+
+    ``fence()`` takes and releases a lock, which is a full barrier between threads.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.data = bytearray(size)
+        self._fence_lock = threading.Lock()
+
+    def load(self, offset: int) -> int:
+        return self.data[offset]
+
+    def store(self, offset: int, value: int) -> None:
+        self.data[offset] = value
+
+    def read(self, offset: int, length: int) -> bytes:
+        return bytes(self.data[offset:offset + length])
+
+    def write(self, offset: int, data: Buffer) -> None:
+        view = memoryview(data).cast("B")
+        self.data[offset:offset + view.nbytes] = view
+
+    def fence(self) -> None:
+        with self._fence_lock:
+            pass
+
+    def yield_(self) -> None:
+        os.sched_yield()
+
+
+class ChunkState(enum.Enum):
+    """The four states of a chunk's metadata row (``states`` in ``spec/data/ring.toml``)."""
+
+    NOT_WRITTEN = "0..."
+    WRITTEN = "1000"
+    PARTLY_READ = "1?1?"
+    READ_BY_ALL = "1111"
+
+    @property
+    def can_write(self) -> bool:
+        return self in (ChunkState.NOT_WRITTEN, ChunkState.READ_BY_ALL)
+
+
+def classify(row: Buffer) -> ChunkState:
+    """The state of one metadata row ``| written | read[0] | ... |``.
+
+    Raises :class:`RingError` if a flag is neither 0 nor 1 (clause ring.state.flag-values).
+    """
+    flags = bytes(row)
+    if len(flags) < 2:
+        raise RingError("ring.layout.metadata-region", "a metadata row is 1 + n_reader bytes",
+                        expected=">= 2 bytes", got=len(flags))
+    for position, flag in enumerate(flags):
+        if flag not in (0, 1):
+            raise RingError("ring.state.flag-values", f"flag byte {position} is not 0 or 1",
+                            expected="0 or 1", got=flag)
+    if flags[0] == 0:
+        return ChunkState.NOT_WRITTEN
+    read = sum(flags[1:])
+    if read == 0:
+        return ChunkState.WRITTEN
+    if read == len(flags) - 1:
+        return ChunkState.READ_BY_ALL
+    return ChunkState.PARTLY_READ
+
+
+def chunk_state(memory: RingMemory, layout: RingLayout, index: int) -> ChunkState:
+    """Classify chunk ``index`` as it is in ``memory`` now (no fence: for inspection)."""
+    return classify(memory.read(layout.metadata_row_offset(index), layout.metadata_size))
+
+
+class RingWriter:
+    """The writer's side of the flag protocol. Exactly one writer exists per ring.
+
+    ``index`` is the next chunk to write; it starts at 0 and advances modulo ``max_chunks``.
+    """
+
+    def __init__(self, memory: RingMemory, layout: RingLayout) -> None:
+        self.memory = memory
+        self.layout = layout
+        self.index = 0
+        self._claimed: int | None = None
+        self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
+        self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
+
+    def writable(self) -> bool:
+        """Fence, then: is chunk ``index`` free (written == 0 or every read flag set)?
+
+        Clauses ring.writer.fence-before-check and ring.writer.wait-writable.
+        """
+        memory, n_reader = self.memory, self.layout.n_reader
+        memory.fence()
+        row = self._rows[self.index]
+        if not memory.load(row):
+            return True
+        return sum(memory.read(row + 1, n_reader)) == n_reader
+
+    def try_acquire(self) -> int | None:
+        """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
+
+        Claiming sets the written flag to 0 before the caller fills the chunk
+        (clause ring.writer.clear-written-before-fill).
+        """
+        if self._claimed is not None:
+            raise RingError("ring.writer.single-writer", "a chunk is already claimed",
+                            expected="commit() before the next acquire", got=self._claimed)
+        if not self.writable():
+            return None
+        self.memory.store(self._rows[self.index], 0)
+        self._claimed = self.index
+        return self.index
+
+    def chunk_offset(self) -> int:
+        """Offset of the claimed chunk's data."""
+        if self._claimed is None:
+            raise RingError("ring.writer.wait-writable", "no chunk claimed",
+                            expected="try_acquire() first", got=None)
+        return self._chunks[self._claimed]
+
+    def commit(self) -> None:
+        """Publish the claimed chunk: clear every read flag, fence, written = 1, fence, advance.
+
+        The read flags are cleared BEFORE the written flag is set
+        (clause ring.writer.read-flags-cleared-before-written).
+        """
+        index = self._claimed
+        if index is None:
+            raise RingError("ring.writer.wait-writable", "commit without a claimed chunk",
+                            expected="try_acquire() first", got=None)
+        memory = self.memory
+        row = self._rows[index]
+        for reader in range(self.layout.n_reader):
+            memory.store(row + 1 + reader, 0)
+        memory.fence()  # ring.writer.fence-before-written
+        memory.store(row, 1)
+        memory.fence()  # ring.writer.fence-after-written
+        self._claimed = None
+        self.index = (index + 1) % self.layout.max_chunks
+
+    def readers_behind(self) -> bool:
+        """After :meth:`commit`: has no reader released the chunk committed before it yet?
+
+        Then every reader still has that chunk to release, and each one checks the new chunk
+        only after that release, so it will find the new chunk written without a notification
+        (clause ring.notify.after-write). Both sides fence between their flag store and their
+        load of the other's flag, so at least one of them sees the other's store. False with a
+        single chunk and before the second write.
+        """
+        layout = self.layout
+        if layout.max_chunks < 2:
+            return False
+        row = self._rows[(self.index - 2) % layout.max_chunks]
+        memory = self.memory
+        if not memory.load(row):
+            return False
+        return not any(memory.read(row + 1, layout.n_reader))
+
+    def abandon(self) -> None:
+        """Give a claimed chunk up without publishing it (the caller failed while filling it).
+
+        The chunk keeps written == 0, so no reader reads it, and ``index`` does not advance:
+        the next acquire claims the same chunk again.
+        """
+        self._claimed = None
+
+
+class RingReader:
+    """Local reader ``rank``'s side of the flag protocol.
+
+    ``rank`` is the reader's position in the handle's ``local_reader_ranks`` (0-based), which
+    selects its read flag. ``index`` is the next chunk to read; it starts at 0.
+    """
+
+    def __init__(self, memory: RingMemory, layout: RingLayout, rank: int) -> None:
+        layout.read_flag_offset(0, rank)  # validates rank
+        self.memory = memory
+        self.layout = layout
+        self.rank = rank
+        self.index = 0
+        self._held: int | None = None
+        self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
+        self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
+
+    def readable(self) -> bool:
+        """Fence, then: written == 1 and own read flag == 0 on chunk ``index``?
+
+        Clauses ring.reader.fence-before-check and ring.reader.readable-iff.
+        """
+        memory = self.memory
+        memory.fence()
+        row = self._rows[self.index]
+        return bool(memory.load(row)) and not memory.load(row + 1 + self.rank)
+
+    def try_acquire(self) -> int | None:
+        """Return chunk ``index`` if it is readable, else None. The caller must then
+        :meth:`release` it, also when reading it fails (clause ring.reader.release-on-error)."""
+        if self._held is not None:
+            raise RingError("ring.reader.release-after-read", "a chunk is already held",
+                            expected="release() before the next acquire", got=self._held)
+        if not self.readable():
+            return None
+        # Orders the data loads after the flag loads (clause ring.reader.fence-before-data).
+        self.memory.fence()
+        self._held = self.index
+        return self.index
+
+    def chunk_offset(self) -> int:
+        """Offset of the held chunk's data."""
+        if self._held is None:
+            raise RingError("ring.reader.readable-iff", "no chunk held",
+                            expected="try_acquire() first", got=None)
+        return self._chunks[self._held]
+
+    def release(self) -> None:
+        """Mark the held chunk read: fence, own flag = 1, fence, advance.
+
+        Only the reader's own flag is written (clause ring.reader.only-own-flag).
+        """
+        index = self._held
+        if index is None:
+            raise RingError("ring.reader.release-after-read", "release without a held chunk",
+                            expected="try_acquire() first", got=None)
+        memory = self.memory
+        memory.fence()  # ring.reader.fence-before-release: reads complete before the flag
+        memory.store(self._rows[index] + 1 + self.rank, 1)
+        memory.fence()  # ring.reader.fence-after-release
+        self._held = None
+        self.index = (index + 1) % self.layout.max_chunks

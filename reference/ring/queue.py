@@ -1,0 +1,652 @@
+"""``MessageQueue``: the broadcast queue built on the ring, compatible with vLLM's.
+
+One writer broadcasts every message to ``n_reader`` readers:
+
+- *local* readers (same node) read the shared-memory ring (:mod:`.protocol` over
+  :mod:`.shm`); a message too large for a chunk leaves an overflow marker in the ring and
+  travels as one multipart message over the writer's local XPUB socket (ipc);
+- after every ring write the writer publishes ``b"\\x00"`` on a PUB socket (SNDHWM 1) so that
+  readers blocked on their SUB socket (CONFLATE) wake up;
+- *remote* readers (other nodes) never touch the ring: every message goes to them as one
+  multipart message over a TCP XPUB socket.
+
+The :class:`Handle` has the fields, in the order, of vLLM's ``Handle``, so a vLLM reader can
+attach to a queue made here and :meth:`MessageQueue.create_from_handle` accepts a vLLM handle.
+With the default pickle codec the bytes in the ring are the bytes vLLM writes.
+
+Writer::
+
+    with MessageQueue(n_reader=2, n_local_reader=2) as mq:
+        handle = mq.export_handle()        # give it to the readers (pickle, pipe, ...)
+        mq.wait_until_ready(timeout=30)
+        mq.enqueue({"step": 1}, timeout=5)
+
+Reader (another process)::
+
+    with MessageQueue.create_from_handle(handle, rank=0) as mq:
+        mq.wait_until_ready(timeout=30)
+        obj = mq.dequeue(timeout=5)
+
+Spec: ``spec/data/ring.toml``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from ..addresses import ipc_address, remove_ipc_file
+from ..errors import ProtocolTimeout, RingError
+from .framing import Buffer, decode_chunk, needs_overflow, write_chunk
+from .layout import RingLayout
+from .payload import PayloadCodec, get_codec
+from .protocol import RingReader, RingWriter
+from .shm import ShmMemory, ShmSegment
+from .wait import DEFAULT_POLICY, Backoff, WaitPolicy
+
+#: vLLM's ``MessageQueue`` defaults.
+MAX_CHUNK_BYTES_DEFAULT = 24 * 1024 * 1024
+MAX_CHUNKS_DEFAULT = 10
+#: A busy reader drains its notify socket at least this often (libzmq queues a command per
+#: notification until the socket is polled).
+NOTIFY_POLL_INTERVAL_S = 2.0
+NOTIFY_MESSAGE = b"\x00"
+READY_MESSAGE = b"READY"
+#: The first byte of an XPUB subscription message (0 unsubscribes).
+SUBSCRIBE_BYTE = 1
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False  # a host name: zmq resolves it, or fails to bind
+
+
+def _release_views(views: list[memoryview]) -> None:
+    """Let go of views into the segment now: a traceback or a late garbage collection would
+    otherwise keep them, and the segment cannot be unmapped while one exists."""
+    for view in views:
+        try:
+            view.release()
+        except BufferError:
+            pass  # a codec kept a buffer of it: the mapping lives until that object goes
+
+
+class QueueClosed(RuntimeError):
+    """The queue was shut down (:meth:`MessageQueue.shutdown`) or closed while waiting."""
+
+
+@dataclass
+class Handle:
+    """What a reader needs to attach; vLLM's ``Handle`` field for field.
+
+    ``buffer_handle`` is ``(n_reader, max_chunk_bytes, max_chunks, shm_name)`` with
+    ``n_reader`` the number of local readers. A rank in ``local_reader_ranks`` reads the ring
+    as local reader ``local_reader_ranks.index(rank)``; any other rank is a remote reader.
+    """
+
+    local_reader_ranks: list[int] = field(default_factory=list)
+    buffer_handle: tuple[int, int, int, str] | None = None
+    local_subscribe_addr: str | None = None
+    local_notify_addr: str | None = None
+    remote_subscribe_addr: str | None = None
+    remote_addr_ipv6: bool = False
+    tensor_arena_handle: tuple[int, int, int, str] | None = None
+
+    @classmethod
+    def from_any(cls, handle: Any) -> Handle:
+        """A :class:`Handle` from any object with the same attributes (e.g. vLLM's)."""
+        if isinstance(handle, cls):
+            return handle
+        try:
+            return cls(
+                local_reader_ranks=list(handle.local_reader_ranks),
+                buffer_handle=(tuple(handle.buffer_handle)  # type: ignore[arg-type]
+                               if handle.buffer_handle is not None else None),
+                local_subscribe_addr=handle.local_subscribe_addr,
+                local_notify_addr=handle.local_notify_addr,
+                remote_subscribe_addr=handle.remote_subscribe_addr,
+                remote_addr_ipv6=bool(handle.remote_addr_ipv6),
+                tensor_arena_handle=getattr(handle, "tensor_arena_handle", None),
+            )
+        except AttributeError as exc:
+            raise RingError("ring.handle.fields", f"not a message queue handle: {exc}",
+                            got=type(handle).__name__) from None
+
+
+class _Resources:
+    """Everything a queue must release, kept apart from the queue so a finalizer can run it."""
+
+    def __init__(self) -> None:
+        self.context: zmq.Context | None = None
+        self.sockets: list[zmq.Socket] = []
+        self.segment: ShmSegment | None = None
+        self.bound_ipc: list[str] = []
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def socket(self, kind: int) -> zmq.Socket:
+        if self.context is None:
+            self.context = zmq.Context()
+        sock = self.context.socket(kind)
+        self.sockets.append(sock)
+        return sock
+
+    def bind_ipc(self, sock: zmq.Socket, base_dir: str | None) -> str:
+        address = ipc_address(base_dir)
+        self.bound_ipc.append(address)
+        sock.bind(address)
+        return address
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+        for sock in self.sockets:
+            sock.close(linger=0)
+        if self.context is not None:
+            self.context.term()
+        for address in self.bound_ipc:
+            remove_ipc_file(address)
+        if self.segment is not None:
+            self.segment.close()
+
+
+class MessageQueue:
+    """One writer, ``n_reader`` readers; see the module docstring.
+
+    The constructor makes the writer end; :meth:`create_from_handle` makes a reader end.
+    ``codec`` is ``"pickle"`` (vLLM-compatible), ``"msgspec"`` (enginewire peers only) or a
+    :class:`.payload.PayloadCodec`. ``connect_ip`` is the address remote readers connect to
+    (default ``127.0.0.1``; give the node's address when readers run elsewhere). ``ipc_dir``
+    holds the ipc socket files (default: the temp dir).
+    """
+
+    def __init__(
+        self,
+        n_reader: int,
+        n_local_reader: int,
+        local_reader_ranks: list[int] | None = None,
+        max_chunk_bytes: int = MAX_CHUNK_BYTES_DEFAULT,
+        max_chunks: int = MAX_CHUNKS_DEFAULT,
+        connect_ip: str | None = None,
+        *,
+        codec: str | PayloadCodec = "pickle",
+        wait: WaitPolicy = DEFAULT_POLICY,
+        ipc_dir: str | None = None,
+    ) -> None:
+        if not 0 <= n_local_reader <= n_reader:
+            raise RingError("ring.handle.fields", "0 <= n_local_reader <= n_reader",
+                            expected=f"0..{n_reader}", got=n_local_reader)
+        if local_reader_ranks is None:
+            local_reader_ranks = list(range(n_local_reader))
+        elif len(local_reader_ranks) != n_local_reader:
+            raise RingError("ring.handle.local-reader-rank",
+                            "one rank per local reader in local_reader_ranks",
+                            expected=n_local_reader, got=len(local_reader_ranks))
+        self._init_common(codec, wait)
+        self.is_writer = True
+        self.n_local_reader = n_local_reader
+        self.n_remote_reader = n_reader - n_local_reader
+        res = self._resources
+        try:
+            buffer_handle = local_subscribe = local_notify = None
+            if n_local_reader > 0:
+                self.layout = RingLayout(n_local_reader, max_chunk_bytes, max_chunks)
+                res.segment = ShmSegment.create(self.layout)
+                self._writer = RingWriter(res.segment.memory, self.layout)
+                buffer_handle = self.layout.buffer_handle(res.segment.name)
+                self._local_socket = res.socket(zmq.XPUB)
+                self._local_socket.setsockopt(zmq.XPUB_VERBOSE, 1)
+                local_subscribe = res.bind_ipc(self._local_socket, ipc_dir)
+                self._notify_socket = res.socket(zmq.PUB)
+                self._notify_socket.setsockopt(zmq.SNDHWM, 1)
+                local_notify = res.bind_ipc(self._notify_socket, ipc_dir)
+            remote_subscribe = None
+            remote_ipv6 = False
+            if self.n_remote_reader > 0:
+                host = connect_ip or "127.0.0.1"
+                self._remote_socket = res.socket(zmq.XPUB)
+                self._remote_socket.setsockopt(zmq.XPUB_VERBOSE, 1)
+                if _is_ipv6(host):
+                    self._remote_socket.setsockopt(zmq.IPV6, 1)
+                    remote_ipv6 = True
+                    host = f"[{host}]"
+                self._remote_socket.bind(f"tcp://{host}:0")
+                endpoint = self._remote_socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+                remote_subscribe = f"tcp://{host}:{endpoint.rsplit(':', 1)[1]}"
+            self.handle = Handle(
+                local_reader_ranks=list(local_reader_ranks),
+                buffer_handle=buffer_handle,
+                local_subscribe_addr=local_subscribe,
+                local_notify_addr=local_notify,
+                remote_subscribe_addr=remote_subscribe,
+                remote_addr_ipv6=remote_ipv6,
+                tensor_arena_handle=None,
+            )
+        except BaseException:
+            res.close()
+            raise
+
+    def _init_common(self, codec: str | PayloadCodec, wait: WaitPolicy) -> None:
+        self.codec = get_codec(codec)
+        self.wait_policy = wait
+        self._resources = _Resources()
+        self._finalizer = weakref.finalize(self, self._resources.close)
+        self.is_writer = False
+        self.is_local_reader = False
+        self.is_remote_reader = False
+        self.local_reader_rank = -1
+        self.n_local_reader = 0
+        self.n_remote_reader = 0
+        self.layout: RingLayout | None = None
+        self._writer: RingWriter | None = None
+        self._reader: RingReader | None = None
+        self._local_socket: zmq.Socket | None = None
+        self._notify_socket: zmq.Socket | None = None
+        self._remote_socket: zmq.Socket | None = None
+        self._cancel_send: zmq.Socket | None = None
+        self._poller: zmq.Poller | None = None
+        self._shutting_down = False
+        self._pending_overflow = 0
+        self._last_notify_drain = time.monotonic()
+
+    @classmethod
+    def create_from_handle(cls, handle: Any, rank: int, *,
+                           codec: str | PayloadCodec = "pickle",
+                           wait: WaitPolicy = DEFAULT_POLICY) -> MessageQueue:
+        """The reader end for ``rank``: local if ``rank`` is in ``handle.local_reader_ranks``,
+        remote otherwise. ``handle`` may be a vLLM ``Handle``."""
+        handle = Handle.from_any(handle)
+        if handle.tensor_arena_handle is not None:
+            raise RingError("ring.payload.tensor-arena",
+                            "this reader does not implement vLLM's shared-memory tensor arena",
+                            expected=None, got=handle.tensor_arena_handle)
+        self = cls.__new__(cls)
+        self._init_common(codec, wait)
+        self.handle = handle
+        res = self._resources
+        try:
+            if rank in handle.local_reader_ranks:
+                if handle.buffer_handle is None or handle.local_subscribe_addr is None \
+                        or handle.local_notify_addr is None:
+                    raise RingError("ring.handle.fields",
+                                    "a local reader needs buffer_handle and both ipc addresses",
+                                    got=handle)
+                self.is_local_reader = True
+                self.local_reader_rank = handle.local_reader_ranks.index(rank)
+                self.layout, shm_name = RingLayout.from_buffer_handle(handle.buffer_handle)
+                res.segment = ShmSegment.attach(shm_name, self.layout)
+                self._reader = RingReader(res.segment.memory, self.layout,
+                                          self.local_reader_rank)
+                self._chunk_bytes = self.layout.max_chunk_bytes
+                self._local_socket = res.socket(zmq.SUB)
+                self._local_socket.setsockopt(zmq.SUBSCRIBE, b"")
+                self._local_socket.connect(handle.local_subscribe_addr)
+                self._notify_socket = res.socket(zmq.SUB)
+                self._notify_socket.setsockopt(zmq.CONFLATE, 1)
+                self._notify_socket.setsockopt(zmq.SUBSCRIBE, b"")
+                self._notify_socket.connect(handle.local_notify_addr)
+                cancel_address = f"inproc://enginewire-cancel-{id(self):x}-{time.monotonic_ns()}"
+                cancel_recv = res.socket(zmq.PAIR)
+                cancel_recv.bind(cancel_address)
+                self._cancel_send = res.socket(zmq.PAIR)
+                self._cancel_send.connect(cancel_address)
+                self._poller = zmq.Poller()
+                self._poller.register(self._notify_socket, zmq.POLLIN)
+                self._poller.register(cancel_recv, zmq.POLLIN)
+                self._cancel_recv = cancel_recv
+            else:
+                if handle.remote_subscribe_addr is None:
+                    raise RingError("ring.handle.local-reader-rank",
+                                    "rank is not a local reader and the queue has no remote "
+                                    "address", got=rank)
+                self.is_remote_reader = True
+                self._remote_socket = res.socket(zmq.SUB)
+                self._remote_socket.setsockopt(zmq.SUBSCRIBE, b"")
+                if handle.remote_addr_ipv6:
+                    self._remote_socket.setsockopt(zmq.IPV6, 1)
+                self._remote_socket.connect(handle.remote_subscribe_addr)
+        except BaseException:
+            res.close()
+            raise
+        return self
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def export_handle(self) -> Handle:
+        return self.handle
+
+    def wait_until_ready(self, timeout: float | None = 60.0) -> None:
+        """The start-up barrier every end calls once (clauses ring.ready.*).
+
+        The writer waits for one subscription message per reader on each XPUB socket, then
+        publishes ``b"READY"``; a reader waits for that ``b"READY"``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self.is_writer:
+            for sock, count in ((self._local_socket, self.n_local_reader),
+                                (self._remote_socket, self.n_remote_reader)):
+                if sock is None or count == 0:
+                    continue
+                seen = 0
+                while seen < count:
+                    message = self._recv_ready_part(sock, deadline, "subscriptions")
+                    if message[:1] == bytes((SUBSCRIBE_BYTE,)):
+                        seen += 1
+                sock.send(READY_MESSAGE)
+        else:
+            sock = self._local_socket if self.is_local_reader else self._remote_socket
+            assert sock is not None
+            message = self._recv_ready_part(sock, deadline, "READY")
+            if message != READY_MESSAGE:
+                raise RingError("ring.ready.reader-receives-ready",
+                                "the first message on the subscribe socket must be READY",
+                                expected=READY_MESSAGE, got=message[:32])
+
+    def _recv_ready_part(self, sock: zmq.Socket, deadline: float | None, what: str) -> bytes:
+        timeout_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        if not sock.poll(timeout_ms):
+            raise ProtocolTimeout("ring.ready.subscriptions", f"timed out waiting for {what}",
+                                  expected="every reader connected", got="timeout")
+        return sock.recv()
+
+    def shutdown(self) -> None:
+        """Make a reader waiting in another thread of this process raise QueueClosed: a local
+        reader at once (clause ring.reader.cancel), a remote one at its next poll."""
+        self._shutting_down = True
+        if self._cancel_send is not None and not self._resources.closed:
+            self._cancel_send.send(b"\x00")
+
+    def close(self) -> None:
+        """Close sockets, remove ipc files, unmap the segment (the creator unlinks it)."""
+        self._shutting_down = True
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return self._resources.closed
+
+    @property
+    def memory(self) -> ShmMemory | None:
+        """The ring's memory (offsets as in :attr:`layout`); None without local readers."""
+        segment = self._resources.segment
+        return segment.memory if segment is not None else None
+
+    @property
+    def ring_writer(self) -> RingWriter | None:
+        """The flag-protocol writer of the writer end (None on reader ends)."""
+        return self._writer
+
+    @property
+    def ring_reader(self) -> RingReader | None:
+        """The flag-protocol reader of a local reader end (None elsewhere)."""
+        return self._reader
+
+    def __enter__(self) -> MessageQueue:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- writer ----------------------------------------------------------------------------
+
+    def enqueue(self, obj: Any, timeout: float | None = None) -> None:
+        """Encode ``obj`` with the codec and broadcast it (:meth:`enqueue_buffers`)."""
+        self.enqueue_buffers(self.codec.encode(obj), timeout)
+
+    def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
+        """Broadcast one message given as ``[main, oob...]``.
+
+        Waits (at most ``timeout`` seconds, None: forever) for the next chunk to be free,
+        raising :class:`ProtocolTimeout` (a ``TimeoutError``) when it is not.
+        """
+        if not self.is_writer:
+            raise RingError("ring.writer.single-writer", "only the writer end can enqueue")
+        if self._resources.closed:
+            raise QueueClosed("the queue is closed")
+        if self.n_local_reader > 0:
+            writer = self._writer
+            assert writer is not None and self.layout is not None
+            overflow = needs_overflow(buffers, self.layout.max_chunk_bytes)
+            self._claim_chunk(timeout)
+            try:
+                offset = writer.chunk_offset()
+                if overflow:
+                    writer.memory.store(offset, 1)
+                else:
+                    write_chunk(writer.memory.write, buffers, base=offset)
+            except BaseException:
+                writer.abandon()
+                raise
+            writer.commit()
+            if overflow:
+                self._send_multipart(self._local_socket, buffers)  # type: ignore[arg-type]
+            if not writer.readers_behind():
+                self._notify_socket.send(NOTIFY_MESSAGE, zmq.NOBLOCK)  # type: ignore[union-attr]
+        if self.n_remote_reader > 0:
+            self._send_multipart(self._remote_socket, buffers)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _send_multipart(sock: zmq.Socket, buffers: Sequence[Buffer]) -> None:
+        # zmq sends later, from its I/O thread: mutable buffers are copied now so a caller
+        # changing its array after enqueue returns cannot change the message.
+        immutable = all(isinstance(b, bytes) for b in buffers)
+        sock.send_multipart(list(buffers), copy=not immutable)
+
+    @contextmanager
+    def acquire_write(self, timeout: float | None = None) -> Iterator[int]:
+        """Claim the next free chunk and yield its data offset; publish it on exit.
+
+        The body writes the chunk through :attr:`memory` (``memory.write(offset, data)``).
+        If the body raises, the chunk is abandoned unpublished (written stays 0) and the
+        next acquire claims it again.
+        """
+        self._claim_chunk(timeout)
+        writer = self._writer
+        assert writer is not None
+        try:
+            yield writer.chunk_offset()
+        except BaseException:
+            writer.abandon()
+            raise
+        writer.commit()
+        if not writer.readers_behind():
+            self._notify_socket.send(NOTIFY_MESSAGE, zmq.NOBLOCK)  # type: ignore[union-attr]
+
+    def _claim_chunk(self, timeout: float | None) -> None:
+        writer = self._writer
+        if writer is None:
+            raise RingError("ring.writer.single-writer", "only the writer end has the ring")
+        if writer.try_acquire() is None:
+            backoff = Backoff(self.wait_policy, timeout, clause="ring.writer.timeout",
+                              what="a free chunk (every local reader done with it)")
+            while writer.try_acquire() is None:
+                if self._shutting_down:
+                    raise QueueClosed("the queue was shut down")
+                backoff.pause()
+
+    # --- readers ---------------------------------------------------------------------------
+
+    def dequeue(self, timeout: float | None = None) -> Any:
+        """The next message, decoded with the codec.
+
+        Waits at most ``timeout`` seconds (None: forever) in total, raising
+        :class:`ProtocolTimeout` (a ``TimeoutError``). The ring slot is released whatever
+        happens while reading it, decoding errors included (clause ring.reader.release-on-error).
+        """
+        if self.is_local_reader:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if not self._pending_overflow:
+                chunk = self._acquire_chunk(timeout)
+                try:
+                    decoded = decode_chunk(chunk)
+                    if not decoded.overflow:
+                        views = decoded.buffers
+                        try:
+                            # Out-of-band buffers are copied: the object may keep them after
+                            # the slot is reused (clause ring.reader.copy-oob-before-release).
+                            return self.codec.decode(views[0],
+                                                     [bytearray(v) for v in views[1:]])
+                        finally:
+                            _release_views(views)
+                    self._pending_overflow += 1
+                finally:
+                    self._release_chunk(chunk)
+            return self._decode_frames(self._recv_overflow(deadline))
+        if self.is_remote_reader:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            return self._decode_frames(self._recv_frames(self._remote_socket, deadline))
+        raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
+
+    def dequeue_buffers(self, timeout: float | None = None) -> list[bytes | bytearray]:
+        """The next message as owned buffers ``[main, oob...]`` (no codec)."""
+        if self.is_local_reader:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if not self._pending_overflow:
+                chunk = self._acquire_chunk(timeout)
+                try:
+                    decoded = decode_chunk(chunk)
+                    if not decoded.overflow:
+                        views = decoded.buffers
+                        try:
+                            return [bytes(views[0])] + [bytearray(v) for v in views[1:]]
+                        finally:
+                            _release_views(views)
+                    self._pending_overflow += 1
+                finally:
+                    self._release_chunk(chunk)
+            frames = self._recv_overflow(deadline)
+        elif self.is_remote_reader:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            frames = self._recv_frames(self._remote_socket, deadline)
+        else:
+            raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
+        return [frames[0].bytes] + [bytearray(f.buffer) for f in frames[1:]]
+
+    @contextmanager
+    def dequeue_borrowed(self, timeout: float | None = None) -> Iterator[Any]:
+        """The next message, decoded without copying its out-of-band buffers: arrays and
+        tensors in it are read-only views of the ring slot (or of the socket frames).
+
+        The slot stays held until the block ends, so the writer cannot reuse it meanwhile;
+        copy whatever must outlive the block. This trades the reader's copy for holding the
+        slot; :meth:`dequeue` returns owned copies instead.
+        """
+        if self.is_local_reader and not self._pending_overflow:
+            chunk = self._acquire_chunk(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            overflow = False
+            try:
+                decoded = decode_chunk(chunk)
+                overflow = decoded.overflow
+                if not overflow:
+                    views = [v.toreadonly() for v in decoded.buffers]
+                    _release_views(decoded.buffers)
+                    try:
+                        yield self.codec.decode(views[0], views[1:])
+                    finally:
+                        _release_views(views)
+                else:
+                    self._pending_overflow += 1
+            finally:
+                self._release_chunk(chunk)
+            if not overflow:
+                return
+        elif self.is_local_reader or self.is_remote_reader:
+            deadline = None if timeout is None else time.monotonic() + timeout
+        else:
+            raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
+        frames = (self._recv_overflow(deadline) if self.is_local_reader
+                  else self._recv_frames(self._remote_socket, deadline))  # type: ignore[arg-type]
+        yield self.codec.decode(frames[0].buffer, [f.buffer for f in frames[1:]])
+
+    def broadcast_object(self, obj: Any = None) -> Any:
+        """vLLM's collective helper: the writer enqueues ``obj``, a reader returns the next."""
+        if self.is_writer:
+            self.enqueue(obj)
+            return obj
+        return self.dequeue()
+
+    @contextmanager
+    def acquire_read(self, timeout: float | None = None) -> Iterator[Buffer]:
+        """Wait for the next readable chunk and yield its data; release it on exit, also when
+        the body raises. Do not keep the view (or slices of it) past the block."""
+        chunk = self._acquire_chunk(timeout)
+        try:
+            yield chunk
+        finally:
+            self._release_chunk(chunk)
+
+    def _acquire_chunk(self, timeout: float | None) -> Buffer:
+        reader = self._reader
+        if reader is None:
+            raise RingError("ring.reader.readable-iff", "only a local reader end has the ring")
+        if reader.try_acquire() is None:
+            backoff = Backoff(self.wait_policy, timeout, clause="ring.reader.timeout",
+                              what="a readable chunk", block=self._block_on_notify)
+            while reader.try_acquire() is None:
+                if self._shutting_down:
+                    raise QueueClosed("the queue was shut down")
+                backoff.pause()
+        return reader.memory.read(reader.chunk_offset(), self._chunk_bytes)
+
+    def _release_chunk(self, chunk: Buffer) -> None:
+        if isinstance(chunk, memoryview):
+            chunk.release()
+        self._reader.release()  # type: ignore[union-attr]
+        now = time.monotonic()
+        if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
+            self._drain_notify(now)
+
+    def _drain_notify(self, now: float) -> None:
+        self._last_notify_drain = now
+        sock = self._notify_socket
+        # poll() makes libzmq process the commands it queued for every notification.
+        if sock is not None and sock.poll(0):
+            sock.recv(zmq.NOBLOCK, copy=False)
+
+    def _block_on_notify(self, seconds: float) -> None:
+        poller = self._poller
+        assert poller is not None
+        events = dict(poller.poll(max(0, int(seconds * 1000 + 0.999))))
+        if self._cancel_recv in events:
+            self._cancel_recv.recv(zmq.NOBLOCK)
+            raise QueueClosed("the queue was shut down")
+        if self._notify_socket in events:
+            self._notify_socket.recv(zmq.NOBLOCK, copy=False)  # type: ignore[union-attr]
+            self._last_notify_drain = time.monotonic()
+
+    def _recv_overflow(self, deadline: float | None) -> list[zmq.Frame]:
+        frames = self._recv_frames(self._local_socket, deadline)  # type: ignore[arg-type]
+        self._pending_overflow -= 1
+        return frames
+
+    def _recv_frames(self, sock: zmq.Socket, deadline: float | None) -> list[zmq.Frame]:
+        while True:
+            if deadline is None:
+                timeout_ms = int(self.wait_policy.recheck_s * 1000)
+            else:
+                left = deadline - time.monotonic()
+                timeout_ms = max(0, int(left * 1000 + 0.999))
+            if sock.poll(timeout_ms):
+                return sock.recv_multipart(copy=False)
+            if self._shutting_down:
+                raise QueueClosed("the queue was shut down")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ProtocolTimeout("ring.reader.timeout",
+                                      "timed out waiting for the message on the subscribe socket",
+                                      expected="a multipart message", got="timeout")
+
+    def _decode_frames(self, frames: list[zmq.Frame]) -> Any:
+        return self.codec.decode(frames[0].buffer, [bytearray(f.buffer) for f in frames[1:]])

@@ -1,0 +1,165 @@
+"""The real backing of a ring: one POSIX shared-memory segment (``/dev/shm/<name>``).
+
+The process that creates the segment owns it and unlinks it when it closes
+(clause ring.lifecycle.creator-unlinks). Processes that attach never register the segment with
+``multiprocessing``'s resource tracker: a tracker that believes it owns the segment unlinks it
+when the attaching process exits, under the feet of the writer and every other reader
+(clause ring.lifecycle.attach-untracked).
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import os
+import threading
+from multiprocessing import resource_tracker, shared_memory
+
+from ..errors import RingError
+from .framing import Buffer
+from .layout import RingLayout
+
+#: One lock per process: taking and releasing it is a full memory barrier (CPython's lock is a
+#: pthread mutex or semaphore), which is what vLLM's ``memory_fence()`` relies on too.
+_FENCE_LOCK = threading.Lock()
+
+#: Serialises the temporary swap of ``resource_tracker.register`` on Pythons without ``track=``.
+_ATTACH_LOCK = threading.Lock()
+
+_HAS_TRACK_ARG = "track" in inspect.signature(shared_memory.SharedMemory.__init__).parameters
+
+
+def memory_fence() -> None:
+    """Full memory barrier between processes sharing memory (lock acquire plus release)."""
+    with _FENCE_LOCK:
+        pass
+
+
+def _attach_untracked(name: str) -> shared_memory.SharedMemory:
+    if _HAS_TRACK_ARG:
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+    with _ATTACH_LOCK:
+        original = resource_tracker.register
+        resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
+        try:
+            return shared_memory.SharedMemory(name=name)
+        finally:
+            resource_tracker.register = original  # type: ignore[assignment]
+
+
+class ShmMemory:
+    """A :class:`.protocol.RingMemory` over a shared-memory mapping.
+
+    ``read`` returns zero-copy views: release them (or let them go) before the segment closes.
+    """
+
+    def __init__(self, buf: memoryview) -> None:
+        self.buf = buf
+
+    def load(self, offset: int) -> int:
+        return self.buf[offset]
+
+    def store(self, offset: int, value: int) -> None:
+        self.buf[offset] = value
+
+    def read(self, offset: int, length: int) -> memoryview:
+        return self.buf[offset:offset + length]
+
+    def write(self, offset: int, data: Buffer) -> None:
+        if isinstance(data, bytes | bytearray):
+            self.buf[offset:offset + len(data)] = data
+            return
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        self.buf[offset:offset + view.nbytes] = view
+
+    def fence(self) -> None:
+        with _FENCE_LOCK:
+            pass
+
+    def yield_(self) -> None:
+        os.sched_yield()
+
+
+class ShmSegment:
+    """One shared-memory segment laid out as a ring. Use :meth:`create` or :meth:`attach`."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, layout: RingLayout,
+                 is_creator: bool) -> None:
+        self._shm: shared_memory.SharedMemory | None = shm
+        self.layout = layout
+        self.is_creator = is_creator
+        self.name: str = shm.name
+        self._buf: memoryview | None = shm.buf
+        self.memory = ShmMemory(shm.buf)
+
+    @classmethod
+    def create(cls, layout: RingLayout) -> ShmSegment:
+        """Create a fresh segment of ``layout.total_size`` bytes with every flag 0
+        (clause ring.layout.flags-zero-at-creation)."""
+        shm = shared_memory.SharedMemory(create=True, size=layout.total_size)
+        try:
+            segment = cls(shm, layout, is_creator=True)
+            segment.memory.write(layout.metadata_offset, bytes(layout.metadata_bytes))
+        except BaseException:
+            shm.close()
+            shm.unlink()
+            raise
+        return segment
+
+    @classmethod
+    def attach(cls, name: str, layout: RingLayout) -> ShmSegment:
+        """Map the existing segment ``name`` without registering it with the resource tracker.
+
+        The segment may be larger than ``layout.total_size`` (page rounding), never smaller
+        (clause ring.layout.segment).
+        """
+        try:
+            shm = _attach_untracked(name)
+        except FileNotFoundError:
+            raise RingError("ring.lifecycle.creator-unlinks",
+                            "no shared-memory segment of that name (writer gone or other node)",
+                            got=name) from None
+        if shm.size < layout.total_size:
+            shm.close()
+            raise RingError("ring.layout.segment", "segment smaller than the layout needs",
+                            expected=f">= {layout.total_size}", got=shm.size)
+        return cls(shm, layout, is_creator=False)
+
+    @property
+    def closed(self) -> bool:
+        return self._shm is None
+
+    def close(self) -> None:
+        """Unmap the segment; the creator also unlinks it. Idempotent.
+
+        The unlink happens first, so the name is gone even if a stray view keeps the mapping.
+        """
+        shm = self._shm
+        if shm is None:
+            return
+        self._shm = None
+        if self.is_creator:
+            try:
+                shm.unlink()
+            except FileNotFoundError:
+                # Someone else removed it; stop the resource tracker from trying again at exit.
+                resource_tracker.unregister(getattr(shm, "_name", "/" + shm.name),
+                                            "shared_memory")
+        self.memory.buf = memoryview(b"")
+        self._buf = None
+        try:
+            shm.close()
+        except BufferError:
+            gc.collect()  # views held only by garbage cycles
+            try:
+                shm.close()
+            except BufferError:
+                pass  # a caller still holds a view: the mapping goes when it does
+
+    def __enter__(self) -> ShmSegment:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

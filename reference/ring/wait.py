@@ -1,0 +1,100 @@
+"""How the ring's writer and readers wait: spin, then yield, then sleep, then block.
+
+The flag protocol (:mod:`.protocol`) never waits; the loops in :mod:`.queue` call
+:meth:`Backoff.pause` between two failed checks. A pure ``sched_yield`` loop, as vLLM's readers
+run for a second after every read, wastes the processor the writer needs when processes
+outnumber cores; a :class:`Backoff` instead escalates:
+
+1. ``spin_checks`` checks back to back (a message usually lands within microseconds);
+2. ``sched_yield`` until ``yield_for_s`` has passed since the wait began;
+3. sleeps that double from ``sleep_min_s`` to ``sleep_max_s``;
+4. for readers, once ``block_after_s`` has passed: block on the writer's notify socket, for at
+   most the recheck interval (clause ring.notify.hint-only), because a notification can be
+   dropped and the flags, not the notification, say whether a chunk is readable.
+
+Every wait is bounded by its deadline: :meth:`Backoff.pause` raises
+:class:`~enginewire.reference.errors.ProtocolTimeout` (a ``TimeoutError``) once it has passed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import ProtocolTimeout
+
+#: An idle reader re-reads the flags at least this often, notification or not.
+READER_RECHECK_INTERVAL_S = 5.0
+
+
+@dataclass(frozen=True)
+class WaitPolicy:
+    """The escalation of one wait; times in seconds."""
+
+    spin_checks: int = 2
+    yield_for_s: float = 1e-3
+    sleep_min_s: float = 50e-6
+    sleep_max_s: float = 500e-6
+    #: vLLM's readers busy-loop this long after a read before they block (clause
+    #: ring.notify.busy-loop): blocking sooner meets notifications dropped by a busy writer.
+    block_after_s: float = 1.0
+    recheck_s: float = READER_RECHECK_INTERVAL_S
+
+
+DEFAULT_POLICY = WaitPolicy()
+
+
+class Backoff:
+    """The state of one wait: create it when the first check fails, call :meth:`pause` after
+    every failed check.
+
+    ``block(seconds)`` (readers only) waits for a notification for at most ``seconds``.
+    ``timeout`` None waits forever; 0 allows exactly one check.
+    """
+
+    __slots__ = ("policy", "clause", "what", "timeout", "deadline", "started",
+                 "_checks", "_sleep", "_block")
+
+    def __init__(self, policy: WaitPolicy, timeout: float | None, *, clause: str, what: str,
+                 block: Callable[[float], None] | None = None) -> None:
+        self.policy = policy
+        self.clause = clause
+        self.what = what
+        self.timeout = timeout
+        self.started = time.monotonic()
+        self.deadline = math.inf if timeout is None else self.started + timeout
+        self._checks = 0
+        self._sleep = policy.sleep_min_s
+        self._block = block
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (``inf`` without a timeout)."""
+        return self.deadline - time.monotonic()
+
+    def expire(self) -> ProtocolTimeout:
+        return ProtocolTimeout(self.clause, f"timed out waiting for {self.what}",
+                               expected=f"within {self.timeout} s",
+                               got=f"{time.monotonic() - self.started:.3f} s")
+
+    def pause(self) -> None:
+        """Wait a little before the next check, or raise ProtocolTimeout at the deadline."""
+        policy = self.policy
+        self._checks += 1
+        now = time.monotonic()
+        if now >= self.deadline:
+            raise self.expire()
+        if self._checks <= policy.spin_checks:
+            return
+        waited = now - self.started
+        if waited < policy.yield_for_s:
+            os.sched_yield()
+            return
+        left = self.deadline - now
+        if self._block is not None and waited >= policy.block_after_s:
+            self._block(min(policy.recheck_s, left))
+            return
+        time.sleep(min(self._sleep, left))
+        self._sleep = min(self._sleep * 2, policy.sleep_max_s)

@@ -1,0 +1,409 @@
+"""Tensors and arrays on the wire: the ``[dtype, shape, data]`` tuple of the tensors surface.
+
+This module turns numpy arrays, CPU torch tensors and :class:`WireTensor` values into that tuple
+and back. It knows nothing about frames or structs: the codec hands it the list of out-of-band
+buffers it appends to (encoding) or reads from (decoding). torch is optional and imported only
+when a torch tensor is met or asked for.
+
+Contract:
+
+- :func:`encode_value` returns the tuple for one value and appends its bytes to ``aux`` when the
+  value goes out of band. ``aux[0]`` is the msgpack frame's placeholder, so the index written
+  is ``len(aux)`` before the append (tensors.index-base-one).
+- :func:`decode_value` validates a tuple as decoded from msgpack (an ``Ext(3)`` already turned
+  into a ``memoryview`` by the codec's ext hook) and builds the value; every violation raises
+  :class:`~enginewire.reference.errors.TensorError` carrying the clause it breaks.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+import numpy as np
+from enginewire.spec import load
+
+from .errors import FramingError, TensorError
+
+#: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
+RAW_VIEW_EXT = 3
+
+#: Bytes per element of each torch dtype name; the names are checked against the spec's
+#: ``torch_dtypes`` vocabulary when the vocabulary is loaded.
+TORCH_ITEMSIZE: dict[str, int] = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "complex32": 4,
+    "complex64": 8,
+    "complex128": 16,
+    "float8_e4m3fn": 1,
+    "float8_e4m3fnuz": 1,
+    "float8_e5m2": 1,
+    "float8_e5m2fnuz": 1,
+    "float8_e8m0fnu": 1,
+    "float4_e2m1fn_x2": 1,
+}
+
+#: torch dtype names with a numpy twin of the same bytes (little-endian, as torch stores them).
+TORCH_TO_NUMPY: dict[str, str] = {
+    "bool": "|b1",
+    "uint8": "|u1",
+    "int8": "|i1",
+    "int16": "<i2",
+    "int32": "<i4",
+    "int64": "<i8",
+    "uint16": "<u2",
+    "uint32": "<u4",
+    "uint64": "<u8",
+    "float16": "<f2",
+    "float32": "<f4",
+    "float64": "<f8",
+    "complex64": "<c8",
+    "complex128": "<c16",
+}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The dtype strings the spec allows, with the byte size of one element of each."""
+
+    torch: dict[str, int]
+    numpy: dict[str, int]
+
+
+_VOCABULARIES: dict[str, Vocabulary] = {}
+
+
+def vocabulary(version: str | None = None) -> Vocabulary:
+    """The tensors surface's dtype vocabularies for ``version`` (default: the reference)."""
+    spec = load(version)
+    found = _VOCABULARIES.get(spec.version)
+    if found is None:
+        surface = spec.surface("tensors")
+        unknown = [name for name in surface.torch_dtypes if name not in TORCH_ITEMSIZE]
+        if unknown:
+            raise ValueError(f"no element size known for torch dtypes {unknown}")
+        found = Vocabulary(
+            torch={name: TORCH_ITEMSIZE[name] for name in surface.torch_dtypes},
+            numpy={text: int(text[2:]) for text in surface.numpy_dtypes},
+        )
+        _VOCABULARIES[spec.version] = found
+    return found
+
+
+class WireTensor:
+    """A tensor as it travels, for programs without torch (or that want the raw bytes).
+
+    ``dtype`` is a torch dtype name, ``shape`` the dimensions and ``data`` the C-order bytes
+    (a read-only view of the received frame unless the codec copies). Encoding a WireTensor
+    writes exactly the tuple a torch tensor with the same dtype, shape and bytes would.
+    """
+
+    __slots__ = ("dtype", "shape", "data")
+
+    def __init__(self, dtype: str, shape: Sequence[int], data: bytes | bytearray | memoryview):
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.data = data
+
+    @property
+    def nbytes(self) -> int:
+        return memoryview(self.data).nbytes
+
+    def to_torch(self) -> Any:
+        """A torch tensor with these bytes (a copy, so it is writable)."""
+        torch = _torch()
+        dtype = getattr(torch, self.dtype)
+        if self.nbytes == 0:
+            return torch.empty(self.shape, dtype=dtype)
+        raw = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+        return raw.view(dtype).view(self.shape)
+
+    def to_numpy(self) -> np.ndarray:
+        """A numpy array of the same values; only for dtypes numpy has (not bfloat16, float8)."""
+        try:
+            numpy_dtype = TORCH_TO_NUMPY[self.dtype]
+        except KeyError:
+            raise ValueError(f"numpy has no dtype for torch {self.dtype!r}") from None
+        return np.frombuffer(self.data, dtype=numpy_dtype).reshape(self.shape)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WireTensor):
+            return NotImplemented
+        return (
+            self.dtype == other.dtype
+            and self.shape == other.shape
+            and bytes(self.data) == bytes(other.data)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"WireTensor(dtype={self.dtype!r}, shape={self.shape!r}, nbytes={self.nbytes})"
+
+
+class TensorIpcHandle:
+    """A tensor whose bytes travel beside the socket (vLLM's tensor IPC queue).
+
+    Decoded only when the codec is told the side channel exists
+    (tensors.ipc-handle-needs-side-channel); ``meta`` is the ``{sender_id, message_id,
+    tensor_id}`` map exactly as received. (A plain class, not a dataclass: msgspec would write
+    a dataclass as a map instead of asking the codec's hook for the tuple.)
+    """
+
+    __slots__ = ("dtype", "shape", "meta")
+
+    def __init__(self, dtype: str, shape: Sequence[int], meta: dict[str, Any]) -> None:
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.meta = meta
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorIpcHandle):
+            return NotImplemented
+        return (self.dtype, self.shape, self.meta) == (other.dtype, other.shape, other.meta)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TensorIpcHandle(dtype={self.dtype!r}, shape={self.shape!r}, meta={self.meta!r})"
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def is_torch_tensor(value: object) -> bool:
+    """True for a torch tensor, without importing torch when it is not loaded yet."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def torch_available() -> bool:
+    try:
+        _torch()
+    except ImportError:
+        return False
+    return True
+
+
+# --- encoding --------------------------------------------------------------------------------
+
+
+def _place(
+    data: memoryview | bytes, aux: list[Any], inline: bool, copy: bool
+) -> msgspec.msgpack.Ext | int:
+    if copy and not isinstance(data, bytes):
+        data = bytes(data)
+    if inline:
+        return msgspec.msgpack.Ext(RAW_VIEW_EXT, data)
+    aux.append(data)
+    return len(aux) - 1
+
+
+def encode_ndarray(
+    array: np.ndarray, aux: list[Any], *, threshold: int, copy: bool, vocab: Vocabulary
+) -> tuple[str, tuple[int, ...], Any]:
+    """The tuple for a numpy array (tensors.ndarray-inline-below-threshold)."""
+    if array.dtype.kind in ("O", "V"):
+        raise TensorError(
+            "tensors.no-object-arrays",
+            "an object or void ndarray cannot travel as a tensor tuple",
+            got=array.dtype.str,
+        )
+    dtype = array.dtype.str
+    if dtype not in vocab.numpy:
+        raise TensorError(
+            "tensors.numpy-dtype-str",
+            "ndarray dtype outside the numpy_dtypes vocabulary",
+            expected=sorted(vocab.numpy),
+            got=dtype,
+        )
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    data = array.reshape(-1).view(np.uint8).data
+    inline = array.ndim == 0 or array.nbytes < threshold
+    return dtype, array.shape, _place(data, aux, inline, copy)
+
+
+def encode_tensor(
+    tensor: Any, aux: list[Any], *, threshold: int, copy: bool, vocab: Vocabulary
+) -> tuple[str, tuple[int, ...], Any]:
+    """The tuple for a torch tensor (tensors.tensor-inline-below-threshold)."""
+    torch = _torch()
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    if dtype not in vocab.torch:
+        raise TensorError(
+            "tensors.torch-dtype-name",
+            "tensor dtype outside the torch_dtypes vocabulary",
+            expected=sorted(vocab.torch),
+            got=dtype,
+        )
+    inline = tensor.nbytes < threshold and tensor.is_cpu
+    flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    data = flat.numpy().data
+    return dtype, tuple(tensor.shape), _place(data, aux, inline, copy)
+
+
+def encode_wire_tensor(
+    tensor: WireTensor, aux: list[Any], *, threshold: int, copy: bool, vocab: Vocabulary
+) -> tuple[str, tuple[int, ...], Any]:
+    """The tuple for a :class:`WireTensor`, validated like a decoded one."""
+    itemsize = vocab.torch.get(tensor.dtype)
+    if itemsize is None:
+        raise TensorError(
+            "tensors.torch-dtype-name",
+            "tensor dtype outside the torch_dtypes vocabulary",
+            expected=sorted(vocab.torch),
+            got=tensor.dtype,
+        )
+    data = memoryview(tensor.data).cast("B")
+    _check_shape(tensor.shape)
+    _check_length(tensor.shape, itemsize, data.nbytes)
+    return tensor.dtype, tensor.shape, _place(data, aux, data.nbytes < threshold, copy)
+
+
+# --- decoding --------------------------------------------------------------------------------
+
+TensorKind = Literal["tensor", "ndarray"]
+TensorMode = Literal["torch", "wire"]
+
+
+def _check_shape(shape: object) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)):
+        raise TensorError(
+            "tensors.shape-non-negative", "shape is not an array", got=type(shape).__name__
+        )
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise TensorError(
+                "tensors.shape-non-negative",
+                "shape entries are non-negative integers",
+                got=list(shape),
+            )
+    return tuple(shape)
+
+
+def _check_length(shape: tuple[int, ...], itemsize: int, nbytes: int) -> None:
+    expected = math.prod(shape) * itemsize
+    if nbytes != expected:
+        raise TensorError(
+            "tensors.byte-length-matches-shape",
+            f"data length does not match shape {list(shape)} x {itemsize}-byte elements",
+            expected=expected,
+            got=nbytes,
+        )
+
+
+def _as_bytes_view(frame: Any) -> memoryview:
+    buffer = getattr(frame, "buffer", frame)
+    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def decode_value(
+    raw: object,
+    kind: TensorKind,
+    frames: Sequence[Any],
+    used: set[int],
+    *,
+    mode: TensorMode,
+    copy: bool,
+    vocab: Vocabulary,
+    ipc_handles: bool,
+) -> Any:
+    """Build a tensor (``kind="tensor"``) or ndarray from a decoded ``[dtype, shape, data]``.
+
+    ``frames`` are the payload's frames (frame 0 is the msgpack frame), ``used`` collects the
+    out-of-band indexes already taken. ``mode`` picks torch tensors or :class:`WireTensor`.
+    """
+    if not isinstance(raw, list) or len(raw) != 3:
+        raise TensorError(
+            "tensors.tuple-layout",
+            "a tensor travels as the array [dtype, shape, data]",
+            got=raw if not isinstance(raw, list) else f"array of {len(raw)}",
+        )
+    dtype, shape_raw, data = raw
+    table = vocab.torch if kind == "tensor" else vocab.numpy
+    itemsize = table.get(dtype) if isinstance(dtype, str) else None
+    if itemsize is None:
+        raise TensorError(
+            "tensors.torch-dtype-name" if kind == "tensor" else "tensors.numpy-dtype-str",
+            f"{kind} dtype outside the vocabulary",
+            expected=sorted(table),
+            got=dtype,
+        )
+    shape = _check_shape(shape_raw)
+    inline = True
+    if type(data) is memoryview:
+        buffer = data
+    elif type(data) is int:
+        if data < 1:
+            raise TensorError(
+                "tensors.index-in-range", "out-of-band indexes start at 1", got=data
+            )
+        if data >= len(frames):
+            raise FramingError(
+                "frames.oob-count-matches",
+                f"the payload names out-of-band frame {data} but has {len(frames) - 1}",
+                expected=data + 1,
+                got=len(frames),
+            )
+        if data in used:
+            raise TensorError("tensors.index-used-once", "two values name one frame", got=data)
+        used.add(data)
+        buffer = _as_bytes_view(frames[data])
+        inline = False
+    elif isinstance(data, dict) and kind == "tensor":
+        if not ipc_handles:
+            raise TensorError(
+                "tensors.ipc-handle-needs-side-channel",
+                "tensor IPC handle received but no tensor IPC queue is configured",
+                got=data,
+            )
+        return TensorIpcHandle(dtype, shape, data)
+    else:
+        raise TensorError(
+            "tensors.data-form",
+            "data is an Ext(3) raw view or a positive integer index",
+            got=type(data).__name__,
+        )
+    _check_length(shape, itemsize, buffer.nbytes)
+    if kind == "ndarray":
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        return array.copy() if copy else array
+    if mode == "wire":
+        return WireTensor(dtype, shape, bytes(buffer) if copy else buffer)
+    return _build_torch(dtype, shape, buffer, clone=copy or inline)
+
+
+def _build_torch(dtype: str, shape: tuple[int, ...], buffer: memoryview, *, clone: bool) -> Any:
+    torch = _torch()
+    torch_dtype = getattr(torch, dtype)
+    if buffer.nbytes == 0:
+        return torch.empty(shape, dtype=torch_dtype)
+    if clone:
+        # A bytearray copy is writable, so torch neither warns nor shares the frame's memory.
+        raw = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
+    else:
+        raw = torch.frombuffer(buffer, dtype=torch.uint8)
+    return raw.view(torch_dtype).view(shape)

@@ -1,0 +1,405 @@
+"""The conformance suite's own machinery: registry, runner, time limits, expected-failure
+lists, report formats, coverage, and the power of checks to catch broken targets."""
+
+from __future__ import annotations
+
+import json
+import threading
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from enginewire.conformance import reports
+from enginewire.conformance.expected import ExpectedFailures, ExpectedFileError
+from enginewire.conformance.reference_target import ReferenceCodec
+from enginewire.conformance.registry import (
+    Check,
+    CheckFailure,
+    Reproduction,
+    all_checks,
+    check,
+    select,
+)
+from enginewire.conformance.runner import (
+    CHANGED_FAILURE,
+    EXPECTED_FAILURE,
+    FAILED,
+    NOT_IMPLEMENTED,
+    NOT_RUN,
+    PASSED,
+    UNEXPECTED_FAILURE,
+    UNEXPECTED_PASS,
+    run,
+    run_check,
+)
+from enginewire.conformance.targets import Target, TargetError, load_target
+from enginewire.spec import load
+
+from enginewire.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+REFERENCE_EXPECTED = REPO / "conformance" / "data" / "expected" / "reference.txt"
+
+
+# --- deliberately broken codecs (each must be caught) ---------------------------------------
+
+
+class LessOrEqualThreshold(ReferenceCodec):
+    """Puts a tensor of exactly threshold bytes inline: `<=` where the spec says `<`."""
+
+    def __init__(self, threshold: int | None = None, insecure: bool = False) -> None:
+        self.nominal = load().surface("tensors").threshold_default if threshold is None \
+            else threshold
+        super().__init__(self.nominal + 1, insecure)
+
+    def with_threshold(self, threshold: int) -> LessOrEqualThreshold:
+        return LessOrEqualThreshold(threshold, self.insecure)
+
+
+class SwappedRequestFields(ReferenceCodec):
+    """Writes EngineCoreRequest's prompt_token_ids and mm_features in each other's place."""
+
+    def encode(self, kind: str, value: Any) -> Any:
+        frames = list(super().encode(kind, value))
+        index = {"add": 1, "EngineCoreRequest": 0}.get(kind)
+        if index is None:
+            return frames
+        wire = msgspec.msgpack.decode(bytes(frames[index]),
+                                      ext_hook=lambda c, d: msgspec.msgpack.Ext(c, bytes(d)))
+        wire[1], wire[2] = wire[2], wire[1]
+        frames[index] = msgspec.msgpack.encode(wire)
+        return frames
+
+
+class AcceptsNegativeIndex(ReferenceCodec):
+    """Reads an out-of-band index the way Python indexes a list: -1 is the last frame."""
+
+    def decode(self, kind: str, frames: Any) -> Any:
+        frames = list(frames)
+        if kind == "EngineCoreOutput" and len(frames) == 2:
+            head = msgspec.msgpack.decode(bytes(frames[0]))
+            if isinstance(head, list) and len(head) > 4 and isinstance(head[4], list) \
+                    and head[4][2] == -1:
+                head[4][2] = 1
+                frames[0] = msgspec.msgpack.encode(head)
+        return super().decode(kind, frames)
+
+
+class HangingCodec(ReferenceCodec):
+    """Never answers decode (until released), like a target stuck on a lock."""
+
+    release = threading.Event()
+
+    def decode(self, kind: str, frames: Any) -> Any:
+        self.release.wait(30)
+        return super().decode(kind, frames)
+
+
+def codec_target(codec: Any, name: str = "broken") -> Target:
+    return Target(name=name, codec=codec)
+
+
+BROKEN_THRESHOLD = codec_target(LessOrEqualThreshold(), "less-or-equal-threshold")
+CODEC_ONLY = codec_target(ReferenceCodec(), "codec-only")
+
+
+@pytest.fixture(scope="module")
+def spec() -> Any:
+    return load()
+
+
+def _by_id(check_id: str) -> Check:
+    found = [c for c in all_checks() if c.id == check_id]
+    assert found, f"no check {check_id}"
+    return found[0]
+
+
+def _last_line(text: str) -> str:
+    return text.rstrip("\n").splitlines()[-1]
+
+
+# --- registry -----------------------------------------------------------------------------
+
+
+def test_every_check_names_clauses_the_spec_has(spec: Any) -> None:
+    report = reports.coverage(spec, all_checks())
+    assert report["unknown_clauses"] == {}
+
+
+def test_check_ids_are_unique_and_start_with_their_surface() -> None:
+    ids = [c.id for c in all_checks()]
+    assert len(ids) == len(set(ids))
+    assert all(c.id.startswith(c.surface + ".") for c in all_checks())
+
+
+def test_registry_rejects_malformed_checks() -> None:
+    with pytest.raises(ValueError, match="must start with"):
+        check("ring.oops", clauses=["ring.x"], surface="codec")(lambda s, c: None)
+    with pytest.raises(ValueError, match="at least one clause"):
+        check("codec.no-clauses", clauses=[], surface="codec")(lambda s, c: None)
+    with pytest.raises(ValueError, match="surface must be one of"):
+        check("wire.x", clauses=["a.b"], surface="wire")(lambda s, c: None)
+
+
+def test_level_comes_from_the_strongest_clause(spec: Any) -> None:
+    should = next(cid for cid, ref in spec.clauses.items() if ref.clause.level == "SHOULD")
+    must = next(cid for cid, ref in spec.clauses.items() if ref.clause.level == "MUST")
+    only_should = Check("codec.t", (should,), "codec", lambda s, c: None, "t")
+    mixed = Check("codec.t", (should, must), "codec", lambda s, c: None, "t")
+    assert only_should.level(spec) == "SHOULD"
+    assert mixed.level(spec) == "MUST"
+
+
+def test_every_must_clause_has_a_check(spec: Any) -> None:
+    report = reports.coverage(spec, all_checks())
+    assert report["uncovered"]["MUST"] == []
+
+
+# --- runner -------------------------------------------------------------------------------
+
+
+def test_a_hung_target_fails_the_check_instead_of_hanging(spec: Any) -> None:
+    def waits_on_target(codec: Any, ctx: Any) -> None:
+        codec.decode("abort", [b"\x01", msgspec.msgpack.encode(["r"])])
+
+    item = Check("codec.test.hangs", ("frames.abort-payload",), "codec", waits_on_target,
+                 "hangs", timeout=0.5)
+    codec = HangingCodec()
+    try:
+        result = run_check(item, codec_target(codec), spec)
+    finally:
+        HangingCodec.release.set()
+    assert result.status == FAILED
+    assert result.message.startswith("timed out after 0.5 s")
+    assert result.duration_s < 5
+
+
+def test_cleanups_run_after_a_failing_check(spec: Any) -> None:
+    closed = []
+
+    def fails(codec: Any, ctx: Any) -> None:
+        ctx.on_cleanup(lambda: closed.append(True))
+        directory = ctx.tmpdir
+        closed.append(directory)
+        raise CheckFailure("wrong", Reproduction(sent=[b"\x00\x01"], received="nope"))
+
+    item = Check("codec.test.fails", ("frames.abort-payload",), "codec", fails, "fails")
+    result = run_check(item, CODEC_ONLY, spec)
+    assert result.status == FAILED
+    assert result.message == "wrong"
+    assert result.reproduction is not None
+    assert result.reproduction.to_builtins()["sent_hex"] == ["0001"]
+    assert closed[-1] is True
+    assert not Path(closed[0]).exists()
+
+
+def test_an_exception_escaping_a_check_fails_it_with_its_clause(spec: Any) -> None:
+    class Boom(Exception):
+        clause = "frames.frame-count"
+
+    def raises(codec: Any, ctx: Any) -> None:
+        raise Boom("bad frames")
+
+    result = run_check(Check("codec.test.raises", ("frames.frame-count",), "codec", raises, "r"),
+                       CODEC_ONLY, spec)
+    assert result.status == FAILED
+    assert result.message == "Boom [frames.frame-count]: bad frames"
+    assert "Traceback" in (result.traceback or "")
+
+
+def test_unsupported_surface_and_capability_are_not_implemented(spec: Any) -> None:
+    no_threshold = ReferenceCodec()
+    no_threshold.unsupported = ("codec.threshold",)
+    target = codec_target(no_threshold)
+    ring_checks = [c for c in all_checks() if c.surface == "ring"][:3]
+    needs_threshold = [c for c in all_checks() if "codec.threshold" in c.requires][:3]
+    assert ring_checks and needs_threshold
+    result = run(ring_checks + needs_threshold, target, spec)
+    assert {r.status for r in result.results} == {NOT_IMPLEMENTED}
+    assert result.count(PASSED) == 0
+    assert result.ok
+
+
+def test_should_checks_run_only_with_strict(spec: Any) -> None:
+    should = [c for c in all_checks() if c.level(spec) != "MUST"]
+    assert should
+    loose = run(should[:2], CODEC_ONLY, spec)
+    assert {r.status for r in loose.results} == {NOT_RUN}
+    strict = run(should[:2], Target("all", codec=ReferenceCodec()), spec, strict=True)
+    assert NOT_RUN not in {r.status for r in strict.results}
+
+
+def test_target_loading_errors_are_clear() -> None:
+    with pytest.raises(TargetError, match="unknown target"):
+        load_target("nonsense")
+    with pytest.raises(TargetError, match="cannot import"):
+        load_target("no_such_module_xyz:thing")
+    with pytest.raises(TargetError, match="mutant:"):
+        load_target("mutant:definitely-not-a-mutant")
+
+
+# --- check power: broken targets are caught ------------------------------------------------
+
+
+def test_inclusive_threshold_is_caught_by_the_exact_threshold_check(spec: Any) -> None:
+    result = run(select(all_checks(), patterns=["codec.tensor.inline-threshold-*"]),
+                 BROKEN_THRESHOLD, spec)
+    verdicts = {r.check.id: r.status for r in result.results}
+    assert verdicts == {
+        "codec.tensor.inline-threshold-minus-one": PASSED,
+        "codec.tensor.inline-threshold-exact": FAILED,
+        "codec.tensor.inline-threshold-plus-one": PASSED,
+    }
+    failure = next(r for r in result.results if r.status == FAILED)
+    assert "must go out of band" in failure.message
+
+
+def test_swapped_struct_fields_are_caught(spec: Any) -> None:
+    target = codec_target(SwappedRequestFields())
+    checks = select(all_checks(), patterns=["codec.struct.engine-core-request.layout",
+                                            "codec.message.add.frames",
+                                            "codec.golden.add-minimal.encode"])
+    result = run(checks, target, spec)
+    assert [r.status for r in result.results] == [FAILED] * len(checks)
+
+
+def test_negative_index_acceptance_is_caught(spec: Any) -> None:
+    target = codec_target(AcceptsNegativeIndex())
+    result = run([_by_id("codec.tensor.index-negative-rejected")], target, spec)
+    assert result.results[0].status == FAILED
+    assert "accepted the frames" in result.results[0].message
+    honest = run([_by_id("codec.tensor.index-negative-rejected")], CODEC_ONLY, spec)
+    assert honest.results[0].status == PASSED
+
+
+# --- expected-failure lists ----------------------------------------------------------------
+
+
+def test_expected_file_parsing() -> None:
+    parsed = ExpectedFailures.parse("# header\n\ncodec.a  # starts like this\ncodec.b\n")
+    assert parsed.entries == {"codec.a": "starts like this", "codec.b": None}
+    assert parsed.header == ["# header"]
+    with pytest.raises(ExpectedFileError, match="listed twice"):
+        ExpectedFailures.parse("codec.a\ncodec.a\n")
+    with pytest.raises(ExpectedFileError, match="CHECK_ID"):
+        ExpectedFailures.parse("codec.a codec.b\n")
+
+
+def _threshold_run(spec: Any, listing: str) -> Any:
+    checks = select(all_checks(), patterns=["codec.tensor.inline-threshold-*"])
+    return run(checks, BROKEN_THRESHOLD, spec, expected=ExpectedFailures.parse(listing))
+
+
+def test_listed_failure_with_matching_message_is_expected(spec: Any) -> None:
+    result = _threshold_run(spec, "codec.tensor.inline-threshold-exact  # 256 bytes with\n")
+    exact = next(r for r in result.results if r.check.id.endswith("exact"))
+    assert exact.expectation == EXPECTED_FAILURE
+    assert result.ok
+
+
+def test_unlisted_failure_fails_the_run(spec: Any) -> None:
+    result = _threshold_run(spec, "")
+    exact = next(r for r in result.results if r.check.id.endswith("exact"))
+    assert exact.expectation == UNEXPECTED_FAILURE
+    assert not result.ok
+
+
+def test_unexpected_pass_fails_the_run(spec: Any) -> None:
+    result = _threshold_run(spec, "codec.tensor.inline-threshold-exact\n"
+                                  "codec.tensor.inline-threshold-plus-one\n")
+    plus = next(r for r in result.results if r.check.id.endswith("plus-one"))
+    assert plus.expectation == UNEXPECTED_PASS
+    assert not result.ok
+
+
+def test_changed_failure_message_fails_the_run(spec: Any) -> None:
+    result = _threshold_run(spec, "codec.tensor.inline-threshold-exact  # some other text\n")
+    exact = next(r for r in result.results if r.check.id.endswith("exact"))
+    assert exact.expectation == CHANGED_FAILURE
+    assert not result.ok
+
+
+def test_update_expected_rewrites_the_file(tmp_path: Path, capsys: Any) -> None:
+    listing = tmp_path / "expected.txt"
+    listing.write_text("# known problems\ncodec.tensor.inline-threshold-plus-one  # stale\n")
+    args = ["check", "--target", "test_conformance_framework:BROKEN_THRESHOLD",
+            "-k", "codec.tensor.inline-threshold-*", "--no-progress",
+            "--expected-failures", str(listing)]
+    assert main(args) == 1
+    capsys.readouterr()
+    assert main([*args, "--update-expected"]) == 0
+    rewritten = ExpectedFailures.load(listing)
+    assert rewritten.header == ["# known problems"]
+    assert list(rewritten.entries) == ["codec.tensor.inline-threshold-exact"]
+    assert rewritten.entries["codec.tensor.inline-threshold-exact"].startswith("256 bytes")
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert _last_line(out) == "2 passed, 1 failed"
+
+
+# --- the command and its reports ----------------------------------------------------------
+
+
+def test_reports_are_written_and_parse(tmp_path: Path, capsys: Any) -> None:
+    paths = {name: tmp_path / f"report.{name}" for name in ("json", "xml", "html")}
+    code = main(["check", "--target", "test_conformance_framework:BROKEN_THRESHOLD",
+                 "-k", "codec.tensor.inline-threshold-*",
+                 "--surface", "codec", "--no-progress",
+                 "--json", str(paths["json"]), "--junit", str(paths["xml"]),
+                 "--html", str(paths["html"])])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert _last_line(out) == "2 passed, 1 failed"
+    assert "FAIL codec.tensor.inline-threshold-exact [tensors.tensor-inline-below-threshold]" \
+        in out
+
+    data = json.loads(paths["json"].read_text())
+    assert data["format"] == "enginewire-conformance/1"
+    assert data["ok"] is False
+    assert data["summary"]["passed"] == 2 and data["summary"]["failed"] == 1
+    assert data["summary"]["unexpected_failure"] == 1
+    failed = [r for r in data["results"] if r["status"] == "failed"]
+    assert failed[0]["id"] == "codec.tensor.inline-threshold-exact"
+    assert failed[0]["clauses"] == ["tensors.tensor-inline-below-threshold"]
+    assert failed[0]["reproduction"]["received"]
+    assert set(data["surfaces"]) == {"codec"}
+
+    root = ET.parse(paths["xml"]).getroot()
+    assert root.tag == "testsuites"
+    suites = root.findall("testsuite")
+    assert [s.get("name") for s in suites] == ["codec"]
+    cases = {c.get("name"): c for c in suites[0].findall("testcase")}
+    exact = cases["codec.tensor.inline-threshold-exact"]
+    assert exact.get("classname") == "tensors.tensor-inline-below-threshold"
+    assert exact.find("failure") is not None
+    assert suites[0].get("failures") == "1" and suites[0].get("tests") == "3"
+
+    page = paths["html"].read_text()
+    assert page.startswith("<!DOCTYPE html>")
+    assert "codec.tensor.inline-threshold-exact" in page
+    assert "<script" not in page and "http" not in page.split("<body>")[1]
+
+
+def test_list_and_coverage_commands(capsys: Any, spec: Any) -> None:
+    assert main(["check", "--list", "--surface", "codec"]) == 0
+    out = capsys.readouterr().out
+    assert "codec.tensor.inline-threshold-exact  [tensors.tensor-inline-below-threshold]  MUST" \
+        in out
+    assert _last_line(out).endswith(" checks")
+    code = main(["check", "--coverage"])
+    out = capsys.readouterr().out
+    assert "MUST clauses without a check: 0" in out
+    assert code == 0
+
+
+def test_codec_surface_of_the_reference_passes(capsys: Any) -> None:
+    code = main(["check", "--surface", "codec", "--no-progress",
+                 "--expected-failures", str(REFERENCE_EXPECTED)])
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    passed, failed = _last_line(out).split(", ")
+    assert int(passed.split()[0]) > 300
+    assert failed.endswith(" failed")
