@@ -51,9 +51,30 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=main)
 
 
+def command_line(args: argparse.Namespace) -> str:
+    """The command that reproduces this run (recorded with its figures)."""
+    words = ["enginewire", "bench"]
+    for target in args.target:
+        words += ["--target", target]
+    if args.quick:
+        words.append("--quick")
+    for bench in args.bench:
+        words += ["--bench", bench]
+    if args.rounds is not None:
+        words += ["--rounds", str(args.rounds)]
+    if args.no_vllm:
+        words.append("--no-vllm")
+    for option in ("plot", "json", "markdown"):
+        value = getattr(args, option)
+        if value:
+            words += [f"--{option}", value]
+    return shlex.join(words)
+
+
 def config_from(args: argparse.Namespace) -> BenchConfig:
     """The run's configuration from the parsed command line (ValueError if invalid)."""
-    targets = tuple(t.strip() for text in args.target for t in text.split(",") if t.strip())
+    targets = tuple(dict.fromkeys(
+        t.strip() for text in args.target for t in text.split(",") if t.strip()))
     overrides: dict[str, Any] = {"targets": targets or ("reference",),
                                  "include_vllm": not args.no_vllm}
     if args.bench:
@@ -76,19 +97,17 @@ def main(args: argparse.Namespace) -> int:
         print("enginewire bench: --plot needs matplotlib (pip install 'enginewire[bench]')",
               file=sys.stderr)
         return 2
-    command = shlex.join(["enginewire", "bench", *sys.argv[2:]]) if len(sys.argv) > 1 and \
-        sys.argv[1] == "bench" else "enginewire bench"
-    results = runner.run(config, progress=not args.no_progress, command=command)
+    results = runner.run(config, progress=not args.no_progress, command=command_line(args))
     print(report.render(results, summary=args.summary))
     if args.json:
         report.write_json(results, args.json)
-        print(f"wrote {args.json}")
+        print(f"wrote {args.json}", file=sys.stderr)
     if args.markdown:
         report.write_markdown(results, args.markdown, plot_dir=args.plot)
-        print(f"wrote {args.markdown}")
+        print(f"wrote {args.markdown}", file=sys.stderr)
     if args.plot:
         for path in plots.write_plots(results, args.plot):
-            print(f"wrote {path}")
+            print(f"wrote {path}", file=sys.stderr)
     if any("interrupted" in note for note in results.notes):
         return 130
     if any(s.summary is None for s in results.series):

@@ -41,8 +41,8 @@ class BenchConfig:
     chunk_bytes: int = 24 * MIB
     #: Timed part of one throughput cell, after ``warmup_seconds`` of warm-up (which also
     #: writes every chunk at least once).
-    cell_seconds: float = 0.3
-    warmup_seconds: float = 0.05
+    cell_seconds: float = 0.2
+    warmup_seconds: float = 0.03
     #: Upper bound on the messages of one cell (tiny payloads on a fast machine).
     max_messages: int = 200_000
     latency_payload: int = KIB

@@ -88,7 +88,20 @@ class ReferencePeers:
             raise
 
     def wait_ready(self) -> None:
-        self.frontend.wait_ready(self.timeout)
+        """The handshake, in short slices so an engine that died is noticed at once."""
+        from enginewire.reference.errors import ProtocolTimeout
+
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                self.frontend.wait_ready(min(0.5, max(0.0, deadline - time.monotonic())))
+                return
+            except ProtocolTimeout:
+                if self.engine is not None and not self.engine.alive():
+                    raise PeerError(f"the reference engine exited with status "
+                                    f"{self.engine.wait(1)} before the handshake") from None
+                if time.monotonic() >= deadline:
+                    raise
 
     def measure(self, count: int, prefix: str) -> list[float]:
         from enginewire.reference.engine import generation_request
@@ -201,9 +214,9 @@ class VllmPeers:
                 remove_ipc_file(address)
 
 
-def bare_dealer(address: str, reply: Sequence[bytes], conn: Connection, timeout: float) -> None:
-    """The ceiling's engine: answer every message with ``reply`` until ``STOP`` (or until
-    nothing came for ``timeout`` seconds, or the parent is gone)."""
+def bare_dealer(address: str, reply: Sequence[bytes], conn: Connection) -> None:
+    """The ceiling's engine: answer every message with ``reply`` until ``STOP`` or until the
+    parent process is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, also on Ctrl-C
     parent = os.getppid()
     context = zmq.Context()
@@ -214,17 +227,15 @@ def bare_dealer(address: str, reply: Sequence[bytes], conn: Connection, timeout:
         sock.connect(address)
         sock.send(b"HELLO")
         conn.send("connected")
-        idle_since = time.monotonic()
         while True:
             if not sock.poll(200):
-                if os.getppid() != parent or time.monotonic() - idle_since > timeout * 5:
+                if os.getppid() != parent:
                     return
                 continue
             frames = sock.recv_multipart(copy=False)
             if frames[0].bytes == STOP:
                 return
             sock.send_multipart(reply)
-            idle_since = time.monotonic()
     finally:
         sock.close(linger=0)
         context.term()
@@ -260,7 +271,7 @@ class BarePeers:
             reply = [bytes(memoryview(f).cast("B")) for f in codec.encode("outputs", outputs)]
             parent, child = SPAWN.Pipe(duplex=False)
             self.process = SPAWN.Process(target=bare_dealer,
-                                         args=(self.address, reply, child, timeout),
+                                         args=(self.address, reply, child),
                                          daemon=True, name="enginewire-bench-dealer")
             self.process.start()
             child.close()

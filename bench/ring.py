@@ -324,18 +324,28 @@ class ReaderPool:
                 pass
 
     def _stop(self, worker: _Worker, grace: float) -> None:
-        try:
-            worker.conn.send(("exit",))
-        except (BrokenPipeError, OSError):
-            pass
-        worker.process.join(grace)
-        if worker.process.is_alive():
-            worker.process.terminate()
-            worker.process.join(5)
-        if worker.process.is_alive():
-            worker.process.kill()
-            worker.process.join(5)
-        worker.conn.close()
+        self._stop_all([worker], grace)
+
+    @staticmethod
+    def _stop_all(workers: Sequence[_Worker], grace: float) -> None:
+        """Ask every worker to exit, give them ``grace`` seconds together, then terminate
+        (a worker busy in a cell does not read its pipe), then kill."""
+        for worker in workers:
+            try:
+                worker.conn.send(("exit",))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + grace
+        for worker in workers:
+            worker.process.join(max(0.0, deadline - time.monotonic()))
+        for worker in workers:
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join(5)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join(5)
+            worker.conn.close()
 
     def close(self) -> None:
         """Stop every worker (exit command, then terminate, then kill); idempotent."""
@@ -344,8 +354,7 @@ class ReaderPool:
         except BenchError:
             pass
         workers, self.workers = self.workers, []
-        for worker in workers:
-            self._stop(worker, grace=2.0)
+        self._stop_all(workers, grace=2.0)
 
 
 # --- the writer side ------------------------------------------------------------------------
@@ -398,7 +407,7 @@ class RingBench:
                                            max_chunk_bytes=self.config.chunk_bytes,
                                            max_chunks=chunks)
         workers: list[_Worker] = []
-        ok = False
+        failed = False
         try:
             workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout)
                                         for rank in range(readers)])
@@ -411,10 +420,14 @@ class RingBench:
             sent = send(bounded)
             bounded(None)
             reports = self.pool.reports(workers)
-            ok = True
+        except Exception:
+            failed = True
+            raise
         finally:
             writer.close()
-            if not ok and workers:
+            # After a failure the readers still wait (until their timeout): drain them so no
+            # stale report reaches the next cell. Not on Ctrl-C: close() stops them.
+            if failed and workers:
                 self.pool.abandon(workers)
         return reports, sent
 
@@ -521,7 +534,7 @@ class RingBench:
         addresses = [ipc_address() for _ in range(readers)]
         sockets: list[zmq.Socket] = []
         workers: list[_Worker] = []
-        ok = False
+        failed = False
         try:
             for address in addresses:
                 sock = self._context.socket(zmq.PUSH)
@@ -549,13 +562,15 @@ class RingBench:
             sent = send(push)
             push(None)
             reports = self.pool.reports(workers)
-            ok = True
+        except Exception:
+            failed = True
+            raise
         finally:
             for sock in sockets:
                 sock.close(linger=0)
             for address in addresses:
                 remove_ipc_file(address)
-            if not ok and workers:
+            if failed and workers:
                 self.pool.abandon(workers)
         return reports, sent
 

@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
     parser.add_argument("--junit", metavar="PATH", help="write a JUnit XML report here")
     parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="write a Markdown page of the result for publishing (clauses "
+                             "passed per surface, every failure with its reproduction)")
     parser.add_argument("--expected-failures", metavar="FILE",
                         help="checks the target is known to fail (one ID per line, "
                              "optional '# message prefix')")
@@ -130,5 +133,23 @@ def main(args: argparse.Namespace) -> int:
         reports.write_junit(result, args.junit)
     if args.html:
         reports.write_html(result, args.html)
+    if args.markdown:
+        reports.write_markdown(result, args.markdown, spec, command=_command_line(args))
     print(reports.render_terminal(result, verbose=args.verbose))
     return 0 if result.ok else 1
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The ``enginewire check`` options that decide the result (for a generated page)."""
+    parts = ["enginewire check"]
+    if args.target:
+        parts.append(f"--target {args.target}")
+    parts += [f"--target-cmd '{c}'" for c in args.target_cmd]
+    parts += [f"--surface {s}" for s in args.surface]
+    parts += [f"-k '{k}'" for k in args.select]
+    if args.strict:
+        parts.append("--strict")
+    if args.expected_failures:
+        parts.append(f"--expected-failures {args.expected_failures}")
+    parts.append(f"--markdown {args.markdown}")
+    return " ".join(parts)

@@ -39,7 +39,7 @@ import numpy as np
 
 from enginewire.spec import load
 
-from .values import TensorValue, build, complete, differences, neutral
+from .values import TensorValue, build, complete, differences, neutral, vllm_mm_factory
 
 FORMAT = "enginewire-golden/1"
 GOLDEN_DIR = Path(__file__).parent / "data" / "golden"
@@ -160,6 +160,9 @@ def as_sent(obj: Any) -> Any:
 
     if obj is None or isinstance(obj, (bool, int, float, str, bytes, enum.Enum, slice)):
         return neutral(obj)
+    factory = vllm_mm_factory(obj)
+    if factory is not None:
+        return [factory, {f.name: as_sent(getattr(obj, f.name)) for f in dataclasses.fields(obj)}]
     config = getattr(type(obj), "__struct_config__", None)
     if config is not None:
         fields = msgspec.structs.fields(obj)
@@ -180,6 +183,28 @@ def as_sent(obj: Any) -> Any:
     if isinstance(obj, (set, frozenset)):
         return {as_sent(v) for v in obj}
     return neutral(obj)
+
+
+def _vllm_resolver(vllm: Any) -> Callable[[str], Any]:
+    """:class:`~.vllm_target.VllmCodec`'s classes, bridged where vLLM holds a multimodal item
+    in classes of its own: the item map is a ``MultiModalKwargsItem`` and an element holds the
+    field object, not ``[factory, field]`` (vLLM's encoder writes the factory from the class)."""
+    from vllm.multimodal.inputs import MultiModalKwargsItem
+
+    def resolve(name: str) -> Any:
+        cls = vllm._builder(name)
+        if name == "MultiModalFieldElem":
+            return lambda data, field: cls(data=data, field=field[1])
+        if name == "MultiModalFeatureSpec":
+            def feature(**kwargs: Any) -> Any:
+                if kwargs.get("data") is not None:
+                    kwargs["data"] = MultiModalKwargsItem(kwargs["data"])
+                return cls(**kwargs)
+
+            return feature
+        return cls
+
+    return resolve
 
 
 def _omitted(field: Any, value: Any) -> bool:
@@ -352,13 +377,15 @@ def vllm_frames(kind: str, value: Any, threshold: int) -> tuple[list[bytes], Any
         "coordinator_outputs": "EngineCoreOutputs",
     }
     target = struct.get(kind, kind)
-    if target in load().structs:
-        obj = vllm._build(target, value)
+    spec = load()
+    resolve = _vllm_resolver(vllm)
+    if target in spec.structs:
+        obj = build(value, target, spec, resolve)
         return [bytes(memoryview(f).cast("B")) for f in vllm.encoder.encode(obj)], obj
     from vllm.v1.engine import EngineCoreRequestType
 
     if kind == "add":
-        obj = vllm._build("EngineCoreRequest", value)
+        obj = build(value, "EngineCoreRequest", spec, resolve)
         frames = [EngineCoreRequestType.ADD.value, *vllm.encoder.encode(obj)]
     elif kind in ("abort", "utility"):
         obj = tuple(value) if kind == "utility" else value
@@ -368,7 +395,7 @@ def vllm_frames(kind: str, value: Any, threshold: int) -> tuple[list[bytes], Any
         frames = [request_type.value, *vllm.encoder.encode(obj)]
     elif kind in ("init", "ready_response"):
         name = "EngineHandshakeMetadata" if kind == "init" else "EngineCoreReadyResponse"
-        obj = vllm._build(name, value)
+        obj = build(value, name, spec, resolve)
         frames = [msgspec.msgpack.encode(obj)]
     elif kind in ("hello", "ready"):
         obj = value
@@ -488,6 +515,27 @@ def cases() -> list[Case]:
         Case("add_tensor_0d_threshold_0", "add",
              "0-d float32 tensor with threshold 0: out of band (tensors have no 0-d rule)",
              embeds(torch.tensor(1.5, dtype=torch.float32)), threshold=0),
+        Case("add_multimodal_nested_tensors", "add",
+             "multimodal item whose data are nested tensors: a list with a 256-byte tensor (out "
+             "of band), a list of a small tensor and numbers (inline), an empty list; a flat "
+             "field of sizes and an item the engine caches (data nil)",
+             request(request_id="req-mm", prompt_token_ids=[1, 2, 3, 4], mm_features=[{
+                 "data": {
+                     "pixel_values": {"data": [uint8[:256].clone(),
+                                               [torch.arange(3, dtype=torch.int64), 2, 0.5],
+                                               []],
+                                      "field": ["batched", {"keep_on_cpu": False}]},
+                     "image_sizes": {"data": torch.tensor([[4, 4]], dtype=torch.int32),
+                                     "field": ["flat", {"keep_on_cpu": False,
+                                                        "slices": [slice(0, 1, None)],
+                                                        "dim": 0}]},
+                     "cached": {"data": None, "field": ["shared", {"keep_on_cpu": False,
+                                                                   "batch_size": 1}]},
+                 },
+                 "modality": "image", "identifier": "img-0",
+                 "mm_position": {"offset": 1, "length": 2, "is_embed": None},
+                 "mm_hash": "hash-0",
+             }])),
         Case("abort", "abort", "ABORT two requests", ["req-1", "req-2"]),
         Case("utility", "utility", "UTILITY call with a 64-bit call id and no args",
              [0, (1 << 64) - 1, "get_supported_tasks", []]),

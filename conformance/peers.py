@@ -269,16 +269,23 @@ def _map(payload: bytes, what: str, frames: Sequence[bytes]) -> dict[str, Any]:
 class SuiteEngine:
     """The suite as engine core ``rank`` (it connects; the front end binds)."""
 
-    def __init__(self, spec: Any, directory: str, handshake_address: str, rank: int = 0, *,
-                 local: bool = True, headless: bool = False) -> None:
+    def __init__(self, spec: Any, directory: str, handshake_address: str | None, rank: int = 0,
+                 *, local: bool = True, headless: bool = False, input_rcvhwm: int = 0) -> None:
+        """``handshake_address`` None: a front end without a handshake channel (the engine is
+        given its addresses, :meth:`connect_direct`). ``input_rcvhwm``: the receive
+        high-water mark of the input DEALERs; 1 makes the engine a slow reader whose pending
+        input piles up at the front end's ROUTER, where a high-water mark would drop it."""
         self.spec = spec
         self.rank = rank
         self.identity = identity_of(rank)
         self.local = local
         self.headless = headless
+        self.input_rcvhwm = input_rcvhwm
         self.net = _Net(directory)
-        self.handshake_socket = self.net.socket(zmq.DEALER, self.identity)
-        self.handshake_socket.connect(handshake_address)
+        self.handshake_socket: zmq.Socket | None = None
+        if handshake_address is not None:
+            self.handshake_socket = self.net.socket(zmq.DEALER, self.identity)
+            self.handshake_socket.connect(handshake_address)
         self.inputs: list[zmq.Socket] = []
         self.outputs: list[zmq.Socket] = []
 
@@ -299,12 +306,18 @@ class SuiteEngine:
     def connect(self, init: dict[str, Any]) -> None:
         for address in init["addresses"]["inputs"]:
             sock = self.net.socket(zmq.DEALER, self.identity)
+            if self.input_rcvhwm:
+                sock.setsockopt(zmq.RCVHWM, self.input_rcvhwm)
             sock.connect(address)
             self.inputs.append(sock)
         for address in init["addresses"]["outputs"]:
             sock = self.net.socket(zmq.PUSH)
             sock.connect(address)
             self.outputs.append(sock)
+
+    def connect_direct(self, input_address: str, output_address: str) -> None:
+        """Connect to a front end without a handshake channel, as if init had named these."""
+        self.connect({"addresses": {"inputs": [input_address], "outputs": [output_address]}})
 
     def send_ready_response(self, value: dict[str, Any] | None = None, *,
                             raw: bytes | None = None) -> None:
@@ -327,16 +340,19 @@ class SuiteEngine:
     def recv_request(self, timeout: float, client: int = 0) -> list[bytes]:
         return recv(self.inputs[client], timeout, f"a request on input {client}")
 
-    def push_raw(self, frames: Sequence[bytes], client: int = 0) -> None:
+    def push_raw(self, frames: Sequence[bytes], client: int = 0) -> list[bytes]:
+        """Send ``frames`` on output ``client``; returns them (for reproductions)."""
         self.outputs[client].send_multipart(list(frames))
+        return list(frames)
 
-    def push(self, outputs: dict[str, Any], client: int = 0) -> None:
-        value = {"engine_index": self.rank, "timestamp": time.monotonic(), **outputs}
-        self.push_raw(encode(value, "EngineCoreOutputs", self.spec), client)
+    def push(self, outputs: dict[str, Any], client: int = 0) -> list[bytes]:
+        # A fixed timestamp keeps reproductions byte-identical from run to run.
+        value = {"engine_index": self.rank, "timestamp": 0.0, **outputs}
+        return self.push_raw(encode(value, "EngineCoreOutputs", self.spec), client)
 
     def reply(self, call_id: int, *, result: Any = None, failure: str | None = None,
-              client: int = 0) -> None:
+              client: int = 0) -> list[bytes]:
         utility = {"call_id": call_id, "failure_message": failure,
                    "result": None if failure is not None else {"type_info": None,
                                                                "value": result}}
-        self.push({"utility_output": utility}, client)
+        return self.push({"utility_output": utility}, client)

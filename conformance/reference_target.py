@@ -120,6 +120,12 @@ class ReferenceRing:
         return ReferenceRingWriter(n_reader, max_chunk_bytes, max_chunks, n_local_reader,
                                    connect_ip)
 
+    def zmq_sockets(self, end: _ReferenceRingEnd) -> list[tuple[str, Any]]:
+        queue = end.queue
+        found = [("subscribe", queue._local_socket), ("notify", queue._notify_socket),
+                 ("remote", queue._remote_socket)]
+        return [(channel, sock) for channel, sock in found if sock is not None]
+
     def attach_reader(self, handle: RingHandle, rank: int) -> Any:
         from enginewire.reference.ring import Handle, MessageQueue
 
@@ -228,6 +234,12 @@ class ReferenceEngines:
     def die(self, peer: ReferenceEnginePeer) -> None:
         peer.engine.request_death()
 
+    def zmq_sockets(self, peer: ReferenceEnginePeer) -> list[tuple[str, Any]]:
+        """The engine's open input DEALERs and output PUSHes (its handshake DEALER lives only
+        inside the handshake)."""
+        engine = peer.engine
+        return [(s.channel, s.socket) for s in (*engine._inputs, *engine._outputs)]
+
 
 class ReferenceFrontendClient:
     """``enginewire.reference.frontend.ReferenceFrontend`` behind the FrontendClient contract."""
@@ -240,6 +252,8 @@ class ReferenceFrontendClient:
             launch.engine_count, handshake_address=launch.handshake_address,
             input_address=launch.input_address, output_address=launch.output_address,
         )
+        # ReferenceFrontend has no parameter for it; its session checks READY's hash.
+        self.frontend.session.config_hash = launch.parallel_config_hash
 
     def wait_ready(self, timeout: float) -> None:
         self.frontend.wait_ready(timeout)
@@ -266,11 +280,17 @@ class ReferenceFrontendClient:
 
 
 class ReferenceFrontends:
+    #: ``launch.parallel_config_hash`` becomes the hash the session requires of READY.
+    supports_coordinated_dp = True
+
     def __init__(self, codec: ReferenceCodec) -> None:
         self.codec = codec
 
     def start_frontend(self, launch: Any) -> ReferenceFrontendClient:
         return ReferenceFrontendClient(launch, self.codec)
+
+    def zmq_sockets(self, client: ReferenceFrontendClient) -> list[tuple[str, Any]]:
+        return [(s.channel, s.socket) for s in client.frontend._sockets]
 
 
 def reference_target() -> Target:

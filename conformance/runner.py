@@ -26,7 +26,7 @@ from .registry import (
     NotImplementedSurface,
     Reproduction,
 )
-from .targets import Target
+from .targets import MODES, Target
 
 PASSED = "passed"
 FAILED = "failed"
@@ -34,7 +34,10 @@ SKIPPED = "skipped"
 NOT_IMPLEMENTED = "not_implemented"
 #: A SHOULD or MAY check left out because ``--strict`` was not given.
 NOT_RUN = "not_run"
-STATUSES = (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_RUN)
+#: The check needs a part of the protocol the target leaves out by design (``targets.MODES``,
+#: e.g. the handshake channel of a front end given its engines' addresses): never a pass.
+NOT_APPLICABLE = "not_applicable"
+STATUSES = (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, NOT_RUN)
 
 #: ``CheckResult.expectation`` values (see :mod:`enginewire.conformance.expected`).
 EXPECTED_FAILURE = "expected_failure"
@@ -124,6 +127,12 @@ def run_check(
             return CheckResult(
                 item, level, NOT_IMPLEMENTED,
                 f"target {target.name!r} does not implement {needed}",
+            )
+    for needed in item.requires:
+        if needed in MODES and not target.applies(needed):
+            return CheckResult(
+                item, level, NOT_APPLICABLE,
+                f"target {target.name!r} works without {needed} by design",
             )
     surface = getattr(target, item.surface)
     limit = item.timeout * timeout_scale

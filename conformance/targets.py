@@ -59,6 +59,38 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     (identities of ranks 0..N-1), as one client (client_index 0), with the engines local and
     not data-parallel-coordinated. The returned :class:`FrontendClient` lets the suite make
     it send requests (to the engine the suite names) and read what it delivered back.
+    A front end that has no handshake channel by design (vLLM's client given
+    ``client_addresses``) sets the surface attribute ``handshake = False``: it ignores
+    ``launch.handshake_address``, the suite's engines connect to the input and output
+    addresses directly and send their ready responses, and checks of the handshake itself
+    report NOT APPLICABLE (mode ``frontend.handshake``, :data:`MODES`). Optional (capability
+    ``frontend.coordinated``, surface attribute ``supports_coordinated_dp``): a launch with
+    ``parallel_config_hash`` starts a front end of coordinated data parallelism whose own
+    parallel config hashes to that value.
+
+Introspection (optional, in-process targets only): a surface may expose the ZMQ sockets a
+running peer has open, for the clauses that are socket options nobody outside can observe
+(``transport.hwm-zero``, ``ring.notify.sub-conflate``). ``engine.zmq_sockets(peer)``,
+``frontend.zmq_sockets(client)`` and ``ring.zmq_sockets(end)`` return a list of
+``(channel, zmq.Socket)`` pairs (channels ``handshake``, ``input``, ``output``; for a ring end
+``subscribe``, ``notify``, ``remote``); the suite only reads options with ``getsockopt``
+(capabilities ``engine.sockets``, ``frontend.sockets``, ``ring.sockets``).
+
+Executor RPC over the ring (optional, in-process targets): what vLLM's multiprocessing executor
+and its workers send through their rings (spec clauses ``ring.executor.*``).
+``ring.start_worker(broadcast, rank, worker) -> WorkerPeer`` (capability ``ring.worker``):
+attach as reader ``rank`` of the broadcast ring ``broadcast`` (a :class:`RingHandle` the suite
+created), create a response ring with one reader and expose its handle as
+``peer.response_handle``, take part in both rings' ``wait_until_ready`` (on a thread of its
+own), then execute every request ``(method, args, kwargs, output_rank)`` on the object
+``worker`` (a method name) or with it as first argument (a pickled callable) and reply
+``(status, value)``; ``peer.stop()``. ``ring.create_executor(world_size=, max_chunk_bytes=,
+max_chunks=) -> ExecutorEnd`` (capability ``ring.executor``): an executor without fault
+tolerance whose broadcast ring's handle is ``.broadcast_handle``;
+``.connect(response_handles, timeout)`` attaches to the workers' response rings and takes part
+in every ``wait_until_ready``; ``.collective_rpc(method, args=(), kwargs=None,
+unique_reply_rank=None, timeout=None)`` returns the reply values (a list in rank order, or
+the one value of ``unique_reply_rank``) or raises as the executor does; ``.close()``.
 
 Kinds of target (``enginewire check --target T``):
 
@@ -93,6 +125,23 @@ CAPABILITIES: dict[str, tuple[str, str]] = {
     "ring.memory": ("ring", "memory_writer"),
     "engine.die": ("engine", "die"),
     "ring.remote": ("ring", "create_remote_writer"),
+    "ring.sockets": ("ring", "zmq_sockets"),
+    "ring.executor": ("ring", "create_executor"),
+    "ring.worker": ("ring", "start_worker"),
+    "engine.sockets": ("engine", "zmq_sockets"),
+    "frontend.sockets": ("frontend", "zmq_sockets"),
+    "frontend.coordinated": ("frontend", "supports_coordinated_dp"),
+}
+
+#: Parts of the protocol a surface may leave out by design (not by omission): name ->
+#: (surface, flag attribute). A surface whose flag attribute is ``False`` says it works
+#: without that part, and checks that need it report NOT APPLICABLE for it (never passed).
+#: A surface without the attribute has the part.
+MODES: dict[str, tuple[str, str]] = {
+    # A front end given the engines' input/output addresses directly (vLLM's
+    # ``client_addresses``): no handshake ROUTER; it waits for one ready response per engine
+    # identity on the input ROUTER and nothing else.
+    "frontend.handshake": ("frontend", "handshake"),
 }
 
 
@@ -216,6 +265,10 @@ class FrontendLaunch:
     input_address: str
     output_address: str
     engine_count: int = 1
+    #: Not None: run as a front end of coordinated data parallelism whose own parallel config
+    #: hashes to this value, so it accepts only a READY carrying it (capability
+    #: ``frontend.coordinated``).
+    parallel_config_hash: str | None = None
 
 
 class RunningPeer(Protocol):
@@ -278,15 +331,25 @@ class Target:
         return found
 
     def has(self, capability: str) -> bool:
-        """Whether the target implements ``capability`` (a surface name or a CAPABILITIES key)."""
+        """Whether the target implements ``capability`` (a surface name, a CAPABILITIES key,
+        or a MODES key: then whether the surface exists; see :meth:`applies`)."""
         if capability in SURFACES:
             return getattr(self, capability) is not None
+        if capability in MODES:
+            return getattr(self, MODES[capability][0]) is not None
         surface, attribute = CAPABILITIES[capability]
         found = getattr(self, surface)
         if found is None:
             return False
         missing = getattr(found, "unsupported", ())
         return hasattr(found, attribute) and capability not in missing
+
+    def applies(self, mode: str) -> bool:
+        """Whether the target has the part of the protocol ``mode`` (a :data:`MODES` key)
+        names; False only when its surface says it works without it."""
+        surface, attribute = MODES[mode]
+        found = getattr(self, surface)
+        return found is None or getattr(found, attribute, True) is not False
 
     def implemented(self) -> list[str]:
         return [name for name in SURFACES if getattr(self, name) is not None]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,10 @@ def neutral(obj: Any) -> Any:
     fields = getattr(type(obj), "__struct_fields__", None)
     if fields is not None:
         return {name: neutral(getattr(obj, name)) for name in fields}
+    factory = vllm_mm_factory(obj)
+    if factory is not None:
+        # vLLM holds the field object where the wire has [factory_name, kwargs].
+        return [factory, {f.name: neutral(getattr(obj, f.name)) for f in dataclasses.fields(obj)}]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {f.name: neutral(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if hasattr(obj, "result") and type(obj).__name__ == "UtilityResult":
@@ -113,6 +118,15 @@ def neutral(obj: Any) -> Any:
         # insecure serialization is on.
         return {"type_info": None, "value": neutral(obj.result)}
     return obj
+
+
+def vllm_mm_factory(obj: Any) -> str | None:
+    """The factory name vLLM's encoder writes for one of its multimodal field objects
+    (``MMF_CLASS_TO_FACTORY``, structs.mm-item.map); None for anything else, and always None
+    while vLLM's serial_utils is not imported."""
+    serial_utils = sys.modules.get("vllm.v1.serial_utils")
+    table = getattr(serial_utils, "MMF_CLASS_TO_FACTORY", None) or {}
+    return table.get(type(obj))
 
 
 def _key(key: Any) -> Any:
@@ -168,6 +182,9 @@ def _union_member(value: Any, expr: TypeExpr, spec: Any) -> TypeExpr | None:
     candidates = [a for a in expr.args if a.name != "none"]
     if isinstance(value, Mapping):
         structs = [a for a in candidates if isinstance(spec.structs.get(a.name), StructSpec)]
+        if len(structs) > 1:
+            # Several structs: the ones whose fields hold the keys, required fields included.
+            structs = [a for a in structs if _fits_fields(value, spec.structs[a.name])]
         if len(structs) == 1:
             return structs[0]
         dicts = [a for a in candidates if a.name == "dict"]
@@ -178,6 +195,11 @@ def _union_member(value: Any, expr: TypeExpr, spec: Any) -> TypeExpr | None:
             if a.name in ("list", "tuple", "set"):
                 return a
     return None
+
+
+def _fits_fields(value: Mapping[str, Any], item: StructSpec) -> bool:
+    names = {f.name for f in item.fields}
+    return set(value) <= names and all(f.name in value for f in item.fields if f.required)
 
 
 def differences(expected: Any, actual: Any, path: str = "$") -> list[str]:

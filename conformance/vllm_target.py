@@ -5,7 +5,13 @@
   (``vllm/v1/engine/core.py:1942-2040``, ``vllm/v1/engine/core_client.py:1005-1050``,
   ``vllm/v1/engine/utils.py:1485-1548``). Neutral values become vLLM's classes through the
   spec's ``vllm_class`` names.
-- ``ring``: ``vllm.distributed.device_communicators.shm_broadcast.MessageQueue``.
+- ``ring``: ``vllm.distributed.device_communicators.shm_broadcast.MessageQueue``, and the
+  executor RPC over it: ``MultiprocExecutor.collective_rpc`` and ``WorkerProc``'s busy loop
+  (:class:`VllmExecutor`, :class:`VllmWorker`), without processes or a model.
+- ``frontend``: ``AsyncMPClient`` given ``client_addresses``
+  (:mod:`enginewire.conformance.vllm_frontend`).
+- no ``engine``: vLLM's ``EngineCoreProc`` cannot start without a model (docs/conformance.md,
+  "vLLM's engine core").
 
 The adapters decide nothing: where vLLM deviates from the spec, the checks fail against this
 target, and the expected-failure list ``conformance/data/expected/vllm-0.33.0.txt`` records it.
@@ -215,22 +221,28 @@ class VllmRingWriter:
         _close_queue(self.queue)
 
 
+def _vllm_handle(handle: RingHandle) -> Any:
+    """The suite's neutral handle as vLLM's ``shm_broadcast.Handle``."""
+    from vllm.distributed.device_communicators.shm_broadcast import Handle
+
+    return Handle(
+        local_reader_ranks=list(handle.reader_ranks or range(handle.n_reader)),
+        buffer_handle=(handle.n_reader, handle.max_chunk_bytes, handle.max_chunks,
+                       handle.shm_name),
+        local_subscribe_addr=handle.subscribe_address,
+        local_notify_addr=handle.notify_address,
+        remote_subscribe_addr=handle.remote_subscribe_address,
+        remote_addr_ipv6=handle.remote_ipv6,
+        tensor_arena_handle=handle.tensor_arena_handle,
+    )
+
+
 class VllmRingReader:
     def __init__(self, handle: RingHandle, rank: int) -> None:
-        from vllm.distributed.device_communicators.shm_broadcast import Handle, MessageQueue
+        from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
         ranks = list(handle.reader_ranks or range(handle.n_reader))
-        vllm_handle = Handle(
-            local_reader_ranks=ranks,
-            buffer_handle=(handle.n_reader, handle.max_chunk_bytes, handle.max_chunks,
-                           handle.shm_name),
-            local_subscribe_addr=handle.subscribe_address,
-            local_notify_addr=handle.notify_address,
-            remote_subscribe_addr=handle.remote_subscribe_address,
-            remote_addr_ipv6=handle.remote_ipv6,
-            tensor_arena_handle=handle.tensor_arena_handle,
-        )
-        self.queue = MessageQueue.create_from_handle(vllm_handle, ranks[rank])
+        self.queue = MessageQueue.create_from_handle(_vllm_handle(handle), ranks[rank])
 
     def wait_until_ready(self, timeout: float) -> None:
         _bounded(self.queue.wait_until_ready, timeout, "reader wait_until_ready")
@@ -263,10 +275,29 @@ def _bounded(func: Any, timeout: float, what: str) -> None:
         raise error[0]
 
 
-def _close_queue(queue: Any) -> None:
-    import os
+#: ipc socket files vLLM's queues leave behind (vLLM does not remove them,
+#: ring.lifecycle.ipc-files); removed when the target closes, after the checks looked.
+_LEFTOVER_IPC: list[str] = []
 
+
+def _close_queue(queue: Any) -> None:
+    """Close a queue the way vLLM's own finalizer does (sockets and context, the segment
+    unlinked by its creator), and remember the writer's ipc files for :func:`sweep`."""
     queue.shutdown()
+    # What vLLM's finalizer (_close_zmq, shm_broadcast.py:604-620) does, now rather than at
+    # garbage collection.
+    sockets = [queue.local_socket, getattr(queue, "remote_socket", None)]
+    condition = getattr(queue, "_spin_condition", None)
+    if condition is not None:
+        sockets += [condition.local_notify_socket, condition.read_cancel_socket,
+                    condition.write_cancel_socket]
+    contexts = set()
+    for sock in sockets:
+        if sock is not None:
+            contexts.add(sock.context)
+            sock.close(linger=0)
+    for context in contexts:
+        context.term()
     buffer = getattr(queue, "buffer", None)
     if buffer is not None and getattr(buffer, "is_creator", False):
         try:
@@ -275,18 +306,147 @@ def _close_queue(queue: Any) -> None:
         except (FileNotFoundError, BufferError):
             pass
         buffer.is_creator = False
-    for address in (getattr(queue.handle, "local_subscribe_addr", None),
-                    getattr(queue.handle, "local_notify_addr", None)):
-        if queue._is_writer and address and address.startswith("ipc://"):
-            try:
-                os.unlink(address.removeprefix("ipc://"))
-            except FileNotFoundError:
-                pass
+    if queue._is_writer:
+        for address in (queue.handle.local_subscribe_addr, queue.handle.local_notify_addr):
+            if address and address.startswith("ipc://"):
+                _LEFTOVER_IPC.append(address[len("ipc://"):])
+
+
+def sweep() -> None:
+    """Remove the ipc files vLLM's closed queues left behind."""
+    import os
+
+    while _LEFTOVER_IPC:
+        try:
+            os.unlink(_LEFTOVER_IPC.pop())
+        except FileNotFoundError:
+            pass
+
+
+class VllmWorker:
+    """vLLM's ``WorkerProc`` without a model: its message-queue set-up
+    (``_init_message_queues``: reader of the broadcast ring, ``MessageQueue(1, 1)`` for the
+    replies) and its ``worker_busy_loop`` on a thread, executing calls on the suite's worker
+    object (``multiproc_executor.py:1091-1183``)."""
+
+    def __init__(self, broadcast: RingHandle, rank: int, worker: Any) -> None:
+        import threading
+        from types import SimpleNamespace
+
+        from vllm.v1.executor.multiproc_executor import WorkerProc
+
+        from .reference_target import ring_handle
+
+        proc = WorkerProc.__new__(WorkerProc)
+        proc.rank = rank
+        proc.worker = worker
+        proc.use_async_scheduling = False
+        proc._init_message_queues(
+            _vllm_handle(broadcast),
+            SimpleNamespace(parallel_config=SimpleNamespace(nnodes_within_dp=1)),
+        )
+        self.proc = proc
+        self.response_handle = ring_handle(proc.worker_response_mq.export_handle(), 1)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"vllm worker {rank}")
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            # WorkerProc.worker_main's order (multiproc_executor.py:1042-1043).
+            self.proc.rpc_broadcast_mq.wait_until_ready()
+            self.proc.worker_response_mq.wait_until_ready()
+            self.proc.worker_busy_loop()
+        except BaseException as exc:  # noqa: BLE001 - "cancelled" after stop(), kept otherwise
+            self.error = exc
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.proc.rpc_broadcast_mq.shutdown()
+        self.thread.join(timeout)
+        _close_queue(self.proc.rpc_broadcast_mq)
+        _close_queue(self.proc.worker_response_mq)
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+class VllmExecutor:
+    """vLLM's ``MultiprocExecutor`` without workers processes: its broadcast queue as
+    ``_init_executor`` creates it, readers of the suite's response rings, and its own
+    ``collective_rpc`` (``multiproc_executor.py:162-185``, ``:266-273``, ``:447-556``);
+    fault tolerance off."""
+
+    def __init__(self, world_size: int, max_chunk_bytes: int, max_chunks: int) -> None:
+        from collections import deque
+        from types import SimpleNamespace
+
+        from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+        from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+        from .reference_target import ring_handle
+
+        executor = MultiprocExecutor.__new__(MultiprocExecutor)
+        executor.is_failed = False
+        executor.vllm_config = SimpleNamespace(
+            parallel_config=SimpleNamespace(enable_fault_tolerance=False))
+        executor.futures_queue = deque()
+        executor.response_mqs = []
+        executor.rpc_broadcast_mq = MessageQueue(
+            world_size, world_size, max_chunk_bytes=max_chunk_bytes, max_chunks=max_chunks)
+        self.executor = executor
+        self.broadcast_handle = ring_handle(executor.rpc_broadcast_mq.export_handle(),
+                                            world_size)
+
+    def connect(self, response_handles: list[RingHandle], timeout: float) -> None:
+        from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+
+        executor = self.executor
+        executor.response_mqs = [MessageQueue.create_from_handle(_vllm_handle(h), 0)
+                                 for h in response_handles]
+
+        def ready() -> None:
+            # _init_executor's order: the broadcast queue, then every response queue.
+            executor.rpc_broadcast_mq.wait_until_ready()
+            for queue in executor.response_mqs:
+                queue.wait_until_ready()
+
+        _bounded(ready, timeout, "executor wait_until_ready")
+
+    def collective_rpc(self, method: Any, args: tuple[Any, ...] = (),
+                       kwargs: dict[str, Any] | None = None,
+                       unique_reply_rank: int | None = None,
+                       timeout: float | None = None) -> Any:
+        return self.executor.collective_rpc(method, timeout=timeout, args=args, kwargs=kwargs,
+                                            unique_reply_rank=unique_reply_rank)
+
+    def close(self) -> None:
+        for queue in (self.executor.rpc_broadcast_mq, *self.executor.response_mqs):
+            _close_queue(queue)
 
 
 class VllmRing:
     #: vLLM implements the shared-memory tensor arena (ring.payload.tensor-arena).
     tensor_arena = True
+
+    def start_worker(self, broadcast: RingHandle, rank: int, worker: Any) -> VllmWorker:
+        import logging
+
+        # WorkerProc logs every exception of a worker method with its traceback; the checks
+        # raise some on purpose.
+        logging.getLogger("vllm.v1.executor.multiproc_executor").setLevel(logging.CRITICAL)
+        return VllmWorker(broadcast, rank, worker)
+
+    def create_executor(self, *, world_size: int, max_chunk_bytes: int,
+                        max_chunks: int) -> VllmExecutor:
+        return VllmExecutor(world_size, max_chunk_bytes, max_chunks)
+
+    def zmq_sockets(self, end: Any) -> list[tuple[str, Any]]:
+        queue = end.queue
+        condition = getattr(queue, "_spin_condition", None)
+        found = [("subscribe", queue.local_socket),
+                 ("notify", condition.local_notify_socket if condition else None),
+                 ("remote", queue.remote_socket)]
+        return [(channel, sock) for channel, sock in found if sock is not None]
 
     def create_writer(self, *, n_reader: int, max_chunk_bytes: int, max_chunks: int) -> Any:
         return VllmRingWriter(n_reader, max_chunk_bytes, max_chunks)
@@ -307,9 +467,17 @@ def vllm_target() -> Target:
         from .targets import TargetError
 
         raise TargetError(f"vllm: the vllm package is not importable: {exc}") from exc
-    return Target(
+    from .vllm_frontend import VllmFrontends
+
+    codec = VllmCodec()
+    frontends = VllmFrontends(codec)
+    target = Target(
         name="vllm",
-        codec=VllmCodec(),
+        codec=codec,
         ring=VllmRing(),
-        description="vLLM 0.33.0 MsgpackEncoder/Decoder and MessageQueue",
+        frontend=frontends,
+        description="vLLM 0.33.0 MsgpackEncoder/Decoder, MessageQueue, executor and worker "
+                    "RPC, and AsyncMPClient",
     )
+    target._closers += [sweep, frontends.close]
+    return target

@@ -6,88 +6,59 @@ msgpack data (:func:`enginewire.conformance.wire.raw_decode`) at a position whos
 the spec gives; positions under a union of several types are left alone, because there the
 changed value could still decode as another member (and the input would not be malformed).
 
-==========================  ==============================================  ==================
-mutation                    what changes                                    clause
-==========================  ==============================================  ==================
-type-byte-unknown           type frame a byte outside the request table     request_types.
-                                                                            unknown-byte-
-                                                                            rejected
-type-byte-sentinel          type frame 0x04 or 0x05                         same (also
-                                                                            sentinels-never-
-                                                                            on-wire)
-type-frame-width            type frame of 0 or 2-3 bytes                    request_types.
-                                                                            one-byte-frame
-literal-altered             a literal frame (ENGINE_CORE_DEAD, READY, ...)  frames.engine-
-                            with other bytes                                core-dead-literal
-                                                                            or frame-count
-literal-extra-frame         a frame after a literal-only message            same
-missing-payload             the fixed frames without the msgpack frame      frames.frame-count
-extra-frame                 a frame no index refers to                      frames.oob-count-
-                                                                            matches, or
-                                                                            untyped-payload-
-                                                                            no-oob
-missing-oob                 the last out-of-band frame dropped              tensors.index-in-
-                                                                            range (also oob-
-                                                                            count-matches)
-msgpack-truncated           the msgpack frame cut short                     frames.payload-
-                                                                            matches-type
-msgpack-trailing            a byte after the msgpack object                 same
-msgpack-invalid             the never-used msgpack byte 0xc1                same
-missing-required            an array/tuple struct cut before its last       structs.array.
-                            required field, a required map key removed      missing-required-
-                                                                            rejected, structs.
-                                                                            tuple.array,
-                                                                            structs.map.absent-
-                                                                            key-default
-wrong-type                  a field of a msgpack type its type rejects      structs.array.type-
-                                                                            checked (array
-                                                                            structs), else
-                                                                            frames.payload-
-                                                                            matches-type
-nil-not-nullable            nil in a field whose type has no none           structs.none.nil
-enum-value                  an enum field holding a non-member              structs.enum.value
-tuple-extra                 a tuple struct with one element too many        structs.tuple.
-                                                                            extra-elements-
-                                                                            rejected
-array-as-map                an array struct sent as a map                   structs.array.type-
-                                                                            checked
-tensor-dtype                dtype outside the vocabulary                    tensors.torch-
-                                                                            dtype-name /
-                                                                            numpy-dtype-str
-tensor-shape-bytes          shape that does not match the byte count        tensors.byte-
-                                                                            length-matches-
-                                                                            shape
-tensor-shape-negative       a negative or boolean shape entry               tensors.shape-non-
-                                                                            negative
-tensor-index                index 0, negative, or past the last frame       tensors.index-in-
-                                                                            range
-tensor-index-reused         two tensors naming one frame                    tensors.index-
-                                                                            used-once
-tensor-data-form            data neither Ext(3) nor an index                tensors.data-form
-tensor-tuple-layout         a tuple of 4 elements                           tensors.tuple-
-                                                                            layout
-tensor-ipc-handle           a map in a tensor's data position               tensors.ipc-
-                                                                            handle-needs-side-
-                                                                            channel
-ext-pickle                  extension type 1 or 2 (no opt-in)               tensors.ext-pickle-
-                                                                            opt-in
-ext-unknown                 an extension type outside 1-3                   tensors.ext-codes-
-                                                                            known
-exclusive-params            ADD with both or neither of sampling/pooling    structs.exclusive-
-                                                                            params
-utility-reply-shape         outputs with a utility output, a utility reply  frames.utility-
-                            without one or with request outputs             reply
-coordinator-outputs         coordinator outputs with request outputs        frames.coordinator-
-                                                                            outputs-single-
-                                                                            frame
-utility-type-info           a non-nil UtilityResult.type_info               structs.utility-
-                                                                            result.type-info-
-                                                                            insecure-only
-handshake-keys              HELLO/READY without a required key, with        handshake.message-
-                            another status or a key of the wrong type       keys
-identity-width              (routed) an identity of 0, 1 or 3 bytes         identity.width-
-                                                                            two-bytes
-==========================  ==============================================  ==================
+Mutations (``name``: what changes, then the clause a decoder must name):
+
+- ``type-byte-unknown``: a type byte outside the request table;
+  request_types.unknown-byte-rejected
+- ``type-byte-sentinel``: type byte 0x04 or 0x05; the same (also
+  request_types.sentinels-never-on-wire)
+- ``type-frame-width``: a type frame of 0, 2 or 3 bytes; request_types.one-byte-frame
+- ``literal-altered``: a literal frame (ENGINE_CORE_DEAD, READY, 0x01) with other bytes;
+  frames.engine-core-dead-literal, else frames.frame-count
+- ``literal-extra-frame``: a frame after a literal-only message; the same
+- ``missing-payload``: the fixed frames without the msgpack frame; frames.frame-count
+- ``extra-frame``: a frame no index refers to; frames.oob-count-matches, or
+  frames.untyped-payload-no-oob where the kind carries no out-of-band frames
+- ``missing-oob``: the last out-of-band frame dropped; tensors.index-in-range (also
+  frames.oob-count-matches)
+- ``msgpack-truncated``, ``msgpack-trailing``, ``msgpack-invalid``: the msgpack frame cut
+  short, followed by extra bytes, or starting with the never-used byte 0xc1;
+  frames.payload-matches-type
+- ``missing-required``: an array or tuple struct cut before its last required field, or a
+  required key removed from a map; structs.array.missing-required-rejected,
+  structs.tuple.array, structs.map.absent-key-default
+- ``wrong-type``: a struct field (or an element of a tuple payload) holding a msgpack type its
+  type rejects; structs.array.type-checked in array structs, else frames.payload-matches-type
+- ``nil-not-nullable``: nil in a field whose type has no none; structs.none.nil
+- ``enum-value``: an enum field holding a value that is not a member; structs.enum.value
+- ``tuple-extra``: a tuple struct with one element too many;
+  structs.tuple.extra-elements-rejected
+- ``array-as-map``: an array struct sent as a map; structs.array.type-checked
+- ``tensor-dtype``: a dtype outside the vocabulary; tensors.torch-dtype-name or
+  tensors.numpy-dtype-str
+- ``tensor-shape-bytes``: a shape that does not match the byte count;
+  tensors.byte-length-matches-shape
+- ``tensor-shape-negative``: a negative or boolean shape entry; tensors.shape-non-negative
+- ``tensor-index``: an index 0, negative, or past the last frame; tensors.index-in-range
+- ``tensor-index-reused``: two tensors naming one frame; tensors.index-used-once
+- ``tensor-data-form``: data neither Ext(3) nor an index; tensors.data-form
+- ``tensor-tuple-layout``: a tensor tuple of 4 elements; tensors.tuple-layout
+- ``tensor-ipc-handle``: a map in a tensor's data position;
+  tensors.ipc-handle-needs-side-channel
+- ``ext-pickle``: extension type 1 or 2 without the opt-in; tensors.ext-pickle-opt-in
+- ``ext-unknown``: an extension type outside 1-3; tensors.ext-codes-known
+- ``exclusive-params``: an ADD with both or neither of sampling_params and pooling_params;
+  structs.exclusive-params
+- ``utility-reply-shape``: outputs with a utility output, a utility reply without one or with
+  request outputs; frames.utility-reply
+- ``coordinator-outputs``: coordinator outputs with request outputs;
+  frames.coordinator-outputs-single-frame
+- ``utility-type-info``: a non-nil UtilityResult.type_info;
+  structs.utility-result.type-info-insecure-only
+- ``handshake-keys``: HELLO/READY without a required key, with another status, or with a key
+  of the wrong type; handshake.message-keys
+- ``identity-width``: (routed cases) an identity frame of 0, 1, 3 or 8 bytes;
+  identity.width-two-bytes
 
 Extension types in the handshake, ready response and coordinator messages also break
 frames.plain-msgpack-control, which such cases list in ``also``.
@@ -95,6 +66,7 @@ frames.plain-msgpack-control, which such cases list in ``also``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,7 +78,7 @@ from enginewire.conformance.wire import raw_decode
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
 from enginewire.spec.types import TypeExpr, parse_type
 
-from .strategies import Malformed, _Generator
+from .strategies import Malformed, SpecStrategies
 
 Ext = msgspec.msgpack.Ext
 
@@ -238,7 +210,7 @@ def _is_control(layout: Any) -> bool:
 class _Case:
     """Everything the mutations of one drawn message need."""
 
-    def __init__(self, gen: _Generator, kind: str, frames: list[bytes]) -> None:
+    def __init__(self, gen: SpecStrategies, kind: str, frames: list[bytes]) -> None:
         self.gen = gen
         self.spec = gen.spec
         self.kind = kind
@@ -729,7 +701,7 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
         yield "utility-type-info", type_info
 
-    keys = case.gen.codec._handshake_keys.get(case.kind)
+    keys = case.gen.handshake_keys.get(case.kind)
     if keys and isinstance(case.raw, dict):
         required = [k for k in keys if k.required]
 
@@ -761,7 +733,7 @@ def mutations(case: _Case) -> list[tuple[str, Mutation]]:
 # --- the strategy -----------------------------------------------------------------------------
 
 
-def malformed_strategy(gen: _Generator, kind: str, *, routed: bool = False
+def malformed_strategy(gen: SpecStrategies, kind: str, *, routed: bool = False
                        ) -> st.SearchStrategy[Malformed]:
     """See :func:`enginewire.fuzz.strategies.malformed`."""
     layout = gen.layout(kind)
@@ -802,11 +774,5 @@ def _identity_width(frames: list[bytes], width: int) -> Mutation:
 
 
 def catalogue() -> list[str]:
-    """The mutation names of the module table, in order (for documentation and tests)."""
-    names: list[str] = []
-    for line in (__doc__ or "").splitlines():
-        head = line.split(" ", 1)[0]
-        if head and head[0].islower() and "-" in head and not line.startswith(" "):
-            names.append(head)
-    return names
-
+    """The mutation names listed in this module's docstring, in order."""
+    return re.findall(r"``([a-z]+(?:-[a-z]+)+)``", (__doc__ or "").split("Mutations (", 1)[1])

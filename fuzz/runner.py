@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from hypothesis.errors import HypothesisException
 
-from .strategies import Malformed, kinds, malformed
+from .strategies import Malformed, malformed
 
 Status = Literal["rejected", "accepted", "wrong-clause", "untyped-error", "hang"]
 PROBLEMS: tuple[Status, ...] = ("wrong-clause", "untyped-error", "hang", "accepted")
@@ -504,7 +504,11 @@ def fuzz_engine(surface: Any, campaign: EngineCampaign) -> Report:
               phases=[Phase.explicit, Phase.reuse, Phase.generate])
     @given(batch)
     def explore(cases: list[Malformed]) -> None:
-        engine.ensure()
+        try:
+            engine.ensure()
+        except Exception as exc:  # noqa: BLE001 - a start-up failure ends the campaign
+            failures.append(([], f"the engine did not start: {type(exc).__name__}: {exc}"))
+            raise EngineStopped(str(exc)) from exc
         engine.send(cases)
         report.cases += len(cases)
         problem = engine.serve_check()
@@ -521,11 +525,17 @@ def fuzz_engine(surface: Any, campaign: EngineCampaign) -> Report:
     try:
         try:
             explore()
-        except EngineStopped:
-            pass
+        except (EngineStopped, HypothesisException):
+            pass  # the failures list holds what happened (Flaky: it did not happen twice)
         if failures:
             cases, problem = failures[0]
-            report.findings.append(_reduce(engine, cases, problem))
+            if cases:
+                report.findings.append(_reduce(engine, cases, problem))
+            else:
+                report.findings.append(Finding(
+                    surface="engine", kind="-", problem="did-not-start", mutation="-",
+                    expected=(), got=None, message=problem, frames=[],
+                    description="the engine did not complete the handshake"))
     finally:
         engine.close()
     return report
@@ -536,7 +546,10 @@ def _reduce(engine: _EngineUnderTest, cases: list[Malformed], problem: str) -> F
     whole batch."""
     for case in cases:
         engine.close()
-        engine.ensure()
+        try:
+            engine.ensure()
+        except Exception:  # noqa: BLE001 - keep the whole batch as the evidence
+            break
         engine.send([case])
         single = engine.serve_check()
         if single is not None:
@@ -551,7 +564,3 @@ def _reduce(engine: _EngineUnderTest, cases: list[Malformed], problem: str) -> F
                    description=f"{len(cases)} malformed messages, starting with "
                                f"{first.description}")
 
-
-def all_kinds() -> tuple[str, ...]:
-    """Every kind the codec campaign covers by default."""
-    return kinds()

@@ -18,9 +18,8 @@ and arrays of every dtype in the vocabulary: 0-d, empty (a zero in the shape), n
 and sized one element below, at, and one element above the inline threshold (exactly
 ``threshold - 1``, ``threshold`` and ``threshold + 1`` bytes for one-byte dtypes). ``ndarray``
 positions get numpy arrays; ``tensor`` positions get torch tensors when the codec decodes to
-torch, :class:`~enginewire.reference.tensors.WireTensor` otherwise. An optional field whose
-spec default is ``null`` but whose type is not nullable (``KVEventsConfig.publisher``) is always
-drawn: its default cannot travel.
+torch, :class:`~enginewire.reference.tensors.WireTensor` otherwise; ``nested_tensors``
+positions get such tensors, numbers, and lists of them nested a few levels deep.
 
 Malformed input
 ---------------
@@ -65,16 +64,18 @@ from hypothesis import strategies as st
 
 from enginewire.conformance.values import differences
 from enginewire.reference.codec import Codec, Layout, default_codec
-from enginewire.reference.tensors import WireTensor
+from enginewire.reference.tensors import WireTensor, vocabulary
 from enginewire.spec.schema import EnumSpec, StructSpec
 from enginewire.spec.types import TypeExpr, parse_type
 
 __all__ = [
     "INT_MAX",
+    "SpecStrategies",
     "INT_MIN",
     "RULES",
     "Malformed",
     "kinds",
+    "generator",
     "malformed",
     "messages",
     "same_value",
@@ -104,8 +105,6 @@ RULES: tuple[tuple[str, str, str], ...] = (
      "frames.stats-update-payload"),
     ("hello, ready", "the keys of the handshake surface's message table, status literal",
      "handshake.message-keys"),
-    ("tensor | list[any]", "nested numbers, never a list that reads as a tensor tuple",
-     "structs.mm-item.map"),
 )
 
 #: The EngineCoreRequest fields of which exactly one is set (structs.exclusive-params).
@@ -176,14 +175,19 @@ def same_value(actual: Any, expected: Any) -> bool:
 # --- the generator -------------------------------------------------------------------------
 
 
-class _Generator:
-    """Strategies for one codec's configuration (structs, dtype vocabulary, threshold)."""
+class SpecStrategies:
+    """The strategies for one codec's configuration (structs, dtype vocabulary, threshold),
+    built from the spec the codec follows; :func:`generator` hands out a cached instance."""
 
     def __init__(self, codec: Codec) -> None:
         self.codec = codec
         self.spec = codec.spec
         self.structs = codec.structs
-        self.vocab = codec._vocab
+        self.vocab = vocabulary(codec.spec.version)
+        #: Handshake kinds with a key table (hello, ready) -> their keys.
+        self.handshake_keys = {
+            m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
+        }
         self.threshold = codec.threshold
         self.torch = None
         if codec.tensor_mode == "torch":
@@ -194,20 +198,19 @@ class _Generator:
 
     # --- type expressions --------------------------------------------------------------
 
-    def value(self, expr: TypeExpr, depth: int = 0, *, numbers_only: bool = False
-              ) -> st.SearchStrategy[Any]:
+    def value(self, expr: TypeExpr, depth: int = 0) -> st.SearchStrategy[Any]:
         """A strategy for values of ``expr``; ``depth`` counts enclosing containers."""
-        key = (str(expr), min(depth, 4), numbers_only)
+        key = (str(expr), min(depth, 4))
         found = self._cache.get(key)
         if found is None:
-            found = st.deferred(lambda: self._build(expr, depth, numbers_only))
+            found = st.deferred(lambda: self._build(expr, depth))
             self._cache[key] = found
         return found
 
     def _size(self, depth: int) -> int:
         return (4, 3, 2, 1, 1)[min(depth, 4)]
 
-    def _build(self, expr: TypeExpr, depth: int, numbers_only: bool) -> st.SearchStrategy[Any]:
+    def _build(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
         name = expr.name
         if name == "union":
             return self._union(expr, depth)
@@ -215,13 +218,14 @@ class _Generator:
         if scalar is not None:
             return scalar
         if name == "any":
-            return _nested_numbers() if numbers_only else _any_value()
+            return _any_value()
         if name in ("tensor", "ndarray"):
             return self.tensor(name)
+        if name == "nested_tensors":
+            return self.nested_tensors()
         size = self._size(depth)
         if name == "list":
-            return st.lists(self.value(expr.args[0], depth + 1, numbers_only=numbers_only),
-                            max_size=size)
+            return st.lists(self.value(expr.args[0], depth + 1), max_size=size)
         if name == "set":
             return st.sets(self.value(expr.args[0], depth + 1), max_size=size)
         if name == "tuple":
@@ -265,11 +269,7 @@ class _Generator:
 
     def _union(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
         members = [a for a in expr.args if a.name != "none"]
-        # Beside a tensor, an untyped list holds nested numbers: a list starting with a string
-        # would read as a [dtype, shape, data] tuple (vllm/v1/serial_utils.py:455-464).
-        numbers_only = any(a.name in ("tensor", "ndarray") for a in members)
-        options = [self.value(a, depth, numbers_only=numbers_only and a.name == "list")
-                   for a in members]
+        options = [self.value(a, depth) for a in members]
         if expr.nullable:
             options.insert(0, st.none())
         return st.one_of(*options)
@@ -302,8 +302,7 @@ class _Generator:
             expr = parse_type(fld.type)
             if fld.name in overrides:
                 required[fld.name] = overrides[fld.name]
-            elif fld.required or (fld.default == "null" and not expr.nullable):
-                # A null default on a non-nullable type cannot travel (see module docstring).
+            elif fld.required:
                 required[fld.name] = self.value(expr, depth + 1)
             else:
                 optional[fld.name] = self.value(expr, depth + 1)
@@ -331,6 +330,13 @@ class _Generator:
         )
 
     # --- tensors -----------------------------------------------------------------------
+
+    def nested_tensors(self) -> st.SearchStrategy[Any]:
+        """Nested tensors (tensors.nested-tensors): tensors, ints and floats, and lists of
+        them nested a few levels deep, empty lists included."""
+        leaf = st.one_of(self.tensor("tensor"), self.value(TypeExpr("int")),
+                         self.value(TypeExpr("float")))
+        return st.recursive(leaf, lambda inner: st.lists(inner, max_size=3), max_leaves=4)
 
     def tensor(self, family: str) -> st.SearchStrategy[Any]:
         """Tensors (``family="tensor"``) or numpy arrays (``"ndarray"``) of every dtype in the
@@ -387,7 +393,7 @@ class _Generator:
     # --- message kinds -------------------------------------------------------------------
 
     def layout(self, kind: str) -> Layout | None:
-        return self.codec._layouts.get(kind)
+        return self.codec.layout(kind) if kind in self.codec.message_kinds else None
 
     def message(self, kind: str) -> st.SearchStrategy[Any]:
         layout = self.layout(kind)
@@ -397,7 +403,7 @@ class _Generator:
             return self.struct(kind)
         if layout.payload is None:
             return st.none()
-        if kind in self.codec._handshake_keys:
+        if kind in self.handshake_keys:
             return self._handshake_map(kind)
         special = self._message_rules(kind)
         if special is not None:
@@ -443,7 +449,7 @@ class _Generator:
     def _handshake_map(self, kind: str) -> st.SearchStrategy[dict[str, Any]]:
         required: dict[str, st.SearchStrategy[Any]] = {}
         optional: dict[str, st.SearchStrategy[Any]] = {}
-        for key in self.codec._handshake_keys[kind]:
+        for key in self.handshake_keys[kind]:
             strategy = (st.just(key.value) if key.value is not None
                         else self.value(parse_type(key.type)))
             (required if key.required else optional)[key.name] = strategy
@@ -470,23 +476,15 @@ def _any_value() -> st.SearchStrategy[Any]:
     )
 
 
-def _nested_numbers() -> st.SearchStrategy[Any]:
-    return st.recursive(
-        st.integers(INT_MIN, INT_MAX) | st.floats(),
-        lambda inner: st.lists(inner, max_size=3),
-        max_leaves=6,
-    )
+_GENERATORS: weakref.WeakKeyDictionary[Codec, SpecStrategies] = weakref.WeakKeyDictionary()
 
 
-_GENERATORS: weakref.WeakKeyDictionary[Codec, _Generator] = weakref.WeakKeyDictionary()
-
-
-def generator(codec: Codec | None = None) -> _Generator:
+def generator(codec: Codec | None = None) -> SpecStrategies:
     """The (cached) strategy generator for ``codec`` (default: the reference default codec)."""
     codec = codec or default_codec()
     found = _GENERATORS.get(codec)
     if found is None:
-        found = _GENERATORS[codec] = _Generator(codec)
+        found = _GENERATORS[codec] = SpecStrategies(codec)
     return found
 
 

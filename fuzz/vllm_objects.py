@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 
 from enginewire.conformance.samples import Sampler
-from enginewire.conformance.values import import_class
+from enginewire.conformance.values import build, import_class
 from enginewire.reference.tensors import WireTensor
 from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructSpec
@@ -59,9 +59,13 @@ class VllmObjects:
 
     @functools.cache  # noqa: B019
     def _prototype(self, name: str) -> Any:
-        from enginewire.conformance.vllm_target import VllmCodec
+        """A valid instance of a msgspec Struct class, built the normal way (validation
+        included) from the conformance suite's minimal sample; only ever copied."""
+        return build(Sampler(self.spec).required(name), name, self.spec, self._resolve)
 
-        return VllmCodec()._build(name, Sampler(self.spec).required(name))
+    def _resolve(self, name: str) -> Any:
+        item = self.spec.structs.get(name)
+        return import_class(item.vllm_class) if item is not None else None
 
     # --- conversion ----------------------------------------------------------------------
 
@@ -80,6 +84,10 @@ class VllmObjects:
                                               else value)
         if expr.name == "tensor" and isinstance(value, WireTensor):
             return value.to_torch()
+        if expr.name == "nested_tensors":
+            if isinstance(value, list | tuple):
+                return [self.convert(v, expr) for v in value]
+            return value.to_torch() if isinstance(value, WireTensor) else value
         if expr.name in ("list", "set") or (expr.name == "tuple" and expr.variadic):
             items = [self.convert(v, expr.args[0]) for v in value]
             if expr.name == "set":
@@ -98,6 +106,8 @@ class VllmObjects:
     def _member(self, value: Any, expr: TypeExpr) -> TypeExpr:
         """The union member a reference value belongs to."""
         members = [a for a in expr.args if a.name != "none"]
+        if [m.name for m in members] == ["nested_tensors"]:
+            return members[0]
         for member in members:
             item = self.spec.structs.get(member.name)
             if isinstance(item, StructSpec) and type(value).__name__ == item.name:

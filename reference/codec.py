@@ -26,9 +26,10 @@ of request ids; ``utility`` ``(client_index, call_id, method, args)``; ``start_d
 The module functions take :class:`Codec` options as keywords (``encode(kind, value,
 threshold=0)``). ``MESSAGE_PAYLOADS`` maps each message kind to its payload type expression.
 
-Routing and identity: ``encode_routed(kind, value, rank)`` / ``decode_routed(kind, frames) -> (rank, value)``
-add and strip the identity frame; ``decode_message(channel, frames, sender=None) -> Message``
-tells the kinds of one channel apart; ``encode_identity(rank)`` / ``decode_identity(frame)``.
+Routing and identity: ``encode_routed(kind, value, rank)`` /
+``decode_routed(kind, frames) -> (rank, value)`` add and strip the identity frame;
+``decode_message(channel, frames, sender=None) -> Message`` tells the kinds of one channel
+apart; ``encode_identity(rank)`` / ``decode_identity(frame)``.
 
 :class:`Codec` holds the options (``threshold``, ``allow_insecure``, ``copy``, ``tensors``,
 ``ipc_handles``, ``version``); the module functions use a default instance. A frame may be
@@ -51,16 +52,21 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 import numpy as np
+
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
+from enginewire.spec.schema import StructSpec
+from enginewire.spec.types import TypeExpr, parse_type
 
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
-from .structs import NdarraySlot, StructSet, TensorSlot, UnionSlot, build
+from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
 from .tensors import (
     RAW_VIEW_EXT,
     TensorIpcHandle,
     Vocabulary,
     WireTensor,
+    check_nested_tensors,
+    decode_nested_tensors,
     decode_value,
     encode_ndarray,
     encode_tensor,
@@ -145,27 +151,55 @@ def _frame_bytes(frame: Frame) -> bytes:
     return bytes(_buffer(frame))
 
 
-# msgspec's messages -> the structs clause each one breaks; anything else breaks the payload type.
-_VALIDATION_CLAUSES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"Object missing required field"), "structs.map.absent-key-default"),
-    (re.compile(r"Expected `array` of at least length"), "structs.array.missing-required-rejected"),
-    (re.compile(r"Invalid enum value"), "structs.enum.value"),
+# --- msgspec validation errors -> clauses ---------------------------------------------------
+#
+# msgspec says what it expected and what came, and where (``- at `$[0].field[2]```); the clause
+# depends on what the spec declares at that place, so the path is walked through the spec.
+
+PAYLOAD_TYPE = "frames.payload-matches-type"
+ARRAY_TYPE = "structs.array.type-checked"
+
+_AT_PATH = re.compile(r" - at (`key` in )?`(\$[^`]*)`$")
+_PATH_STEP = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(\d+|\.\.\.)\]")
+_ARRAY_LENGTH = re.compile(
+    r"^Expected `array` of (at least )?length (\d+)(?: to (\d+))?, got (\d+)"
 )
-_TUPLE_LENGTH = re.compile(r"Expected `array` of length (\d+) to (\d+), got (\d+)")
+_TYPE_MISMATCH = re.compile(r"^Expected `[^`]*`, got `([^`]*)`")
 
 
-def _validation_clause(message: str) -> str:
-    for pattern, clause in _VALIDATION_CLAUSES:
-        if pattern.search(message):
-            return clause
-    match = _TUPLE_LENGTH.search(message)
-    if match:
-        low, high, got = (int(n) for n in match.groups())
-        if got > high:
-            return "structs.tuple.extra-elements-rejected"
-        if got < low:
-            return "structs.tuple.array"
-    return "frames.payload-matches-type"
+@dataclass(frozen=True)
+class _Position:
+    """What the spec declares at a path of a payload: the type there (None where a union of
+    several types leaves it open) and the struct whose field the position is, if any."""
+
+    declared: TypeExpr | None
+    owner: StructSpec | None = None
+
+
+def _single(expr: TypeExpr) -> TypeExpr | None:
+    """The one non-nil member of ``expr``; None for a union of several."""
+    rest = expr.without_none()
+    return None if rest.name == "union" else rest
+
+
+def _split_path(message: str) -> tuple[str, list[str | int] | None, bool]:
+    """``(text, steps, key)`` of a msgspec message: its text without the location, the path
+    as field names and indexes (``"..."`` for any map value; None where the path does not
+    parse), and whether the error is about a map key at that path."""
+    match = _AT_PATH.search(message)
+    if match is None:
+        return message, [], False
+    path = match.group(2)[1:]
+    steps: list[str | int] = []
+    pos = 0
+    while pos < len(path):
+        step = _PATH_STEP.match(path, pos)
+        if step is None:
+            return message[: match.start()], None, bool(match.group(1))
+        name, index = step.groups()
+        steps.append(name if name is not None else index if index == "..." else int(index))
+        pos = step.end()
+    return message[: match.start()], steps, bool(match.group(1))
 
 
 #: vLLM's multimodal field factories and the field struct each builds (MMF_CLASS_TO_FACTORY,
@@ -429,7 +463,7 @@ class Codec:
         except msgspec.ValidationError as exc:
             text = str(exc)
             raise PayloadError(
-                _validation_clause(text), f"{kind}: {text}", expected=payload
+                self._validation_clause(payload, text), f"{kind}: {text}", expected=payload
             ) from None
         except msgspec.DecodeError as exc:
             raise PayloadError(
@@ -445,6 +479,83 @@ class Codec:
                 got=len(frames) - 1,
             )
         return value
+
+    def _validation_clause(self, payload: str, message: str) -> str:
+        """The clause a msgspec ValidationError ``message`` breaks, for a payload of type
+        ``payload``: decided by what the spec declares where the error is."""
+        text, steps, key = _split_path(message)
+        if text.startswith("Object missing required field"):
+            return "structs.map.absent-key-default"
+        if text.startswith("Invalid enum value"):
+            return "structs.enum.value"
+        if steps is None:
+            return PAYLOAD_TYPE
+        position = self._position(parse_type(payload), steps, key)
+        declared = position.declared
+        resolved = _single(declared) if declared is not None else None
+        target = self.spec.structs.get(resolved.name) if resolved is not None else None
+        target = target if isinstance(target, StructSpec) else None
+        length = _ARRAY_LENGTH.match(text)
+        if length is not None:
+            at_least, low, high, got = length.groups()
+            if target is not None and target.encoding == "array" and at_least:
+                return "structs.array.missing-required-rejected"
+            if target is not None and target.encoding == "tuple":
+                if int(got) < int(low):
+                    return "structs.tuple.array"
+                if int(got) > int(high or low):
+                    return "structs.tuple.extra-elements-rejected"
+            return PAYLOAD_TYPE
+        mismatch = _TYPE_MISMATCH.match(text)
+        if mismatch is None:
+            return PAYLOAD_TYPE
+        if mismatch.group(1) in ("None", "null") and (steps or key) and (
+            declared is None or not declared.nullable
+        ):
+            return "structs.none.nil"
+        # An array-encoded struct that is no array, or one of its fields of the wrong type.
+        if target is not None and target.encoding == "array":
+            return ARRAY_TYPE
+        if position.owner is not None and position.owner.encoding == "array":
+            return ARRAY_TYPE
+        return PAYLOAD_TYPE
+
+    def _position(self, expr: TypeExpr, steps: list[str | int], key: bool) -> _Position:
+        """What the spec declares at ``steps`` inside a value of type ``expr`` (or at the key
+        of the map there, with ``key``)."""
+        owner: StructSpec | None = None
+        for step in steps:
+            resolved = _single(expr)
+            if resolved is None:
+                return _Position(None)
+            item = self.spec.structs.get(resolved.name)
+            owner = None
+            if isinstance(item, StructSpec):
+                if isinstance(step, int) and item.encoding in ("array", "tuple"):
+                    fields = item.fields[step: step + 1]
+                elif isinstance(step, str) and item.encoding in ("map", "dataclass"):
+                    fields = [f for f in item.fields if f.name == step]
+                else:
+                    fields = []
+                if not fields:
+                    return _Position(None)
+                expr, owner = parse_type(fields[0].type), item
+            elif isinstance(step, int) and (
+                resolved.name in ("list", "set") or (resolved.name == "tuple" and resolved.variadic)
+            ):
+                expr = resolved.args[0]
+            elif isinstance(step, int) and resolved.name == "tuple" and step < len(resolved.args):
+                expr = resolved.args[step]
+            elif step == "..." and resolved.name == "dict":
+                expr = resolved.args[1]
+            else:
+                return _Position(None)
+        if key:
+            resolved = _single(expr)
+            if resolved is None or resolved.name != "dict":
+                return _Position(None)
+            return _Position(resolved.args[0])
+        return _Position(expr, owner)
 
     def _decoder(self, payload: str) -> msgspec.msgpack.Decoder[Any]:
         found = self._decoders.get(payload)
@@ -540,6 +651,18 @@ class Codec:
             return decode_value(
                 raw,
                 "tensor" if target is TensorSlot else "ndarray",
+                state.frames,
+                state.used,
+                mode=self.tensor_mode,
+                copy=self.copy,
+                vocab=self._vocab,
+                ipc_handles=self.ipc_handles,
+            )
+        if target is NestedTensorsSlot:
+            if state.used is None:
+                raise RuntimeError("dec_hook outside a decode call")
+            return decode_nested_tensors(
+                raw,
                 state.frames,
                 state.used,
                 mode=self.tensor_mode,
@@ -662,8 +785,16 @@ class Codec:
                 )
             for feature in value.mm_features or ():
                 self._validate_mm_item(feature.data)
+        elif kind == "MultiModalFeatureSpec":
+            self._validate_mm_item(value.data)
+        elif kind == "MultiModalFieldElem":
+            self._validate_mm_element("", value)
         elif kind in ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"):
             self._validate_outputs(kind, value)
+        elif kind == "UtilityOutput":
+            self._validate_utility_result(value.result)
+        elif kind == "UtilityResult":
+            self._validate_utility_result(value)
 
     def _validate_outputs(self, kind: str, value: Any) -> None:
         utility = value.utility_output
@@ -681,30 +812,34 @@ class Codec:
                 "frames.coordinator-outputs-single-frame",
                 "outputs for the coordinator carry no request outputs and no utility output",
             )
-        if (
-            utility is not None
-            and utility.result is not None
-            and utility.result.type_info is not None
-            and not self.allow_insecure
-        ):
+        if utility is not None:
+            self._validate_utility_result(utility.result)
+
+    def _validate_utility_result(self, result: Any) -> None:
+        if result is not None and result.type_info is not None and not self.allow_insecure:
             raise PayloadError(
                 "structs.utility-result.type-info-insecure-only",
                 "UtilityResult.type_info is nil unless insecure serialization is on",
-                got=utility.result.type_info,
+                got=result.type_info,
             )
 
     def _validate_mm_item(self, item: dict[str, Any] | None) -> None:
         for key, element in (item or {}).items():
-            name, field = element.field
-            expected = _MM_FACTORIES.get(name)
-            if expected is None or type(field).__name__ != expected:
-                raise PayloadError(
-                    "structs.mm-item.known-factories-only",
-                    f"multimodal item {key!r}: field factory {name!r} with a "
-                    f"{type(field).__name__}",
-                    expected=_MM_FACTORIES,
-                    got=name,
-                )
+            self._validate_mm_element(key, element)
+
+    def _validate_mm_element(self, key: str, element: Any) -> None:
+        name, field = element.field
+        expected = _MM_FACTORIES.get(name)
+        if expected is None or type(field).__name__ != expected:
+            raise PayloadError(
+                "structs.mm-item.known-factories-only",
+                f"multimodal item {key!r}: field factory {name!r} with a "
+                f"{type(field).__name__}",
+                expected=_MM_FACTORIES,
+                got=name,
+            )
+        if element.data is not None:
+            check_nested_tensors(element.data)
 
     def _validate_handshake_map(self, kind: str, value: Any) -> None:
         if not isinstance(value, dict):

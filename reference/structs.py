@@ -12,11 +12,12 @@ vLLM version. How each encoding becomes a Python type:
 enum ``int``    ``enum.IntEnum``; ``str``: ``enum.Enum`` of strings; ``bytes``: ``enum.Enum``
 ==============  ===========================================================================
 
-Type expressions map to Python annotations: ``tensor``, ``ndarray`` and ``slice`` become the
-marker classes :class:`TensorSlot`, :class:`NdarraySlot` and ``slice``, which the codec's
-``dec_hook`` turns into values. A union msgspec cannot express (a custom type beside other
-types, two structs, two array types) becomes a :class:`UnionSlot` subclass whose members the
-codec tries in order, structs with more required fields first.
+Type expressions map to Python annotations: ``tensor``, ``ndarray``, ``nested_tensors`` and
+``slice`` become the marker classes :class:`TensorSlot`, :class:`NdarraySlot`,
+:class:`NestedTensorsSlot` and ``slice``, which the codec's ``dec_hook`` turns into values.
+A union msgspec cannot express (a custom type beside other types, two structs, two array
+types) becomes a :class:`UnionSlot` subclass whose members the codec tries in order, structs
+with more required fields first.
 
 The default version's classes are also importable as attributes of this module
 (``from enginewire.reference.structs import EngineCoreRequest``).
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import msgspec
+
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
@@ -66,6 +68,19 @@ class NdarraySlot(metaclass=_SlotMeta):
         return isinstance(value, np.ndarray)
 
 
+class NestedTensorsSlot(metaclass=_SlotMeta):
+    """Annotation marker: a ``nested_tensors`` position (tensors.nested-tensors): a tensor, an
+    int or float, or a list of nested tensors."""
+
+    @staticmethod
+    def _accepts(value: object) -> bool:
+        if isinstance(value, list):
+            return all(NestedTensorsSlot._accepts(item) for item in value)
+        if isinstance(value, (int, float)):
+            return not isinstance(value, bool)
+        return TensorSlot._accepts(value)
+
+
 class UnionSlot(metaclass=_SlotMeta):
     """Base of the markers for unions msgspec cannot decode by itself.
 
@@ -92,6 +107,7 @@ _SCALARS: dict[str, Any] = {
     "slice": slice,
     "tensor": TensorSlot,
     "ndarray": NdarraySlot,
+    "nested_tensors": NestedTensorsSlot,
 }
 
 

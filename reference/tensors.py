@@ -13,6 +13,8 @@ Contract:
 - :func:`decode_value` validates a tuple as decoded from msgpack (an ``Ext(3)`` already turned
   into a ``memoryview`` by the codec's ext hook) and builds the value; every violation raises
   :class:`~enginewire.reference.errors.TensorError` carrying the clause it breaks.
+- :func:`decode_nested_tensors` does the same for a ``nested_tensors`` position (numbers, tensor
+  tuples and arrays of them); :func:`check_nested_tensors` vets such a value before encoding.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Literal
 
 import msgspec
 import numpy as np
+
 from enginewire.spec import load
 
 from .errors import FramingError, TensorError
@@ -394,6 +397,59 @@ def decode_value(
     if mode == "wire":
         return WireTensor(dtype, shape, bytes(buffer) if copy else buffer)
     return _build_torch(dtype, shape, buffer, clone=copy or inline)
+
+
+def decode_nested_tensors(
+    raw: object,
+    frames: Sequence[Any],
+    used: set[int],
+    *,
+    mode: TensorMode,
+    copy: bool,
+    vocab: Vocabulary,
+    ipc_handles: bool,
+) -> Any:
+    """Build nested tensors (tensors.nested-tensors) from their decoded msgpack form.
+
+    A number stays a number, an array whose first element is a string is a tensor tuple
+    (:func:`decode_value`), any other array a list of nested tensors; anything else raises
+    :class:`TensorError`.
+    """
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return raw
+    if isinstance(raw, list):
+        if raw and isinstance(raw[0], str):
+            return decode_value(raw, "tensor", frames, used, mode=mode, copy=copy, vocab=vocab,
+                                ipc_handles=ipc_handles)
+        return [
+            decode_nested_tensors(item, frames, used, mode=mode, copy=copy, vocab=vocab,
+                                  ipc_handles=ipc_handles)
+            for item in raw
+        ]
+    raise TensorError(
+        "tensors.nested-tensors",
+        "nested tensors hold tensor tuples, ints, floats and arrays of them",
+        got=type(raw).__name__,
+    )
+
+
+def check_nested_tensors(value: object) -> None:
+    """Raise :class:`TensorError` unless ``value`` can travel as nested tensors: a torch
+    tensor, :class:`WireTensor` or :class:`TensorIpcHandle`, an int or float (not a bool), or a
+    list or tuple of nested tensors."""
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            check_nested_tensors(item)
+        return
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return
+    if isinstance(value, (WireTensor, TensorIpcHandle)) or is_torch_tensor(value):
+        return
+    raise TensorError(
+        "tensors.nested-tensors",
+        "nested tensors hold tensors, ints, floats and lists of them",
+        got=type(value).__name__,
+    )
 
 
 def _build_torch(dtype: str, shape: tuple[int, ...], buffer: memoryview, *, clone: bool) -> Any:

@@ -14,6 +14,9 @@ What is compared:
 - every struct and enum in the spec that names a ``vllm_class``: encoding (array, map,
   dataclass, tuple), ``omit_defaults``, field names and positions, field types (normalised to
   the spec's type grammar), required fields and defaults, enum wire kind, member names and values;
+  where vLLM's annotations are narrower than what it sends (a nil its encoder writes for a field
+  annotated without None, a None default that ``__post_init__`` replaces), what travels is
+  compared and the departure printed as a ``note:`` line, not as a difference;
 - every vLLM class reachable from a spec struct's field types, or from :data:`ROOT_CLASSES`,
   that the spec does not describe;
 - the request type bytes (``EngineCoreRequestType``) against the ``request_types`` surface;
@@ -77,11 +80,11 @@ ENC_HOOK_TYPES: dict[str, tuple[str, dict[str, str]]] = {
     ),
 }
 
-#: Fields whose annotation is a recursive alias the type grammar cannot spell
-#: (``NestedTensors``): what ``enc_hook`` writes for them instead.
-ENC_HOOK_FIELDS: dict[tuple[str, str], str] = {
-    ("vllm.multimodal.inputs:MultiModalFieldElem", "data"):
-        "tensor | list[any] | int | float | none",
+#: vLLM type aliases that the spec's grammar names as one built-in type (``module:Name`` ->
+#: type name): ``NestedTensors`` is recursive, and its encoder passes numbers through beside
+#: the tensors (tensors.nested-tensors).
+TYPE_ALIASES: dict[str, str] = {
+    "vllm.multimodal.inputs:NestedTensors": "nested_tensors",
 }
 
 #: Field names of the enc_hook tuple layouts, which have no Python fields to read them from.
@@ -145,6 +148,10 @@ class StructInfo:
     fields: tuple[FieldInfo, ...]
     #: Short class name used in field types -> ``module:QualName``.
     refs: Mapping[str, str] = field(default_factory=dict)
+    #: Where the description departs from the Python annotations to say what travels (a
+    #: default ``__post_init__`` replaces, a nil the encoder writes for a field annotated
+    #: without None): informational, never a difference.
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -468,6 +475,21 @@ class _Describer:
 
         self.msgspec = msgspec
         self.impl_types = self._special_types()
+        self.aliases = self._aliases()
+
+    @staticmethod
+    def _aliases() -> list[tuple[Any, str]]:
+        found = []
+        for qualname, name in TYPE_ALIASES.items():
+            try:
+                found.append((_import_class(qualname), name))
+            except (ImportError, AttributeError):
+                continue
+        return found
+
+    def alias(self, annotation: Any) -> str | None:
+        """The spec's type name for a vLLM alias object in :data:`TYPE_ALIASES`."""
+        return next((name for obj, name in self.aliases if annotation is obj), None)
 
     @staticmethod
     def _special_types() -> dict[Any, str]:
@@ -493,6 +515,9 @@ class _Describer:
         """``annotation`` in the spec grammar; classes it names are added to ``refs``."""
         if annotation is None or annotation is type(None):
             return "none"
+        alias = self.alias(annotation)
+        if alias is not None:
+            return alias
         if annotation is Any or isinstance(annotation, (typing.ForwardRef, str, typing.TypeVar)):
             return "any"
         if isinstance(annotation, type):
@@ -576,7 +601,9 @@ class _Describer:
                 default = f.default if f.default is not dataclasses.MISSING else _MISSING
                 factory = (f.default_factory if f.default_factory is not dataclasses.MISSING
                            else _MISSING)
-                out.append((f.name, hints.get(f.name, f.type), default, factory))
+                # typing.get_type_hints expands an alias: keep the alias object itself.
+                annotation = f.type if self.alias(f.type) else hints.get(f.name, f.type)
+                out.append((f.name, annotation, default, factory))
         elif kind == "tuple":
             hints = typing.get_type_hints(cls)
             defaults = getattr(cls, "_field_defaults", {})
@@ -599,9 +626,27 @@ class _Describer:
             raise TypeError("neither a msgspec Struct, a dataclass, a NamedTuple nor an enum")
         refs: dict[str, str] = {}
         fields: list[FieldInfo] = []
-        for name, annotation, default, factory in self.raw_fields(cls):
-            override = ENC_HOOK_FIELDS.get((qualname, name))
-            type_text = override if override is not None else self.type_expr(annotation, refs)
+        notes: list[str] = []
+        raw = self.raw_fields(cls)
+        nil_fields = self._probe_nil_fields(cls)
+        constructed = self._constructed_defaults(cls, raw, refs)
+        for name, annotation, default, factory in raw:
+            type_text = self.type_expr(annotation, refs)
+            if name in nil_fields and "none" not in type_text.split(" | "):
+                notes.append(
+                    f"{cls.__name__}.{name}: annotated '{type_text}', but vLLM's encoder writes "
+                    f"nil for None; compared as '{type_text} | none'"
+                )
+                type_text += " | none"
+            if name in constructed:
+                value = constructed[name]
+                notes.append(
+                    f"{cls.__name__}.{name}: declared default None is outside its type "
+                    f"'{type_text}'; __post_init__ makes it {value!r} in a default-constructed "
+                    f"object, which is what travels; compared as default "
+                    f"{self.default_json(value)}"
+                )
+                default = value
             if default is not _MISSING:
                 fields.append(FieldInfo(name, type_text, False, default=self.default_json(default)))
             elif factory is not _MISSING:
@@ -615,10 +660,28 @@ class _Describer:
                 fields.append(FieldInfo(name, type_text, True))
         omit = bool(kind in ("array", "map") and cls.__struct_config__.omit_defaults)
         encoding = self._probe_encoding(cls) or kind
-        return StructInfo(qualname, encoding, omit, tuple(fields), refs)
+        return StructInfo(qualname, encoding, omit, tuple(fields), refs, tuple(notes))
 
-    def _probe_encoding(self, cls: type) -> str | None:
-        """For a class vLLM's enc_hook writes itself, the encoding it really produces."""
+    def _constructed_defaults(self, cls: type, raw: list[tuple[str, Any, Any, Any]],
+                              refs: dict[str, str]) -> dict[str, Any]:
+        """Fields of a dataclass whose declared default is None although their annotation
+        excludes None, with the value ``__post_init__`` gives them in ``cls()``."""
+        if self.kind(cls) != "dataclass" or not hasattr(cls, "__post_init__"):
+            return {}
+        outside = [name for name, annotation, default, _ in raw if default is None
+                   and "none" not in self.type_expr(annotation, dict(refs)).split(" | ")]
+        if not outside:
+            return {}
+        try:
+            made = cls()
+        except Exception:  # a class that cannot be built without arguments keeps None
+            return {}
+        return {name: getattr(made, name) for name in outside
+                if getattr(made, name, None) is not None}
+
+    def _enc_hook_probe(self, cls: type) -> Any:
+        """What vLLM's encoder writes for a MultiModalFieldElem (the one dataclass its enc_hook
+        writes itself) whose data is None; None for every other class."""
         if _qualname(cls) != "vllm.multimodal.inputs:MultiModalFieldElem":
             return None
         from vllm.multimodal.inputs import MultiModalKwargsItem, MultiModalSharedField
@@ -626,7 +689,20 @@ class _Describer:
 
         elem = cls(data=None, field=MultiModalSharedField(batch_size=1))
         frames = MsgpackEncoder().encode(MultiModalKwargsItem({"k": elem}))
-        encoded = self.msgspec.msgpack.decode(frames[0])["k"]
+        return self.msgspec.msgpack.decode(frames[0])["k"]
+
+    def _probe_nil_fields(self, cls: type) -> set[str]:
+        """Fields set to None in the enc_hook probe that vLLM's encoder writes as nil."""
+        encoded = self._enc_hook_probe(cls)
+        if not isinstance(encoded, dict):
+            return set()
+        return {name for name, value in encoded.items() if value is None}
+
+    def _probe_encoding(self, cls: type) -> str | None:
+        """For a class vLLM's enc_hook writes itself, the encoding it really produces."""
+        if _qualname(cls) != "vllm.multimodal.inputs:MultiModalFieldElem":
+            return None
+        encoded = self._enc_hook_probe(cls)
         names = [f.name for f in dataclasses.fields(cls)]
         if isinstance(encoded, dict) and list(encoded) == names:
             return "dataclass"
@@ -790,6 +866,17 @@ def describe_vllm(extra_classes: Iterable[str] = ()) -> Implementation:
     return impl
 
 
+def notes(spec: Spec, impl: Implementation) -> list[str]:
+    """Where the description of ``impl`` departs from its annotations to say what travels,
+    for the classes ``spec`` describes (informational: :func:`compare` already used them)."""
+    found: list[str] = []
+    for name in sorted(spec.structs):
+        info = impl.classes.get(spec.structs[name].vllm_class)
+        if isinstance(info, StructInfo):
+            found.extend(info.notes)
+    return found
+
+
 def run_diff(spec: Spec, against: str = "vllm") -> int:
     """Print every difference between ``spec`` and the installed implementation.
 
@@ -810,6 +897,8 @@ def run_diff(spec: Spec, against: str = "vllm") -> int:
     differences = compare(spec, impl)
     for difference in differences:
         print(difference)
+    for note in notes(spec, impl):
+        print(f"note: {note}")
     n_structs = sum(1 for s in spec.structs.values() if isinstance(s, StructSpec))
     n_enums = len(spec.structs) - n_structs
     compared = (f"{n_structs} structs, {n_enums} enums, {len(impl.request_types)} request "

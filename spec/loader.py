@@ -11,7 +11,10 @@ Cross-file rules:
 - every ``source`` is ``vllm/<path>.py:<line>`` (several joined by ``", "``);
 - every version range parses;
 - struct fields parse as type expressions, name only known structs and enums, keep required
-  fields before defaulted ones, and carry JSON-literal defaults;
+  fields before defaulted ones, and carry JSON-literal defaults that fit their type (null only
+  for a nullable type, numbers for int and float, booleans for bool, strings for str, arrays
+  and objects for containers and structs, an enum default among the enum's values) and a
+  default_factory that builds the field's container type;
 - steps, transitions and state machines refer only to clauses and states that exist.
 """
 
@@ -35,7 +38,7 @@ from .schema import (
     StructSpec,
     SurfaceHeader,
 )
-from .types import TypeSyntaxError, parse_type
+from .types import TypeExpr, TypeSyntaxError, parse_type
 from .versions import VersionError, VersionRange
 
 #: The vLLM release the spec files describe completely.
@@ -223,7 +226,110 @@ def _check_clauses(file: str, surface: str, clauses: list[Clause], seen: dict[st
         _check_range(file, clause.versions, clause=clause.id, field="versions")
 
 
-def _check_struct(file: str, spec: StructSpec | EnumSpec, names: set[str]) -> None:
+#: The container types each default_factory builds.
+_FACTORY_TYPES = {"list": ("list", "set", "tuple"), "dict": ("dict",), "set": ("set",)}
+
+
+def _default_problem(
+    value: Any, expr: TypeExpr, structs: dict[str, StructSpec | EnumSpec]
+) -> str | None:
+    """Why the JSON ``value`` cannot be the default of a field of type ``expr``; None if it
+    fits."""
+    shown = json.dumps(value)
+    if expr.name == "union":
+        if any(_default_problem(value, arg, structs) is None for arg in expr.args):
+            return None
+        return f"{shown} fits no member of '{expr}'"
+    name = expr.name
+    if name == "any":
+        return None
+    if value is None:
+        return None if name == "none" else f"null for type '{expr}', which does not include none"
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    simple = {
+        "none": False,
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": number,
+        "str": isinstance(value, str),
+    }
+    if name in simple:
+        return None if simple[name] else f"{shown} is not of type {name}"
+    if name in ("bytes", "tensor", "ndarray", "slice"):
+        return f"no JSON literal but null stands for a {name}"
+    if name == "nested_tensors":
+        if number:
+            return None
+        if isinstance(value, list):
+            return next((p for v in value if (p := _default_problem(v, expr, structs))), None)
+        return f"{shown} is not a number or an array of numbers"
+    if name in ("list", "set", "tuple"):
+        if not isinstance(value, list):
+            return f"{shown} is not an array"
+        if name == "tuple" and not expr.variadic:
+            if len(value) != len(expr.args):
+                return f"{shown} does not have the {len(expr.args)} elements of '{expr}'"
+            pairs = list(zip(value, expr.args, strict=True))
+        else:
+            pairs = [(v, expr.args[0]) for v in value]
+        return next((p for v, a in pairs if (p := _default_problem(v, a, structs))), None)
+    if name == "dict":
+        if not isinstance(value, dict):
+            return f"{shown} is not an object"
+        if value and expr.args[0].without_none().name not in ("str", "any"):
+            return f"JSON object keys are strings, the key type is '{expr.args[0]}'"
+        return next((p for v in value.values()
+                     if (p := _default_problem(v, expr.args[1], structs))), None)
+    item = structs.get(name)
+    if isinstance(item, EnumSpec):
+        values = [m.value for m in item.members]
+        if isinstance(value, bool) or value not in values:
+            return f"{shown} is not a value of enum {name} ({values})"
+        return None
+    if isinstance(item, StructSpec):
+        if item.encoding in ("array", "tuple"):
+            if not isinstance(value, list) or len(value) > len(item.fields):
+                return f"{shown} is not an array of at most {len(item.fields)} elements"
+            given = dict(zip((f.name for f in item.fields), value, strict=False))
+        elif isinstance(value, dict):
+            given = value
+        else:
+            return f"{shown} is not an object"
+        fields = {f.name: f for f in item.fields}
+        unknown = sorted(set(given) - set(fields))
+        if unknown:
+            return f"{name} has no fields {unknown}"
+        missing = sorted(f.name for f in item.fields if f.required and f.name not in given)
+        if missing:
+            return f"{name} needs its required fields {missing}"
+        return next((p for key, v in given.items()
+                     if (p := _default_problem(v, parse_type(fields[key].type), structs))), None)
+    return None
+
+
+def _check_default(file: str, where: str, fld: FieldSpec, expr: TypeExpr,
+                   structs: dict[str, StructSpec | EnumSpec]) -> None:
+    if fld.default_factory is not None:
+        built = _FACTORY_TYPES[fld.default_factory]
+        members = expr.args if expr.name == "union" else (expr,)
+        if not any(m.name in built and (m.name != "tuple" or m.variadic) for m in members):
+            raise SpecError(file, f"default_factory {fld.default_factory!r} does not build "
+                                  f"type '{fld.type}'", field=where + ".default_factory")
+    if fld.default is None:
+        return
+    try:
+        value = json.loads(fld.default)
+    except json.JSONDecodeError as exc:
+        raise SpecError(file, f"default is not a JSON literal: {exc}",
+                        field=where + ".default") from None
+    problem = _default_problem(value, expr, structs)
+    if problem is not None:
+        raise SpecError(file, f"default {fld.default} does not fit type '{fld.type}': {problem}",
+                        field=where + ".default")
+
+
+def _check_struct(file: str, spec: StructSpec | EnumSpec,
+                  structs: dict[str, StructSpec | EnumSpec]) -> None:
     _check_range(file, spec.versions, clause=None, field="versions")
     _check_source(file, spec.source, clause=None)
     if isinstance(spec, EnumSpec):
@@ -245,7 +351,7 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec, names: set[str]) -> No
             expr = parse_type(fld.type)
         except TypeSyntaxError as exc:
             raise SpecError(file, str(exc), field=where + ".type") from None
-        unknown = expr.names() - names
+        unknown = expr.names() - set(structs)
         if unknown:
             raise SpecError(file, f"unknown type name(s) {sorted(unknown)}", field=where + ".type")
         has_default = fld.default is not None or fld.default_factory is not None
@@ -254,12 +360,7 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec, names: set[str]) -> No
         if not fld.required and not has_default:
             raise SpecError(file, "an optional field needs default or default_factory",
                             field=where)
-        if fld.default is not None:
-            try:
-                json.loads(fld.default)
-            except json.JSONDecodeError as exc:
-                raise SpecError(file, f"default is not a JSON literal: {exc}",
-                                field=where + ".default") from None
+        _check_default(file, where, fld, expr, structs)
         if spec.encoding == "array":
             if has_default:
                 defaulted_before = defaulted_before or fld.name
@@ -344,7 +445,7 @@ def _load_cached(version: str, data_dir: str) -> Spec:
         structs[parsed.name] = parsed
         struct_files[parsed.name] = f"structs/{path.name}"
     for name, parsed in structs.items():
-        _check_struct(struct_files[name], parsed, set(structs))
+        _check_struct(struct_files[name], parsed, structs)
 
     all_ids = set(seen_clauses)
     for surface in surfaces.values():

@@ -54,6 +54,8 @@ VLLM_SOURCE_URL = "https://github.com/vllm-project/vllm/blob/v{version}/{path}#{
 
 #: The ring drawn on the ring page: small enough to show every byte on one line.
 RING_EXAMPLE = {"n_reader": 2, "max_chunks": 3, "max_chunk_bytes": 16}
+#: Built-in type names of the grammar that a clause defines; field types link to it.
+BUILTIN_CLAUSES = {"nested_tensors": "tensors.nested-tensors"}
 #: Other spellings a layout formula may use for the example's parameters.
 _RING_ALIASES = {
     "n_reader": ("n_readers", "num_readers", "readers", "reader_count"),
@@ -262,6 +264,9 @@ class _Page:
     def struct_link(self, name: str) -> str:
         if name in self.spec.structs:
             return self.link("structs", name, name)
+        defined_by = BUILTIN_CLAUSES.get(name)
+        if defined_by is not None and defined_by in self.spec.clauses:
+            return self.link(self.spec.clauses[defined_by].surface, defined_by, name)
         return name
 
     def type_text(self, text: str | None) -> str:

@@ -7,17 +7,26 @@ The grammar is a small subset of Python's annotation syntax, so a reader already
 
 Built-in names and what they are on the wire (msgpack):
 
-=============  ===================================================================
-``str``        str                    ``int``    int (any width msgpack allows)
-``float``      float (msgpack float64) ``bool``  bool
-``bytes``      bin                    ``none``   nil (spelled ``None`` too)
-``any``        any msgpack value      ``slice``  array ``[start, stop, step]``
-``tensor``     a torch tensor as the tensors surface's ``(dtype, shape, data)``
-``ndarray``    a numpy array, same tuple with a numpy dtype string
-``list[T]``    array              ``set[T]``  array (order unspecified)
-``tuple[A, B]`` fixed-length array ``tuple[T, ...]`` array
-``dict[K, V]`` map
-=============  ===================================================================
+==================  ==============================================================
+``str``             str
+``int``             int (any width msgpack allows)
+``float``           float (msgpack float64)
+``bool``            bool
+``bytes``           bin
+``none``            nil (spelled ``None`` too)
+``any``             any msgpack value
+``slice``           array ``[start, stop, step]``
+``tensor``          a torch tensor as the tensors surface's ``(dtype, shape, data)``
+``ndarray``         a numpy array, same tuple with a numpy dtype string
+``nested_tensors``  a tensor tuple, an int or float, or an array of nested_tensors; an
+                    array whose first element is a string is a tensor tuple (vLLM's
+                    ``NestedTensors``, the data of a multimodal field)
+``list[T]``         array
+``set[T]``          array (order unspecified)
+``tuple[A, B]``     fixed-length array
+``tuple[T, ...]``   array
+``dict[K, V]``      map
+==================  ==============================================================
 
 Any other name refers to a struct or enum under ``spec/data/structs/``.
 """
@@ -28,7 +37,8 @@ import re
 from dataclasses import dataclass
 
 BUILTINS = frozenset(
-    {"str", "int", "float", "bool", "bytes", "none", "any", "slice", "tensor", "ndarray"}
+    {"str", "int", "float", "bool", "bytes", "none", "any", "slice", "tensor", "ndarray",
+     "nested_tensors"}
 )
 GENERICS = {"list": 1, "set": 1, "tuple": -1, "dict": 2}
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from enginewire.reference import structs as S
 from enginewire.reference.codec import Codec
 

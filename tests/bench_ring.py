@@ -9,6 +9,10 @@ Run with ``pytest tests/bench_ring.py --benchmark-only`` (add ``-s`` for the sum
   ``dequeue``s copy every array out of the slot into fresh memory (vLLM's semantics);
   ``reference-borrowed`` reads with ``dequeue_borrowed`` instead (arrays view the slot).
 
+Besides wall-clock rates the summary reports the CPU time all processes of a pipeline spent
+per message (writer and readers, zmq I/O threads included): on a shared machine wall-clock
+rates swing with the load of other processes, CPU time per message much less.
+
 Targets (reported, not asserted): the reference ring moves at least 3x the messages per second
 of vLLM's at 1 KiB with 2 readers, and at least 80% of the memcpy bandwidth at 1 MiB and up.
 """
@@ -16,6 +20,7 @@ of vLLM's at 1 KiB with 2 readers, and at least 80% of the memcpy bandwidth at 1
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterator
 from multiprocessing import shared_memory
 from multiprocessing.connection import Connection
@@ -44,8 +49,8 @@ def _batch(size: int) -> int:
 
 
 def bench_reader(conn: Connection, impl: str, handle: Any, rank: int) -> None:
-    """Receive messages until ``None``; answer every END_OF_ROUND with the count since the
-    last one."""
+    """Receive messages until ``None``; answer every END_OF_ROUND with the count and the CPU
+    seconds of this process since the last one."""
     if impl == "vllm":
         from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
@@ -58,6 +63,7 @@ def bench_reader(conn: Connection, impl: str, handle: Any, rank: int) -> None:
         queue = Reference.create_from_handle(handle, rank, codec=codec)
         queue.wait_until_ready(timeout=120)
     received = 0
+    cpu = time.process_time()
     while True:
         if impl == "reference-borrowed":
             with queue.dequeue_borrowed(timeout=120) as obj:
@@ -68,8 +74,9 @@ def bench_reader(conn: Connection, impl: str, handle: Any, rank: int) -> None:
         if obj is None:
             break
         if isinstance(obj, str) and obj == END_OF_ROUND:
-            conn.send(received)
-            received = 0
+            now = time.process_time()
+            conn.send((received, now - cpu))
+            received, cpu = 0, now
         else:
             received += 1
     conn.close()
@@ -81,6 +88,8 @@ class Pipeline:
     def __init__(self, impl: str, n_readers: int, max_chunk_bytes: int,
                  max_chunks: int) -> None:
         self.impl = impl
+        self.cpu_seconds = 0.0
+        self.messages = 0
         if impl == "vllm":
             from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
@@ -110,15 +119,25 @@ class Pipeline:
     def round(self, obj: Any, batch: int) -> None:
         """Send ``batch`` copies of ``obj`` and wait until every reader has all of them."""
         enqueue = self.writer.enqueue
+        cpu = time.process_time()
         for _ in range(batch):
             enqueue(obj, timeout=60)
         enqueue(END_OF_ROUND, timeout=60)
+        self.cpu_seconds += time.process_time() - cpu
         for conn in self.conns:
             if not conn.poll(60):
                 raise TimeoutError(f"{self.impl}: a reader did not finish its round in 60 s")
-            received = conn.recv()
+            received, reader_cpu = conn.recv()
             if received != batch:
                 raise AssertionError(f"{self.impl}: a reader got {received} of {batch}")
+            self.cpu_seconds += reader_cpu
+        self.messages += batch
+
+    def reset_cpu(self) -> None:
+        self.cpu_seconds, self.messages = 0.0, 0
+
+    def cpu_per_message_us(self) -> float:
+        return self.cpu_seconds / max(1, self.messages) * 1e6
 
     def close(self) -> None:
         try:
@@ -138,29 +157,38 @@ class Pipeline:
 
 
 class Results:
-    """Messages per second and MB/s per (scenario, implementation), for the summary."""
+    """Messages per second, MB/s and CPU per message by (scenario, implementation)."""
 
     def __init__(self) -> None:
         self.rates: dict[tuple[str, str], tuple[float, float]] = {}
+        self.cpu_us: dict[tuple[str, str], float] = {}
 
-    def record(self, benchmark: Any, scenario: str, impl: str, batch: int, size: int) -> None:
+    def record(self, benchmark: Any, scenario: str, impl: str, batch: int, size: int,
+               pipeline: Pipeline | None = None) -> None:
         seconds = benchmark.stats.stats.mean
         rate = batch / seconds
         self.rates[(scenario, impl)] = (rate, rate * size / 1e6)
         benchmark.extra_info.update(messages_per_round=batch, payload_bytes=size,
                                     messages_per_s=round(rate), megabytes_per_s=round(
                                         rate * size / 1e6))
+        if pipeline is not None:
+            self.cpu_us[(scenario, impl)] = pipeline.cpu_per_message_us()
+            benchmark.extra_info["cpu_us_per_message"] = round(pipeline.cpu_per_message_us(), 1)
 
     def summary(self) -> list[str]:
         lines = ["", "ring benchmarks (mean of rounds):"]
         for (scenario, impl), (rate, mbps) in sorted(self.rates.items()):
-            lines.append(f"  {scenario:<18} {impl:<18} {rate:>12,.0f} msg/s {mbps:>10,.0f} MB/s")
+            cpu = self.cpu_us.get((scenario, impl))
+            lines.append(f"  {scenario:<18} {impl:<18} {rate:>12,.0f} msg/s {mbps:>10,.0f} MB/s"
+                         + (f" {cpu:>10,.1f} CPU us/msg" if cpu is not None else ""))
         small = {impl: rate for (s, impl), (rate, _) in self.rates.items() if s == "1KiB-2readers"}
+        cpus = {impl: cpu for (s, impl), cpu in self.cpu_us.items() if s == "1KiB-2readers"}
         if "vllm" in small:
             for impl in ("reference", "reference-msgspec"):
                 if impl in small:
                     lines.append(f"  {impl} / vllm at 1 KiB, 2 readers: "
-                                 f"{small[impl] / small['vllm']:.2f}x (target >= 3x)")
+                                 f"{small[impl] / small['vllm']:.2f}x msg/s (target >= 3x), "
+                                 f"{cpus['vllm'] / cpus[impl]:.2f}x less CPU per message")
         for size in BANDWIDTH_SIZES:
             scenario = f"{size // MIB}MiB-1reader"
             base = self.rates.get((scenario, "memcpy"))
@@ -211,8 +239,9 @@ def test_messages_1kib_two_readers(benchmark: Any, pipelines: dict[tuple[str, st
     pipeline = get_pipeline(pipelines, impl, "small")
     payload = b"x" * SMALL
     pipeline.round(payload, batch)  # warm up
+    pipeline.reset_cpu()
     benchmark.pedantic(pipeline.round, args=(payload, batch), rounds=ROUNDS, iterations=1)
-    results.record(benchmark, "1KiB-2readers", impl, batch, SMALL)
+    results.record(benchmark, "1KiB-2readers", impl, batch, SMALL, pipeline)
 
 
 @pytest.mark.parametrize("size", BANDWIDTH_SIZES, ids=lambda size: f"{size // MIB}MiB")
@@ -225,8 +254,9 @@ def test_bandwidth_one_reader(benchmark: Any, pipelines: dict[tuple[str, str], P
     pipeline = get_pipeline(pipelines, impl, "bandwidth")
     array = numpy.frombuffer(bytes(range(256)) * (size // 256), dtype=numpy.uint8)
     pipeline.round(array, batch)  # warm up
+    pipeline.reset_cpu()
     benchmark.pedantic(pipeline.round, args=(array, batch), rounds=ROUNDS, iterations=1)
-    results.record(benchmark, f"{size // MIB}MiB-1reader", impl, batch, size)
+    results.record(benchmark, f"{size // MIB}MiB-1reader", impl, batch, size, pipeline)
 
 
 @pytest.mark.parametrize("size", BANDWIDTH_SIZES, ids=lambda size: f"{size // MIB}MiB")

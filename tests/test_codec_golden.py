@@ -7,6 +7,7 @@ with vLLM 0.33.0's own encoders.
 from __future__ import annotations
 
 import pytest
+
 from enginewire.conformance.golden import GOLDEN_DIR, check_vector, load_vectors
 from enginewire.reference.codec import Codec
 

@@ -16,6 +16,11 @@ import pytest
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from vllm.lora.request import LoRARequest  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.v1 import engine as vllm_engine  # noqa: E402
+from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder, UtilityResult  # noqa: E402
+
 from enginewire.conformance.golden import (  # noqa: E402
     as_sent,
     cases,
@@ -29,10 +34,6 @@ from enginewire.conformance.vllm_target import VllmCodec  # noqa: E402
 from enginewire.reference import structs as S  # noqa: E402
 from enginewire.reference.codec import Codec  # noqa: E402
 from enginewire.spec import load  # noqa: E402
-from vllm.lora.request import LoRARequest  # noqa: E402
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.v1 import engine as vllm_engine  # noqa: E402
-from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder, UtilityResult  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -193,6 +194,89 @@ def test_multimodal_request_both_ways() -> None:
     assert elems["embeds"].field == item["embeds"].field
     assert elems["grid"].field == item["grid"].field
     assert torch.equal(elems["pixel_values"].data, item["pixel_values"].data)
+
+
+#: Nested tensors (tensors.nested-tensors) of a multimodal field: (case, data factory). The
+#: tensors are 8 bytes (inline) or 256 and 400 bytes (out of band at the default threshold).
+NESTED_TENSORS = {
+    "inline": lambda: [torch.arange(2, dtype=torch.int32), [torch.ones(1), 3, -0.5], []],
+    "out-of-band": lambda: [torch.zeros(256, dtype=torch.uint8),
+                            [torch.arange(100, dtype=torch.float32)], 7],
+    "mixed": lambda: [[torch.ones(2, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.int32)],
+                      torch.tensor(1.5), (torch.arange(3),)],
+    "number": lambda: 2.25,
+    "cached (None)": lambda: None,
+}
+
+
+def _nested_request(data: Any) -> Any:
+    from vllm.multimodal.inputs import (
+        MultiModalBatchedField,
+        MultiModalFeatureSpec,
+        MultiModalFieldElem,
+        MultiModalKwargsItem,
+        PlaceholderRange,
+    )
+
+    item = MultiModalKwargsItem({
+        "image_sizes": MultiModalFieldElem(data=data, field=MultiModalBatchedField()),
+    })
+    feature = MultiModalFeatureSpec(data=item, modality="image", identifier="img-0",
+                                    mm_position=PlaceholderRange(offset=1, length=2))
+    return vllm_engine.EngineCoreRequest(
+        "r", [1, 2, 3], [feature], SamplingParams(max_tokens=3), None, 0.5, None, None, None)
+
+
+def _as_lists(data: Any) -> Any:
+    """Nested tensors as they come back: tuples become lists."""
+    if isinstance(data, list | tuple):
+        return [_as_lists(item) for item in data]
+    return data
+
+
+@pytest.mark.parametrize("case", sorted(NESTED_TENSORS))
+def test_multimodal_nested_tensors_both_ways(case: str) -> None:
+    data = NESTED_TENSORS[case]()
+    request = _nested_request(data)
+    frames = _bytes(MsgpackEncoder().encode(request))
+    assert (len(frames) > 1) == (case in ("out-of-band", "mixed"))
+    codec = Codec()
+    mine = codec.decode("add", [vllm_engine.EngineCoreRequestType.ADD.value, *frames])
+    got = mine.mm_features[0].data["image_sizes"].data
+    # Tensors come back as tensors at every depth, not as [dtype, shape, data] arrays.
+    assert differences(_as_lists(data), got) == []
+    assert _bytes(codec.encode("add", mine))[1:] == frames
+    back = MsgpackDecoder(vllm_engine.EngineCoreRequest).decode(
+        _bytes(codec.encode("add", mine))[1:])
+    assert differences(_as_lists(data), back.mm_features[0].data["image_sizes"].data) == []
+
+
+def test_multimodal_item_with_a_list_holding_one_oob_tensor() -> None:
+    """vLLM's frames for a list holding one 256-byte tensor (out of band) decode, where a
+    list[any] type once left the index dangling (frames.oob-count-matches)."""
+    from vllm.multimodal.inputs import (
+        MultiModalBatchedField,
+        MultiModalFeatureSpec,
+        MultiModalFieldElem,
+        MultiModalKwargsItem,
+        PlaceholderRange,
+    )
+
+    tensor = torch.zeros(256, dtype=torch.uint8)
+    item = MultiModalKwargsItem({"x": MultiModalFieldElem(data=[tensor],
+                                                          field=MultiModalBatchedField())})
+    feature = MultiModalFeatureSpec(data=item, modality="image", identifier="i",
+                                    mm_position=PlaceholderRange(offset=0, length=1))
+    frames = _bytes(MsgpackEncoder().encode(feature))
+    assert frames == [bytes.fromhex(
+        "85a46461746181a17882a4646174619193a575696e743891cd010001a56669656c6492a762617463686564"
+        "81ab6b6565705f6f6e5f637075c2a86d6f64616c697479a5696d616765aa6964656e746966696572a169ab"
+        "6d6d5f706f736974696f6e83a66f666673657400a66c656e67746801a869735f656d626564c0a76d6d5f68"
+        "617368c0"), bytes(256)]
+    decoded = Codec().decode("MultiModalFeatureSpec", frames)
+    (got,) = decoded.data["x"].data
+    assert torch.equal(got, tensor)
+    assert _bytes(Codec().encode("MultiModalFeatureSpec", decoded)) == frames
 
 
 # --- tensors, every dtype, both thresholds ------------------------------------------------------

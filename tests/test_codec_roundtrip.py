@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from enginewire.reference import codec as codec_module
 from enginewire.reference import structs as S
 from enginewire.reference.codec import Codec, Message

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+
 from enginewire.reference import structs as S
 from enginewire.reference.codec import Codec
 from enginewire.reference.errors import FramingError, PayloadError, ProtocolError, TensorError
@@ -191,6 +192,104 @@ def test_tuple_struct_missing_a_required_element() -> None:
     output = ["r", [1], [array, array]]
     _expect(PayloadError, "structs.tuple.array",
             lambda: CODEC.decode("EngineCoreOutputs", [pack([0, [output]])]))
+
+
+# msgspec's ValidationError -> the clause, decided by what the spec declares at its path.
+_REQUEST = ["r", None, None, {}, None, 0.5, None, None, None]
+
+
+def _at(raw: list[Any], index: int, value: Any) -> list[Any]:
+    changed = list(raw)
+    changed[index] = value
+    return changed
+
+
+def _output_raw(**fields: Any) -> bytes:
+    """EngineCoreOutputs with one output whose fields (by position) are overridden."""
+    output: list[Any] = ["r", [1]] + [None] * 10
+    for index, value in fields.items():
+        output[int(index.removeprefix("f"))] = value
+    return pack([0, [output]])
+
+
+VALIDATION_CASES = [
+    # (kind, msgpack frame, clause)
+    ("LateChunkingParams", pack(["seven"]), "structs.array.type-checked"),
+    ("LateChunkingParams", pack({"chunk_size": 7}), "structs.array.type-checked"),
+    ("LateChunkingParams", pack("seven"), "structs.array.type-checked"),
+    ("LateChunkingParams", pack(None), "structs.array.type-checked"),
+    ("LateChunkingParams", pack([None]), "structs.none.nil"),
+    ("EngineCoreRequest", pack("not-this-type"), "structs.array.type-checked"),
+    ("EngineCoreRequest", pack(_at(_REQUEST, 0, None)), "structs.none.nil"),
+    ("EngineCoreRequest", pack(_at(_REQUEST, 5, "late")), "structs.array.type-checked"),
+    # A field of a map-encoded struct inside the array struct: the general clause.
+    ("EngineCoreRequest", pack(_at(_REQUEST, 3, {"n": "two"})), "frames.payload-matches-type"),
+    ("EngineCoreRequest", pack(_at(_REQUEST, 3, {"n": None})), "structs.none.nil"),
+    # An element of a list field: the general clause; nil there: none.nil.
+    ("EngineCoreRequest", pack(_at(_REQUEST, 1, [1, "x"])), "frames.payload-matches-type"),
+    ("EngineCoreRequest", pack(_at(_REQUEST, 1, [1, None])), "structs.none.nil"),
+    # A map value and a map key of the wrong type.
+    ("SamplingParams", pack({"logit_bias": {1: "x"}}), "frames.payload-matches-type"),
+    ("SamplingParams", pack({"logit_bias": {"1": 0.5}}), "frames.payload-matches-type"),
+    # An array struct nested in an array struct, sent as a map or cut short.
+    ("EngineCoreOutputs", pack([0, [], None, 0.0, {"call_id": 1}]), "structs.array.type-checked"),
+    ("EngineCoreOutputs", pack([0, [], None, 0.0, []]),
+     "structs.array.missing-required-rejected"),
+    # Tuple structs: too short, too long, wrong type of a whole tuple in an array struct field.
+    ("UtilityResult", pack([None]), "structs.tuple.array"),
+    ("UtilityResult", pack([None, None, 0]), "structs.tuple.extra-elements-rejected"),
+    ("UtilityResult", pack("x"), "frames.payload-matches-type"),
+    ("EngineCoreOutputs", _output_raw(f2="x"), "structs.array.type-checked"),
+    # A fixed-length tuple type that is no struct: the general clause.
+    ("utility", pack([0, 1, "m"]), "frames.payload-matches-type"),
+]
+
+
+@pytest.mark.parametrize(("kind", "frame", "clause"), VALIDATION_CASES,
+                         ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(VALIDATION_CASES)])
+def test_validation_errors_name_the_clause_of_the_declared_type(
+    kind: str, frame: bytes, clause: str
+) -> None:
+    frames = [b"\x03", frame] if kind == "utility" else [frame]
+    _expect(PayloadError, clause, lambda: CODEC.decode(kind, frames))
+
+
+def test_utility_result_type_info_checked_in_every_kind_that_holds_one() -> None:
+    result = pack([["builtins", "int"], 1])
+    _expect(PayloadError, "structs.utility-result.type-info-insecure-only",
+            lambda: CODEC.decode("UtilityResult", [result]))
+    _expect(PayloadError, "structs.utility-result.type-info-insecure-only",
+            lambda: CODEC.decode("UtilityOutput", [pack([1, None, [["builtins", "int"], 1]])]))
+    assert INSECURE.decode("UtilityResult", [result]) == S.UtilityResult(["builtins", "int"], 1)
+    _expect(PayloadError, "structs.utility-result.type-info-insecure-only",
+            lambda: CODEC.encode("UtilityResult", S.UtilityResult(["builtins", "int"], 1)))
+
+
+def _element(data: Any) -> dict[str, Any]:
+    return {"data": data, "field": ["batched", {"keep_on_cpu": False}]}
+
+
+@pytest.mark.parametrize("data", ["text", True, {"k": 1}, [1, "x"], [[None]], b"\x00",
+                                  Ext(3, bytes(4))])
+def test_nested_tensors_hold_only_tensors_numbers_and_arrays(data: Any) -> None:
+    _expect(TensorError, "tensors.nested-tensors",
+            lambda: CODEC.decode("MultiModalFieldElem", [pack(_element(data))]))
+
+
+def test_nested_tensors_array_starting_with_a_string_is_a_tensor_tuple() -> None:
+    decoded = CODEC.decode("MultiModalFieldElem", [pack(_element(["uint8", [2], 1])),
+                                                   b"\x07\x09"])
+    assert decoded.data.tolist() == [7, 9]
+    _expect(TensorError, "tensors.tuple-layout",
+            lambda: CODEC.decode("MultiModalFieldElem", [pack(_element(["uint8", [2]]))]))
+
+
+def test_encoder_refuses_nested_tensors_of_other_types() -> None:
+    field = ("batched", S.MultiModalBatchedField())
+    for data in (np.zeros(2), "text", True, [1, {"k": 1}]):
+        element = S.MultiModalFieldElem(data=data, field=field)
+        _expect(TensorError, "tensors.nested-tensors",
+                lambda e=element: CODEC.encode("MultiModalFieldElem", e))
 
 
 @pytest.mark.parametrize("factory", ["flat_from_sizes", "build_elems", "batched"])

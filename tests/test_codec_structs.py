@@ -7,6 +7,7 @@ import typing
 
 import msgspec
 import pytest
+
 from enginewire.conformance.samples import CONTEXTUAL, Sampler
 from enginewire.conformance.values import build, complete, differences, neutral
 from enginewire.reference import structs

@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pytest
+
 from enginewire.reference import structs as S
 from enginewire.reference.codec import Codec
 from enginewire.reference.tensors import TORCH_ITEMSIZE, TORCH_TO_NUMPY, WireTensor, vocabulary
@@ -300,6 +301,45 @@ def test_wire_tensors_encode_like_torch_tensors() -> None:
     assert decoded.prompt_embeds == wire
     assert torch.equal(decoded.prompt_embeds.to_torch(), tensor)
     np.testing.assert_array_equal(decoded.prompt_embeds.to_numpy(), tensor.numpy())
+
+
+# --- nested tensors (tensors.nested-tensors) -------------------------------------------------
+
+
+def _feature(data: Any) -> Any:
+    element = S.MultiModalFieldElem(data=data, field=("batched", S.MultiModalBatchedField()))
+    return S.MultiModalFeatureSpec(data={"x": element}, modality="image", identifier="i",
+                                   mm_position=S.PlaceholderRange(offset=0, length=1))
+
+
+@pytest.mark.parametrize("mode", ["torch", "wire"])
+def test_nested_tensors_round_trip_inline_and_out_of_band(mode: str) -> None:
+    small = torch.arange(3, dtype=torch.int16)
+    big = torch.arange(80, dtype=torch.float32)
+    data = [small, [big, 2, [0.5, []]], big.reshape(8, 10)]
+    codec = Codec(tensors=mode)
+    frames = [_as_bytes(f) for f in codec.encode("MultiModalFeatureSpec", _feature(data))]
+    assert len(frames) == 3  # the two 320-byte tensors go out of band, in order
+    raw = msgspec.msgpack.decode(frames[0], ext_hook=msgspec.msgpack.Ext)["data"]["x"]["data"]
+    assert raw[0][:2] == ["int16", [3]] and isinstance(raw[0][2], msgspec.msgpack.Ext)
+    assert raw[1][0] == ["float32", [80], 1] and raw[2] == ["float32", [8, 10], 2]
+    assert raw[1][1:] == [2, [0.5, []]]
+    got = codec.decode("MultiModalFeatureSpec", frames).data["x"].data
+    tensor_type = torch.Tensor if mode == "torch" else WireTensor
+    assert isinstance(got[0], tensor_type) and isinstance(got[1][0], tensor_type)
+    assert got[1][1:] == [2, [0.5, []]]
+    as_torch = (lambda t: t) if mode == "torch" else (lambda t: t.to_torch())
+    assert torch.equal(as_torch(got[2]), big.reshape(8, 10))
+    again = [_as_bytes(f) for f in codec.encode("MultiModalFeatureSpec",
+                                                 codec.decode("MultiModalFeatureSpec", frames))]
+    assert again == frames
+
+
+@pytest.mark.parametrize("data", [7, -1.5, None, []])
+def test_nested_tensors_numbers_none_and_empty(data: Any) -> None:
+    frames = Codec().encode("MultiModalFeatureSpec", _feature(data))
+    assert len(frames) == 1
+    assert Codec().decode("MultiModalFeatureSpec", frames).data["x"].data == data
 
 
 def test_wire_tensor_numpy_twins() -> None:

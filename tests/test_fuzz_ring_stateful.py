@@ -24,13 +24,12 @@ from collections import deque
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
     invariant,
-    precondition,
     rule,
 )
 
@@ -96,7 +95,6 @@ class RingMachine(RuleBasedStateMachine):
         #: Per reader: overflow messages its subscriber socket has received, in order.
         self.subscribed: list[deque[tuple[bytes, ...]]] = [deque() for _ in range(n_reader)]
         self.stalled = [False] * n_reader
-        self.refused = 0
 
     # --- model queries ---------------------------------------------------------------------
 
@@ -126,13 +124,14 @@ class RingMachine(RuleBasedStateMachine):
             f"writer {'claimed' if claimed else 'refused'} chunk {chunk} although the model "
             f"says it is {'full' if full else 'free'}")
         if not claimed:
-            self.refused += 1
+            event("writer found the ring full" + (" and timed out" if with_timeout else ""))
             return
         # ring.writer.wait-writable: never overwrite a chunk a reader has not read.
         assert not self._unread_by_someone(chunk)
         offset = self.writer.chunk_offset()
         overflow = needs_overflow(list(buffers), self.layout.max_chunk_bytes)
         assert overflow == (framed_size(list(buffers)) > self.layout.max_chunk_bytes)
+        event("overflow" if overflow else "framed in the chunk")
         if overflow:
             self.memory.store(offset, 1)
         else:
@@ -194,6 +193,8 @@ class RingMachine(RuleBasedStateMachine):
         try:
             chunk = self.memory.read(reader.chunk_offset(), self.layout.max_chunk_bytes)
             if raise_mid_read:
+                event("reader raised mid-read" + (" on an overflow chunk" if expected.overflow
+                                                  else ""))
                 raise MidRead(chunk[:1])
             decoded = decode_chunk(chunk)
             if not decoded.overflow:
@@ -215,7 +216,6 @@ class RingMachine(RuleBasedStateMachine):
                 got = delivered
         return got
 
-    @precondition(lambda self: self.layout is not None)
     @rule(data=st.data())
     def dequeue(self, data: st.DataObject) -> None:
         ready = [r for r, stalled in enumerate(self.stalled) if not stalled]
@@ -230,13 +230,11 @@ class RingMachine(RuleBasedStateMachine):
             assert got == expected.buffers, (
                 f"reader {rank} got another message than #{expected.seq}")
 
-    @precondition(lambda self: self.layout is not None)
     @rule(data=st.data())
     def reader_raises_mid_read(self, data: st.DataObject) -> None:
         rank = data.draw(st.sampled_from(range(len(self.readers))), label="reader")
         self._take(rank, raise_mid_read=True)
 
-    @precondition(lambda self: self.layout is not None)
     @rule(data=st.data())
     def stall_or_resume(self, data: st.DataObject) -> None:
         rank = data.draw(st.sampled_from(range(len(self.readers))), label="reader")

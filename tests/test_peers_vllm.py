@@ -3,9 +3,9 @@
 With ``client_addresses`` the client binds its input ROUTER and output PULL there and skips
 the handshake channel entirely: it only waits for one ready-response frame per engine identity
 (ranks 0..data_parallel_size-1) on the input ROUTER. So the reference engines are started with
-the input/output addresses directly (no HELLO/init/READY). Nothing here needs a GPU or a model:
-``VllmConfig(device_config=DeviceConfig(device="cpu"))`` plus a stand-in ``model_config``
-carrying the two attributes the client reads (``max_model_len``, ``multimodal_config``).
+the input/output addresses directly (no HELLO/init/READY). Nothing here needs a GPU or a model;
+the client set-up is :mod:`enginewire.conformance.vllm_frontend`'s, shared with the ``vllm``
+conformance target.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import zmq
+
+from enginewire.conformance.vllm_frontend import client_config, make_client, ready_timeout
 from enginewire.reference import codec, structs
 from enginewire.reference.addresses import ipc_address, ipc_path, remove_ipc_file
 from enginewire.reference.engine import (
@@ -53,17 +54,7 @@ class Setup:
     """A vLLM client config, the client's two ipc addresses and the engines serving them."""
 
     def __init__(self, tmp_path: Path, dp_size: int, **engine_options: Any) -> None:
-        from vllm.config import DeviceConfig, ParallelConfig, VllmConfig
-
-        self.config = VllmConfig(
-            device_config=DeviceConfig(device="cpu"),
-            parallel_config=ParallelConfig(data_parallel_size=dp_size),
-        )
-        # VllmConfig validates assignment; the client needs only these two attributes.
-        object.__setattr__(
-            self.config, "model_config",
-            SimpleNamespace(max_model_len=2048, multimodal_config=None),
-        )
+        self.config = client_config(dp_size, max_model_len=2048)
         self.input_address, self.output_address = ipc_address(), ipc_address()
         self.engines: list[EngineProcess] = []
         self.logs = []
@@ -76,14 +67,7 @@ class Setup:
             ), stderr=log))
 
     def client(self) -> Any:
-        from vllm.v1.engine.core_client import AsyncMPClient
-        from vllm.v1.executor import Executor
-
-        return AsyncMPClient(
-            self.config, Executor, False,
-            client_addresses={"input_address": self.input_address,
-                              "output_address": self.output_address},
-        )
+        return make_client(self.config, self.input_address, self.output_address)
 
     def close(self) -> list[str]:
         """Stop the engines and remove the ipc files the client left; returns those files."""
@@ -99,9 +83,7 @@ class Setup:
 
 
 @pytest.fixture
-def setups(tmp_path, monkeypatch) -> Iterator[Any]:
-    # The client reads this module global for each ready-response wait (default 600 s).
-    monkeypatch.setattr("vllm.v1.engine.core_client.VLLM_ENGINE_READY_TIMEOUT_S", int(TIMEOUT))
+def setups(tmp_path) -> Iterator[Any]:
     made: list[Setup] = []
 
     def make(dp_size: int = 1, **engine_options: Any) -> Setup:
@@ -109,7 +91,9 @@ def setups(tmp_path, monkeypatch) -> Iterator[Any]:
         made.append(setup)
         return setup
 
-    yield make
+    # The client reads this module global for each ready-response wait (default 600 s).
+    with ready_timeout(int(TIMEOUT)):
+        yield make
     for setup in made:
         setup.close()
 

@@ -292,7 +292,7 @@ def test_wait_until_ready_times_out_without_readers(ring_env: RingEnv) -> None:
 
 
 def test_reader_blocked_on_the_notify_socket_wakes_on_a_write(ring_env: RingEnv) -> None:
-    policy = WaitPolicy(block_after_s=0.0, recheck_s=30.0)
+    policy = WaitPolicy(yield_for_s=0.0, poll_min_s=30.0, recheck_s=30.0)
     writer = MessageQueue(1, 1, ipc_dir=ring_env.ipc_dir, max_chunk_bytes=64)
     reader = MessageQueue.create_from_handle(writer.export_handle(), 0, wait=policy)
     with writer, reader:
@@ -308,7 +308,7 @@ def test_reader_blocked_on_the_notify_socket_wakes_on_a_write(ring_env: RingEnv)
         writer.enqueue("wake up", timeout=1)
         thread.join(STEP_TIMEOUT)
         assert got == ["wake up"]
-        assert time.monotonic() - started < 5  # woken, not rescued by the 30 s recheck
+        assert time.monotonic() - started < 5  # woken, not rescued by the 30 s poll timeout
 
 
 def test_shutdown_wakes_a_waiting_reader(ring_env: RingEnv) -> None:

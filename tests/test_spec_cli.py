@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from enginewire.cli import main
 from enginewire.spec import load
 from enginewire.spec.loader import DATA_DIR
 from enginewire.spec.schema import SURFACE_SCHEMAS
-
-from enginewire.cli import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

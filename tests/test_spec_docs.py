@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
 from enginewire.spec import Spec, load
 from enginewire.spec.loader import DATA_DIR
 from enginewire.spec.render import GENERATED_MARK, render_pages, run_docs

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+
 from enginewire.spec import load, parse_type
 from enginewire.spec.drift import (
     ROOT_CLASSES,
@@ -25,6 +26,7 @@ from enginewire.spec.drift import (
     StructInfo,
     compare,
     describe_vllm,
+    notes,
     run_diff,
 )
 from enginewire.spec.loader import DATA_DIR, Spec
@@ -233,6 +235,24 @@ def test_installed_vllm_is_described_by_introspection(installed) -> None:
 
 
 @pytest.mark.vllm
+def test_annotations_narrower_than_the_wire_are_compared_as_sent_with_notes(installed) -> None:
+    def field(qualname: str, name: str) -> FieldInfo:
+        info = installed.classes[qualname]
+        assert isinstance(info, StructInfo)
+        return next(f for f in info.fields if f.name == name)
+
+    # NestedTensors is the grammar's nested_tensors; the encoder writes nil for data=None.
+    assert field("vllm.multimodal.inputs:MultiModalFieldElem", "data").type == \
+        "nested_tensors | none"
+    # publisher is declared None and made 'null' by __post_init__: the string travels.
+    publisher = field("vllm.config.kv_events:KVEventsConfig", "publisher")
+    assert (publisher.type, publisher.default) == ("str", '"null"')
+    found = notes(load(), installed)
+    assert [n.split(":", 1)[0] for n in found] == ["KVEventsConfig.publisher",
+                                                   "MultiModalFieldElem.data"]
+
+
+@pytest.mark.vllm
 def test_moved_field_in_spec_copy_fails_diff(installed, tmp_path, capsys) -> None:
     data = copy_spec(tmp_path)
 
@@ -280,3 +300,4 @@ def test_cli_diff_against_vllm_exits_0() -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no differences" in result.stdout
+    assert "note: MultiModalFieldElem.data: annotated 'nested_tensors'" in result.stdout

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from enginewire.spec import Spec, SpecError, load
 from enginewire.spec.loader import DATA_DIR
 from enginewire.spec.schema import SURFACE_SCHEMAS, EnumSpec, StructSpec
@@ -135,6 +136,25 @@ def test_version_selects_clauses_and_fields(data_dir: Path) -> None:
     assert [f.name for f in new.struct("ZzProbe").fields] == ["request_id", "count", "late"]
 
 
+def test_defaults_that_fit_their_types_load(data_dir: Path) -> None:
+    fields = {
+        "an_int": ("int", "-3"), "a_float_from_int": ("float", "2"), "a_float": ("float", "0.5"),
+        "a_bool": ("bool", "false"), "a_str": ("str", '"x"'), "nullable": ("str | none", "null"),
+        "any_value": ("any", '{"k": [1, null]}'), "a_list": ("list[int | none]", "[1, null]"),
+        "a_map": ("dict[str, float]", '{"a": 1}'), "a_pair": ("tuple[int, str]", '[1, "b"]'),
+        "an_enum": ("FinishReason", "1"), "a_union": ("int | str | none", '"s"'),
+        "a_struct": ("PrefixCacheStats", '{"hits": 3}'),
+        "numbers": ("nested_tensors", "[1, [2.5]]"),
+    }
+    text = PROBE_STRUCT + "".join(
+        f"\n[[fields]]\nname = {name!r}\ntype = {kind!r}\ndefault = {default!r}\n"
+        for name, (kind, default) in fields.items()
+    ) + '\n[[fields]]\nname = "ids"\ntype = "set[int] | none"\ndefault_factory = "set"\n'
+    (data_dir / "structs" / "ZzProbe.toml").write_text(text)
+    probe = load(data_dir=data_dir).struct("ZzProbe")
+    assert [f.name for f in probe.fields][2:] == [*fields, "ids"]
+
+
 # --- malformed spec files ------------------------------------------------------------------
 
 Breaker = Callable[[Path], None]
@@ -247,6 +267,49 @@ MALFORMED: dict[str, tuple[Breaker, str, str | None, str | None, str]] = {
     "default not JSON": (
         _probe_fields('[[fields]]\nname = "x"\ntype = "int | none"\ndefault = "None"\n'),
         "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default", "not a JSON literal",
+    ),
+    "null default for a type without none": (
+        lambda data: replace_once(data / "structs" / "KVEventsConfig.toml",
+                                  'default = "\\"null\\""', 'default = "null"'),
+        "structs/KVEventsConfig.toml", None, r"fields\[1\] \(publisher\)\.default",
+        "null for type 'str', which does not include none",
+    ),
+    "string default for an int": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "int"\ndefault = "\\"7\\""\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default", '"7" is not of type int',
+    ),
+    "float default for an int": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "int | none"\ndefault = "1.5"\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default",
+        "1.5 fits no member of 'int \\| none'",
+    ),
+    "bool default for a float": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "float"\ndefault = "true"\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default", "true is not of type float",
+    ),
+    "object default for a list": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "list[int]"\ndefault = "{}"\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default", "is not an array",
+    ),
+    "wrong element in a list default": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "list[str]"\ndefault = "[\\"a\\", 1]"\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default", "1 is not of type str",
+    ),
+    "enum default outside the enum": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "FinishReason"\ndefault = "99"\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default",
+        "99 is not a value of enum FinishReason",
+    ),
+    "struct default with an unknown field": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "PrefixCacheStats"\n'
+                      'default = "{\\"nope\\": 1}"\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default",
+        "PrefixCacheStats has no fields \\['nope'\\]",
+    ),
+    "default_factory for another container": (
+        _probe_fields('[[fields]]\nname = "x"\ntype = "list[int]"\ndefault_factory = "dict"\n'),
+        "structs/ZzProbe.toml", None, r"fields\[0\] \(x\)\.default_factory",
+        "default_factory 'dict' does not build type 'list\\[int\\]'",
     ),
     "required field with a default": (
         _probe_fields('[[fields]]\nname = "x"\ntype = "int"\nrequired = true\ndefault = "0"\n'),

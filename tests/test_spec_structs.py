@@ -15,9 +15,10 @@ from typing import NamedTuple
 
 import msgspec
 import pytest
+from msgspec import msgpack
+
 from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructSpec
-from msgspec import msgpack
 
 # (name, default) in vLLM 0.33.0's declaration order; None = required.
 ENGINE_CORE_REQUEST = [

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from enginewire.spec import TypeExpr, parse_type
-from enginewire.spec.types import BUILTINS, TypeSyntaxError
 from hypothesis import given
 from hypothesis import strategies as st
+
+from enginewire.spec import TypeExpr, parse_type
+from enginewire.spec.types import BUILTINS, TypeSyntaxError
 
 
 def test_builtin_name() -> None:

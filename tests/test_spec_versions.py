@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from enginewire.spec import VersionRange
-from enginewire.spec.versions import VersionError, format_version, parse_version
 from hypothesis import given
 from hypothesis import strategies as st
+
+from enginewire.spec import VersionRange
+from enginewire.spec.versions import VersionError, format_version, parse_version
 
 
 def test_parse_version_pads_to_three_parts() -> None:

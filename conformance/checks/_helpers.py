@@ -1,8 +1,10 @@
-"""Building blocks the check modules share: calling a codec with evidence on failure."""
+"""Building blocks the check modules share: calling a codec with evidence on failure,
+reading socket options, running a blocking call on a thread."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from enginewire.conformance.registry import CheckFailure, Reproduction
@@ -133,3 +135,68 @@ def field_value(value: Any, name: str) -> Any:
     if isinstance(value, dict):
         return value[name]
     return getattr(value, name)
+
+
+def _socket_types(sockets: list[tuple[str, Any]]) -> list[tuple[str, str, Any]]:
+    import zmq
+
+    names = {zmq.ROUTER: "ROUTER", zmq.DEALER: "DEALER", zmq.PUSH: "PUSH", zmq.PULL: "PULL"}
+    return [(channel, names.get(sock.getsockopt(zmq.TYPE), "other"), sock)
+            for channel, sock in sockets]
+
+
+def check_high_water_marks(sockets: list[tuple[str, Any]], who: str) -> None:
+    """Every ROUTER/DEALER/PUSH/PULL in ``sockets`` has the spec's high-water marks of 0."""
+    import zmq
+
+    wanted = {"ROUTER": ("SNDHWM", "RCVHWM"), "DEALER": ("SNDHWM", "RCVHWM"),
+              "PUSH": ("SNDHWM",), "PULL": ("RCVHWM",)}
+    seen = {}
+    problems = []
+    for channel, kind, sock in _socket_types(sockets):
+        for option in wanted.get(kind, ()):
+            value = sock.getsockopt(getattr(zmq, option))
+            seen[f"{channel} {kind} {option}"] = value
+            if value != 0:
+                problems.append(f"the {channel} {kind} has {option} {value}")
+    if not seen:
+        raise CheckFailure(f"the {who} exposed no ROUTER, DEALER, PUSH or PULL socket",
+                           Reproduction(notes={"sockets": [c for c, _ in sockets]}))
+    if problems:
+        raise CheckFailure(f"{problems[0]}, expected 0" + (
+            f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            Reproduction(notes={"options": seen}))
+
+
+class Background:
+    """Run ``func`` in a thread; :meth:`result` re-raises what it raised."""
+
+    def __init__(self, func: Callable[[], Any], name: str) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(func,), name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self, func: Callable[[], Any]) -> None:
+        try:
+            self._value = func()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def exception(self, timeout: float, what: str) -> BaseException | None:
+        """Wait for ``func``; what it raised, or None when it returned."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise CheckFailure(f"{what} did not finish within {timeout:g} s")
+        return self._error
+
+    def result(self, timeout: float, what: str) -> Any:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise CheckFailure(f"{what} did not finish within {timeout:g} s")
+        if self._error is not None:
+            raise CheckFailure(f"{what} raised {type(self._error).__name__}: {self._error}")
+        return self._value

@@ -703,11 +703,13 @@ def _enum_unknown(codec: Any, ctx: Any) -> None:
 
 @check("codec.enum.name-rejected", clauses=["structs.enum.value"], surface="codec")
 def _enum_name(codec: Any, ctx: Any) -> None:
-    """A finish_reason sent by name ("LENGTH") is rejected."""
+    """A finish_reason sent by name ("LENGTH") is rejected. A str where the array-encoded
+    EngineCoreOutput has an int field also breaks structs.array.type-checked."""
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
     wire[_index(ctx.spec, OUTPUT, "finish_reason")] = "LENGTH"
     expect_rejection(codec, OUTPUT, [msgspec.msgpack.encode(wire)],
-                     ["structs.enum.value", GENERAL], "finish_reason 'LENGTH'")
+                     ["structs.enum.value", "structs.array.type-checked", GENERAL],
+                     "finish_reason 'LENGTH'")
 
 
 @check("codec.dict.int-keys", clauses=["structs.enum.dict-keys"], surface="codec")

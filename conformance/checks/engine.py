@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from enginewire.conformance.checks._helpers import check_high_water_marks
 from enginewire.conformance.peers import (
     ENGINE_CORE_DEAD,
     HandshakeProblem,
@@ -584,3 +585,19 @@ def _dies(engine: Any, ctx: Any) -> None:
         if front.output_sockets[client].poll(500):
             raise CheckFailure(f"output {client} carried a message after ENGINE_CORE_DEAD",
                                Reproduction(received=front.output_sockets[client].recv_multipart()))
+
+
+# --- transport -------------------------------------------------------------------------------
+
+
+@check("engine.transport.high-water-marks-zero", clauses=["transport.hwm-zero"],
+       surface="engine", requires=["engine.sockets"], timeout=PEER_TIMEOUT)
+def _hwm_options(engine: Any, ctx: Any) -> None:
+    """After the handshake the engine's DEALERs and PUSHes have high-water marks of 0.
+
+    Read with getsockopt: an engine's high-water marks block, never drop, so nothing outside
+    it can see them."""
+    front = _frontend(ctx)
+    peer = _launch(engine, ctx, front)
+    _handshake(front, ctx)
+    check_high_water_marks(list(engine.zmq_sockets(peer)), "engine")

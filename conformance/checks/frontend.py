@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from enginewire.conformance.checks._helpers import check_high_water_marks
 from enginewire.conformance.peers import ENGINE_CORE_DEAD, SuiteEngine, decode
 from enginewire.conformance.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.samples import minimal_request
@@ -64,21 +65,45 @@ def _start(frontend: Any, ctx: Any, engine_count: int = 1) -> tuple[Any, Fronten
     return client, launch
 
 
+def _has_handshake(ctx: Any) -> bool:
+    """False for a front end that skips the handshake channel (``targets.MODES``)."""
+    return ctx.target.applies("frontend.handshake")
+
+
 def _engine(ctx: Any, launch: FrontendLaunch, rank: int = 0, **options: Any) -> SuiteEngine:
-    engine = SuiteEngine(ctx.spec, str(ctx.tmpdir), launch.handshake_address, rank, **options)
+    address = launch.handshake_address if _has_handshake(ctx) else None
+    engine = SuiteEngine(ctx.spec, str(ctx.tmpdir), address, rank, **options)
     ctx.on_cleanup(engine.close)
     return engine
 
 
-def _running(frontend: Any, ctx: Any, engine_count: int = 1) -> tuple[Any, list[SuiteEngine]]:
-    """A front end whose handshake with ``engine_count`` suite engines completed."""
+def _connected(engine: SuiteEngine, launch: FrontendLaunch, ctx: Any) -> None:
+    """Bring ``engine`` to the point where only its ready response is missing: HELLO, init,
+    connect (and READY, which a front end must not take for ready without the response), or
+    with a front end without a handshake channel, connect to its addresses directly."""
+    if not _has_handshake(ctx):
+        engine.connect_direct(launch.input_address, launch.output_address)
+        return
+    engine.hello()
+    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.ready()
+
+
+def _running(frontend: Any, ctx: Any, engine_count: int = 1,
+             **engine_options: Any) -> tuple[Any, list[SuiteEngine]]:
+    """A front end whose start-up with ``engine_count`` suite engines completed (the
+    handshake, or for a front end without a handshake channel, the ready responses)."""
     client, launch = _start(frontend, ctx, engine_count)
     waiter = _Waiter(client, ctx.wait(10.0))
     engines = []
     for rank in range(engine_count):
-        engine = _engine(ctx, launch, rank)
+        engine = _engine(ctx, launch, rank, **engine_options)
         try:
-            engine.start(ctx.wait(8.0))
+            if _has_handshake(ctx):
+                engine.start(ctx.wait(8.0))
+            else:
+                engine.connect_direct(launch.input_address, launch.output_address)
+                engine.send_ready_response()
         except TimeoutError as exc:
             raise CheckFailure(f"engine {rank}: {exc}") from exc
         engines.append(engine)
@@ -105,7 +130,7 @@ def _request(engine: SuiteEngine, ctx: Any, what: str) -> list[bytes]:
 @check("frontend.handshake.init-answers-hello", clauses=["handshake.init-answers-hello",
                                                          "handshake.init-addresses",
                                                          "transport.frontend-binds"],
-       surface="frontend", timeout=PEER_TIMEOUT)
+       surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _init(frontend: Any, ctx: Any) -> None:
     """HELLO gets one init frame: EngineHandshakeMetadata with one input and one output."""
     client, launch = _start(frontend, ctx)
@@ -132,7 +157,7 @@ def _init(frontend: Any, ctx: Any) -> None:
 
 
 @check("frontend.handshake.parallel-config-empty", clauses=["handshake.init-parallel-config"],
-       surface="frontend", timeout=PEER_TIMEOUT)
+       surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _parallel_config(frontend: Any, ctx: Any) -> None:
     """Without coordinated DP, init's parallel_config is an empty map."""
     client, launch = _start(frontend, ctx)
@@ -152,10 +177,7 @@ def _waits_ready_response(frontend: Any, ctx: Any) -> None:
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(12.0))
     engine = _engine(ctx, launch)
-    engine.hello()
-    init = decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec)
-    engine.connect(init)
-    engine.ready()
+    _connected(engine, launch, ctx)
     time.sleep(0.6)
     if waiter.done():
         raise CheckFailure("wait_ready returned before any ready response")
@@ -174,10 +196,8 @@ def _empty_ready_response(frontend: Any, ctx: Any) -> None:
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(10.0))
     engine = _engine(ctx, launch)
-    engine.hello()
-    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    _connected(engine, launch, ctx)
     engine.send_ready_response(raw=b"")
-    engine.ready()
     waiter.join(ctx.wait(8.0))
 
 
@@ -189,11 +209,10 @@ def _every_engine(frontend: Any, ctx: Any) -> None:
     client, launch = _start(frontend, ctx, engine_count=2)
     waiter = _Waiter(client, ctx.wait(12.0))
     first = _engine(ctx, launch, 0)
-    first.start(ctx.wait(8.0))
+    _connected(first, launch, ctx)
+    first.send_ready_response()
     second = _engine(ctx, launch, 1)
-    second.hello()
-    second.connect(decode(second.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
-    second.ready()
+    _connected(second, launch, ctx)
     time.sleep(0.6)
     if waiter.done():
         raise CheckFailure("wait_ready returned while engine 1 had sent no ready response")
@@ -204,6 +223,7 @@ def _every_engine(frontend: Any, ctx: Any) -> None:
 def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
                     send: Any) -> None:
     @check(check_id, clauses=clauses, surface="frontend", timeout=PEER_TIMEOUT,
+           requires=["frontend.handshake"],
            description=f"the front end does not answer {what}")
     def _run(frontend: Any, ctx: Any) -> None:
         client, launch = _start(frontend, ctx)
@@ -238,7 +258,7 @@ _rejected_hello("frontend.handshake.garbage-hello", ["handshake.message-keys",
 
 
 @check("frontend.handshake.second-hello", clauses=["handshake.frontend.unexpected-event"],
-       surface="frontend", timeout=PEER_TIMEOUT)
+       surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _second_hello(frontend: Any, ctx: Any) -> None:
     """A second HELLO (the engine is already CONNECTED) gets no second init."""
     client, launch = _start(frontend, ctx)
@@ -343,17 +363,24 @@ def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list
     return outcome, frames
 
 
-def _call_survives(client: Any, engine: SuiteEngine, ctx: Any, after: str) -> None:
-    """A utility call must succeed after ``after``; one call may first fail reporting the bad
-    message (a front end may raise the violation from the next call), the one after may not."""
+def _call_survives(client: Any, engine: SuiteEngine, ctx: Any, after: str,
+                   sent: list[bytes]) -> None:
+    """A utility call must succeed after ``after`` (the frames ``sent``); one call may first
+    fail reporting the bad message (a front end may raise the violation from the next call),
+    the one after may not."""
     errors = []
     for attempt in range(2):
-        outcome, _ = _utility(client, engine, ctx, "still_there", [], result=attempt)
+        try:
+            outcome, _ = _utility(client, engine, ctx, "still_there", [], result=attempt)
+        except CheckFailure as exc:
+            raise CheckFailure(f"after {after}, {exc.message}", Reproduction(
+                sent=sent, notes={"then": "call_utility('still_there') and its reply"},
+            )) from exc
         if outcome.get("value") == attempt and "error" not in outcome:
             return
         errors.append(outcome.get("error"))
     raise CheckFailure(f"after {after} the front end's calls keep failing: "
-                       f"{type(errors[-1]).__name__}: {errors[-1]}")
+                       f"{type(errors[-1]).__name__}: {errors[-1]}", Reproduction(sent=sent))
 
 
 @check("frontend.utility.call-and-reply", clauses=["frames.utility-payload",
@@ -389,9 +416,9 @@ def _failure(frontend: Any, ctx: Any) -> None:
 def _stray(frontend: Any, ctx: Any) -> None:
     """A reply to no pending call does not resolve a later call, nor break the front end."""
     client, (engine,) = _running(frontend, ctx)
-    engine.reply(987654321, result="stray")
+    sent = engine.reply(987654321, result="stray")
     time.sleep(0.2)
-    _call_survives(client, engine, ctx, "a reply to a call that was never made")
+    _call_survives(client, engine, ctx, "a reply to a call that was never made", sent)
 
 
 # --- outputs ---------------------------------------------------------------------------------
@@ -442,8 +469,9 @@ def _garbage_output(frontend: Any, ctx: Any) -> None:
     client, (engine,) = _running(frontend, ctx)
     client.add_request(minimal_request("req-g"), 0)
     _request(engine, ctx, "add_request")
-    engine.push_raw([b"\xc1 not msgpack"])
-    engine.push({"outputs": [{"request_id": "req-g", "new_token_ids": [3], "finish_reason": 1}]})
+    sent = engine.push_raw([b"\xc1 not msgpack"])
+    sent += engine.push({"outputs": [{"request_id": "req-g", "new_token_ids": [3],
+                                      "finish_reason": 1}]})
     deadline = time.monotonic() + ctx.wait(6.0)
     while time.monotonic() < deadline:
         try:
@@ -454,17 +482,67 @@ def _garbage_output(frontend: Any, ctx: Any) -> None:
             continue
         if any(o["request_id"] == "req-g" for o in got.get("outputs") or []):
             return
-    raise CheckFailure("after a malformed output message, the next outputs never came")
+    raise CheckFailure("after a malformed output message, the next outputs never came",
+                       Reproduction(sent=sent, notes={"frames": "a malformed message, then an "
+                                                      "EngineCoreOutputs for req-g"}))
 
 
 @check("frontend.outputs.dead-near-miss", clauses=["frames.engine-core-dead-literal"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _near_miss(frontend: Any, ctx: Any) -> None:
-    """'ENGINE_CORE_DEAD' plus a second frame is not the sentinel: the front end lives on."""
+    """'ENGINE_CORE_DEAD' plus a second frame is not the sentinel: the engine is not dead.
+
+    Reading it may fail as a malformed message (see frontend.outputs.garbage-survived), but
+    the front end's next request still reaches the engine."""
     client, (engine,) = _running(frontend, ctx)
-    engine.push_raw([ENGINE_CORE_DEAD, b""])
-    time.sleep(0.2)
-    _call_survives(client, engine, ctx, "a two-frame near-miss of ENGINE_CORE_DEAD")
+    sent = engine.push_raw([ENGINE_CORE_DEAD, b""])
+    try:
+        client.next_outputs(ctx.wait(1.0))
+    except ConnectionError as exc:
+        raise CheckFailure("a two-frame near-miss of ENGINE_CORE_DEAD made the front end "
+                           f"report the engine dead: {exc}", Reproduction(sent=sent)) from exc
+    except Exception:  # noqa: BLE001 - a timeout or a rejection of the malformed message
+        pass
+    try:
+        client.add_request(minimal_request("req-after-near-miss"), 0)
+    except ConnectionError as exc:
+        raise CheckFailure("after a two-frame near-miss of ENGINE_CORE_DEAD the front end "
+                           f"refused to send: {exc}", Reproduction(sent=sent)) from exc
+    frames = _request(engine, ctx, "a request after a near-miss of ENGINE_CORE_DEAD")
+    if decode(frames[1:], "EngineCoreRequest", ctx.spec)["request_id"] != "req-after-near-miss":
+        raise CheckFailure("the engine got another request", Reproduction(received=frames))
+
+
+@check("frontend.outputs.dead-fails-pending-call", clauses=["frames.engine-core-dead-fatal"],
+       surface="frontend", timeout=PEER_TIMEOUT)
+def _dead_fails_call(frontend: Any, ctx: Any) -> None:
+    """A utility call waiting when ENGINE_CORE_DEAD arrives fails at once.
+
+    It must not be left waiting for a reply that cannot come."""
+    import threading
+
+    client, (engine,) = _running(frontend, ctx)
+    outcome: dict[str, Any] = {}
+    call_timeout = ctx.wait(15.0)
+
+    def call() -> None:
+        try:
+            outcome["value"] = client.call_utility("never_answered", [], 0, call_timeout)
+        except BaseException as exc:  # noqa: BLE001
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=call, daemon=True, name="pending utility call")
+    caller.start()
+    _request(engine, ctx, "call_utility('never_answered')")
+    sent = engine.push_raw([ENGINE_CORE_DEAD])
+    caller.join(min(5.0, ctx.wait(5.0)))
+    if caller.is_alive():
+        raise CheckFailure("a utility call waiting when ENGINE_CORE_DEAD came was still "
+                           "waiting 5 s later", Reproduction(sent=sent, notes={
+                               "before": "call_utility('never_answered'), no reply"}))
+    if "error" not in outcome:
+        raise CheckFailure(f"the pending call returned {outcome.get('value')!r} after "
+                           "ENGINE_CORE_DEAD", Reproduction(sent=sent))
 
 
 @check("frontend.outputs.engine-core-dead", clauses=["frames.engine-core-dead-fatal",
@@ -512,3 +590,117 @@ def _type_bytes(frontend: Any, ctx: Any) -> None:
     if seen[:3] != [b"\x00", b"\x01", b"\x03"] or any(
             t not in (b"\x00", b"\x01", b"\x03") for t in seen):
         raise CheckFailure(f"type frames seen: {[t.hex() for t in seen]}, expected 00 01 03")
+
+
+# --- transport ---------------------------------------------------------------------------------
+
+#: More messages than ZMQ's default high-water mark (1000) lets a ROUTER queue for one peer.
+HWM_BURST = 3000
+
+
+@check("frontend.transport.no-drop-at-high-water-mark", clauses=["transport.hwm-zero"],
+       surface="frontend", timeout=60.0)
+def _no_drop(frontend: Any, ctx: Any) -> None:
+    """3000 aborts sent while the engine does not read all arrive once it reads.
+
+    The suite's engine receives with a high-water mark of 1, so what it does not read piles up
+    at the front end's input ROUTER; a ROUTER with ZMQ's default SNDHWM (1000) silently drops
+    what does not fit, one with SNDHWM 0 queues it all.
+    """
+    client, (engine,) = _running(frontend, ctx, input_rcvhwm=1)
+    sent = [f"hwm-{index}" for index in range(HWM_BURST)]
+    for request_id in sent:
+        client.abort([request_id], 0)
+    time.sleep(0.5)
+    seen: list[str] = []
+    while engine.inputs[0].poll(int(ctx.wait(1.0) * 1000)):
+        frames = engine.inputs[0].recv_multipart()
+        if frames[0] == b"\x01":
+            seen.extend(msgspec.msgpack.decode(frames[1]))
+    if seen != sent:
+        missing = [r for r in sent if r not in set(seen)]
+        raise CheckFailure(
+            f"{len(seen)} of {HWM_BURST} aborts reached the engine, {len(missing)} lost while "
+            "the engine was not reading: the input ROUTER has a high-water mark",
+            Reproduction(notes={"first lost": missing[:5], "engine RCVHWM": 1}))
+
+
+@check("frontend.transport.high-water-marks-zero", clauses=["transport.hwm-zero"],
+       surface="frontend", requires=["frontend.sockets"], timeout=PEER_TIMEOUT)
+def _hwm_options(frontend: Any, ctx: Any) -> None:
+    """The front end's ROUTERs and PULL have SNDHWM/RCVHWM 0 (read with getsockopt)."""
+    client, _ = _running(frontend, ctx)
+    check_high_water_marks(list(frontend.zmq_sockets(client)), "front end")
+
+
+@check("frontend.transport.duplicate-identity-ignored",
+       clauses=["transport.identity-reuse-needs-old-connection-gone",
+                "transport.router-handover-elastic-only"],
+       surface="frontend", timeout=PEER_TIMEOUT)
+def _duplicate_identity(frontend: Any, ctx: Any) -> None:
+    """A second connection with engine 0's identity neither takes its requests nor is heard.
+
+    Without ROUTER_HANDOVER (a front end without elastic EP must not set it) the input ROUTER
+    keeps the identity bound to the first connection: the requests for engine 0 still reach
+    the engine that made it, and nothing reaches the newcomer.
+    """
+    import zmq
+
+    client, (engine,) = _running(frontend, ctx)
+    launch_input = engine.inputs[0].getsockopt_string(zmq.LAST_ENDPOINT)
+    newcomer = engine.net.socket(zmq.DEALER, engine.identity)
+    newcomer.connect(launch_input)
+    newcomer.send(b"")
+    time.sleep(0.3)
+    client.add_request(minimal_request("req-dup"), 0)
+    if newcomer.poll(int(ctx.wait(1.0) * 1000)):
+        raise CheckFailure("a request for engine 0 went to a second connection that reused "
+                           "its identity (the input ROUTER hands identities over)",
+                           Reproduction(received=newcomer.recv_multipart()))
+    frames = _request(engine, ctx, "a request for engine 0 after a duplicate connected")
+    if decode(frames[1:], "EngineCoreRequest", ctx.spec)["request_id"] != "req-dup":
+        raise CheckFailure("engine 0 got another request", Reproduction(received=frames))
+
+
+# --- coordinated data parallelism ----------------------------------------------------------
+
+
+def _coordinated(frontend: Any, ctx: Any, config_hash: str) -> tuple[_Waiter, SuiteEngine]:
+    """A coordinated front end waiting for its start-up, and its engine 0 past HELLO, init
+    and the ready response: only READY is missing."""
+    launch = FrontendLaunch(
+        handshake_address=ctx.ipc_address("fe-handshake"),
+        input_address=ctx.ipc_address("fe-input"),
+        output_address=ctx.ipc_address("fe-output"),
+        engine_count=1, parallel_config_hash=config_hash,
+    )
+    client = frontend.start_frontend(launch)
+    ctx.on_cleanup(lambda: client.stop(3.0))
+    waiter = _Waiter(client, ctx.wait(8.0))
+    engine = _engine(ctx, launch, 0)
+    engine.hello()
+    engine.connect(decode(engine.recv_init(ctx.wait(6.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.send_ready_response()
+    return waiter, engine
+
+
+@check("frontend.handshake.config-hash-checked", clauses=["handshake.config-hash-match"],
+       surface="frontend", requires=["frontend.handshake", "frontend.coordinated"],
+       timeout=40.0)
+def _config_hash(frontend: Any, ctx: Any) -> None:
+    """With coordinated DP, only a READY with the front end's parallel_config_hash counts.
+
+    A READY with another hash fails the start-up; the same READY with the front end's hash
+    completes it."""
+    config_hash = "5f0c4e3b2a1d"
+    waiter, engine = _coordinated(frontend, ctx, config_hash)
+    engine.ready(parallel_config_hash="0" * 12)
+    waiter.thread.join(ctx.wait(6.0))
+    if not waiter.thread.is_alive() and waiter.error is None:
+        raise CheckFailure("the front end completed its start-up after a READY whose "
+                           "parallel_config_hash differs from its own",
+                           Reproduction(notes={"front end's hash": config_hash,
+                                               "READY's hash": "0" * 12}))
+    waiter, engine = _coordinated(frontend, ctx, config_hash)
+    engine.ready(parallel_config_hash=config_hash)
+    waiter.join(ctx.wait(8.0))

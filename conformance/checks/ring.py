@@ -13,11 +13,11 @@ Three pairings:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from enginewire.conformance.checks._helpers import Background
 from enginewire.conformance.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.ring_peer import (
     Geometry,
@@ -71,38 +71,11 @@ def _target_readers(ring: Any, ctx: Any, handle: Any, ranks: list[int]) -> list[
     return readers
 
 
-class _Background:
-    """Run ``func`` in a thread; :meth:`result` re-raises what it raised."""
-
-    def __init__(self, func: Callable[[], Any], name: str) -> None:
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(func,), name=name, daemon=True)
-        self.thread.start()
-
-    def _run(self, func: Callable[[], Any]) -> None:
-        try:
-            self._value = func()
-        except BaseException as exc:  # noqa: BLE001 - handed to result()
-            self._error = exc
-
-    def done(self) -> bool:
-        return not self.thread.is_alive()
-
-    def result(self, timeout: float, what: str) -> Any:
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            raise CheckFailure(f"{what} did not finish within {timeout:g} s")
-        if self._error is not None:
-            raise CheckFailure(f"{what} raised {type(self._error).__name__}: {self._error}")
-        return self._value
-
-
 def _ready(ctx: Any, writer: Any, readers: list[Any]) -> None:
     """The collective start: the writer waits for every subscription, readers for READY."""
     budget = ctx.wait(8.0)
-    waits = [_Background(lambda w=writer: w.wait_until_ready(budget), "writer ready")]
-    waits += [_Background(lambda r=r: r.wait_until_ready(budget), "reader ready")
+    waits = [Background(lambda w=writer: w.wait_until_ready(budget), "writer ready")]
+    waits += [Background(lambda r=r: r.wait_until_ready(budget), "reader ready")
               for r in readers]
     for index, wait in enumerate(waits):
         wait.result(budget + 1.0, "the writer's wait_until_ready" if index == 0
@@ -180,7 +153,7 @@ def _ready_subscriptions(ring: Any, ctx: Any) -> None:
     """With 2 readers, the writer publishes READY only once both have subscribed."""
     writer = _target_writer(ring, ctx, 2)
     first = _suite_readers(ctx, writer.handle, [0])[0]
-    waiting = _Background(lambda: writer.wait_until_ready(ctx.wait(8.0)), "writer ready")
+    waiting = Background(lambda: writer.wait_until_ready(ctx.wait(8.0)), "writer ready")
     time.sleep(0.6)
     if waiting.done():
         waiting.result(0, "the writer's wait_until_ready")
@@ -387,9 +360,9 @@ def _read_all(reader: Any, count: int, ctx: Any, rank: int) -> list[Any]:
 def _stream_through(writer: Any, readers: list[Any], ctx: Any, messages: list[Any]) -> None:
     """Enqueue ``messages`` while every reader reads them, each in its own thread; check FIFO
     order, no loss, no duplicate."""
-    sender = _Background(lambda: [writer.enqueue(m, timeout=ctx.wait(8.0)) for m in messages],
+    sender = Background(lambda: [writer.enqueue(m, timeout=ctx.wait(8.0)) for m in messages],
                          "writer")
-    results = [_Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}")
+    results = [Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}")
                for i, r in enumerate(readers)]
     for rank, background in enumerate(results):
         background.thread.join(ctx.wait(20.0))
@@ -513,9 +486,12 @@ def _ipc_files(ring: Any, ctx: Any) -> None:
         writer.close()
     if not all(a.startswith("ipc://") for a in addresses):
         raise CheckFailure(f"local addresses {addresses} are not ipc://")
-    left = [a for a in addresses if os.path.exists(a[len("ipc://"):])]
+    names = ("subscribe", "notify")
+    left = [n for n, a in zip(names, addresses, strict=True)
+            if os.path.exists(a[len("ipc://"):])]
     if left:
-        raise CheckFailure(f"socket files left after close: {left}")
+        raise CheckFailure(f"{len(left)} of the writer's 2 ipc socket files are left after "
+                           "close", Reproduction(notes={"left": " and ".join(left)}))
 
 
 class _RemoteReader:
@@ -651,7 +627,7 @@ def _reader_ready(ring: Any, ctx: Any) -> None:
     """A reader's wait_until_ready subscribes, and returns only once READY is published."""
     writer = _suite_writer(ctx, 1)
     (reader,) = _target_readers(ring, ctx, writer.handle, [0])
-    waiting = _Background(lambda: reader.wait_until_ready(ctx.wait(8.0)), "reader ready")
+    waiting = Background(lambda: reader.wait_until_ready(ctx.wait(8.0)), "reader ready")
     message = writer.xpub.recv_multipart() if writer.xpub.poll(
         int(ctx.wait(5.0) * 1000)) else None
     if not message or message[0][:1] != b"\x01":
@@ -680,7 +656,8 @@ def _reads_chunk(ring: Any, ctx: Any) -> None:
         raise CheckFailure(f"read {got!r}, expected {message!r}")
 
 
-@check("ring.reader.sets-own-flag-only", clauses=["ring.reader.release-after-read",
+@check("ring.reader.sets-own-flag-only", clauses=["ring.reader.only-own-flag",
+                                                  "ring.reader.release-after-read",
                                                   "ring.handle.local-reader-rank",
                                                   "ring.layout.local-reader-index"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
@@ -831,7 +808,7 @@ def _lost_notify(ring: Any, ctx: Any) -> None:
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
     _ready(ctx, writer, readers)
-    waiting = _Background(lambda: readers[0].dequeue(timeout=ctx.wait(20.0)), "dequeue")
+    waiting = Background(lambda: readers[0].dequeue(timeout=ctx.wait(20.0)), "dequeue")
     time.sleep(1.5)
     writer.enqueue("silent", ctx.wait(5.0), notify=False)
     got = waiting.result(ctx.wait(20.0), "a dequeue whose notification was lost")

@@ -3,12 +3,12 @@
 Flag discipline (:class:`FlagDiscipline`) is checked every time a store becomes visible to the
 other threads (at once under ``sc``, when it drains under ``tso``/``weak``), on the memory all
 threads share. It is the ring's state machine (``states`` in ``spec/data/ring.toml``: chunk
-metadata is always NOT_WRITTEN ``0...``, WRITTEN ``10..0``, PARTLY_READ or READ_BY_ALL ``11..1``)
-read as rules about who may change which flag in which state:
+metadata is always not-written ``0...``, written ``10..0``, partly-read, or read-by-all ``11..1``)
+read as rules about who may change which flag in which state (ring.state.four-states):
 
 - every flag is 0 or 1 (ring.state.flag-values);
 - only the writer stores the written flag; it sets it to 0 (claims the chunk) only when the
-  chunk is NOT_WRITTEN or READ_BY_ALL (ring.writer.wait-writable), and to 1 only when every
+  chunk is not-written or read-by-all (ring.writer.wait-writable), and to 1 only when every
   read flag is 0 and the chunk's data is visible (ring.writer.read-flags-cleared-before-written,
   ring.writer.fence-before-written);
 - the writer stores read flags (to 0) and chunk data only while the chunk's written flag is 0
@@ -21,12 +21,13 @@ End-to-end properties (what each reader received) are checked by :func:`describe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from enginewire.reference.errors import RingError
-from enginewire.reference.ring.protocol import classify
+from enginewire.reference.ring.protocol import ChunkState, classify
 
-from .model import AddressMap, Region
+from .model import AddressMap, Place, Region
 
 WRITER = "writer"
 
@@ -63,101 +64,114 @@ class FlagDiscipline:
         amap = self.amap
         hi = lo + len(data)
         first = amap.place(lo)
-        who = "the writer" if role == WRITER else f"reader r{rank}"
         if first.region is Region.DATA:
             last = amap.place(hi - 1)
-            where = amap.describe(lo, hi)
             if last.region is not Region.DATA or last.chunk != first.chunk:
                 return ("out-of-chunk", "ring.framing.within-chunk",
-                        f"{who} stores past the end of chunk {first.chunk}: {where}")
+                        f"{_who(role, rank)} stores past the end of chunk {first.chunk}: "
+                        f"{amap.describe(lo, hi)}")
             if role != WRITER:
                 return ("reader-writes", "ring.reader.only-own-flag",
-                        f"{who} stores into {where}")
+                        f"{_who(role, rank)} stores into {amap.describe(lo, hi)}")
             chunk = first.chunk
-            if memory[amap.written_flag(chunk)] == 1:
-                if self._pending_flag(pending, amap.written_flag(chunk), 0):
-                    return ("fill-before-claim", "ring.writer.clear-written-before-fill",
-                            f"{where} became visible while chunk {chunk} is still published "
-                            "(written flag = 1): the writer's claim (written flag = 0) is still "
-                            "in its store buffer, no fence between the claim and the fill")
-                return ("fill-published", "ring.writer.clear-written-before-fill",
-                        f"the writer stores into {where} while chunk {chunk} is published "
-                        "(written flag = 1)")
-            return None
+            if memory[amap.written_flag(chunk)] != 1:
+                return None
+            where = amap.describe(lo, hi)
+            if self._pending_flag(pending, amap.written_flag(chunk), 0):
+                return ("fill-before-claim", "ring.writer.clear-written-before-fill",
+                        f"{where} became visible while chunk {chunk} is still published "
+                        "(written flag = 1): the writer's claim (written flag = 0) is still in "
+                        "its store buffer, no fence between the claim and the fill")
+            return ("fill-published", "ring.writer.clear-written-before-fill",
+                    f"the writer stores into {where} while chunk {chunk} is published "
+                    "(written flag = 1)")
         row_lo, row_hi = amap.row(first.chunk)
         row = bytearray(memory[row_lo:row_hi])
         for offset, value in zip(range(lo, hi), data, strict=True):
             place = amap.place(offset)
-            if (place.chunk != first.chunk) or place.region is Region.DATA:
+            if place.chunk != first.chunk or place.region is Region.DATA:
                 return ("out-of-chunk", "ring.layout.metadata-region",
-                        f"{who} stores across metadata rows: {amap.describe(lo, hi)}")
-            chunk = place.chunk
-            name = amap.describe(offset, offset + 1)
-            flags = " ".join(str(b) for b in row[1:])
-            if value not in (0, 1):
-                return ("flag-value", "ring.state.flag-values",
-                        f"{who} stores {value} into {name}; a flag is 0 or 1")
-            written = row[0]
-            reads = row[1:]
-            if place.region is Region.WRITTEN_FLAG:
-                if role != WRITER:
-                    return ("foreign-flag", "ring.reader.only-own-flag",
-                            f"{who} stores {value} into {name}")
-                if value == 1:
-                    data_lo = amap.layout.chunk_offset(chunk)
-                    data_hi = data_lo + amap.chunk_bytes
-                    if any(p_lo < data_hi and data_lo < p_lo + len(p_data)
-                           for p_lo, p_data in pending):
-                        return ("publish-before-data", "ring.writer.fence-before-written",
-                                f"{name} = 1 became visible before the chunk's data: the "
-                                "writer's data stores are still in its store buffer, no fence "
-                                "between the data and the written flag")
-                    if any(reads):
-                        if any(self._pending_flag(pending, row_lo + 1 + r, 0)
-                               for r in range(len(reads))):
-                            detail = ("the writer's read-flag clears are still in its store "
-                                      "buffer, no fence between them and the written flag")
-                        else:
-                            detail = "the writer sets the written flag before clearing them"
-                        return ("publish-with-read-flags",
-                                "ring.writer.read-flags-cleared-before-written",
-                                f"{name} = 1 became visible while read flags are {flags}: "
-                                f"{detail}; chunk {chunk} looks read by readers that never "
-                                "read this message")
-                elif written == 1 and not all(reads):
-                    return ("claim-unread", "ring.writer.wait-writable",
-                            f"the writer claims chunk {chunk} ({name} = 0) while its read "
-                            f"flags are {flags}: not every reader has read it")
-            else:
-                reader = place.index
-                if role == WRITER:
-                    if value != 0:
-                        return ("writer-sets-read-flag", "ring.reader.only-own-flag",
-                                f"the writer stores 1 into {name}")
-                    if written == 1:
-                        if self._pending_flag(pending, row_lo, 0):
-                            return ("clear-before-claim", "ring.writer.clear-written-before-fill",
-                                    f"{name} = 0 became visible while chunk {chunk} is still "
-                                    "published: the writer's claim (written flag = 0) is still "
-                                    "in its store buffer, no fence after the claim; readers see "
-                                    "the chunk as newly written while it holds old data")
-                        return ("clear-while-published",
-                                "ring.writer.read-flags-cleared-before-written",
-                                f"the writer clears {name} while chunk {chunk} is published "
-                                "(written flag = 1): the read flags must be cleared before the "
-                                "written flag is set")
-                else:
-                    if reader != rank:
-                        return ("foreign-flag", "ring.reader.only-own-flag",
-                                f"{who} stores {value} into {name}")
-                    if value != 1:
-                        return ("reader-clears-flag", "ring.reader.only-own-flag",
-                                f"{who} stores 0 into its own read flag ({name})")
-                    if written == 0:
-                        return ("release-unpublished", "ring.reader.readable-iff",
-                                f"{who} marks chunk {chunk} read while it is not published "
-                                "(written flag = 0)")
+                        f"{_who(role, rank)} stores across metadata rows: "
+                        f"{amap.describe(lo, hi)}")
+            found = self._check_flag(row, row_lo, place, offset, value, role, rank, pending)
+            if found is not None:
+                return found
             row[offset - row_lo] = value
+        return None
+
+    def _check_flag(self, row: bytearray, row_lo: int, place: Place, offset: int, value: int,
+                    role: str, rank: int | None,
+                    pending: Sequence[tuple[int, bytes]]) -> Finding | None:
+        amap = self.amap
+        chunk = place.chunk
+        written = row[0]
+        reads = row[1:]
+
+        def name() -> str:
+            return amap.describe(offset, offset + 1)
+
+        def flags() -> str:
+            return " ".join(str(b) for b in reads)
+
+        if value not in (0, 1):
+            return ("flag-value", "ring.state.flag-values",
+                    f"{_who(role, rank)} stores {value} into {name()}; a flag is 0 or 1")
+        if place.region is Region.WRITTEN_FLAG:
+            if role != WRITER:
+                return ("foreign-flag", "ring.reader.only-own-flag",
+                        f"{_who(role, rank)} stores {value} into {name()}")
+            if value == 1:
+                data_lo = amap.layout.chunk_offset(chunk)
+                data_hi = data_lo + amap.chunk_bytes
+                if pending and any(p_lo < data_hi and data_lo < p_lo + len(p_data)
+                                   for p_lo, p_data in pending):
+                    return ("publish-before-data", "ring.writer.fence-before-written",
+                            f"{name()} = 1 became visible before the chunk's data: the writer's "
+                            "data stores are still in its store buffer, no fence between the "
+                            "data and the written flag")
+                if any(reads):
+                    if any(self._pending_flag(pending, row_lo + 1 + r, 0)
+                           for r in range(len(reads))):
+                        detail = ("the writer's read-flag clears are still in its store "
+                                  "buffer, no fence between them and the written flag")
+                    else:
+                        detail = "the writer sets the written flag before clearing them"
+                    return ("publish-with-read-flags",
+                            "ring.writer.read-flags-cleared-before-written",
+                            f"{name()} = 1 became visible while read flags are {flags()}: "
+                            f"{detail}; chunk {chunk} looks read by readers that never read "
+                            "this message")
+            elif written == 1 and not all(reads):
+                return ("claim-unread", "ring.writer.wait-writable",
+                        f"the writer claims chunk {chunk} ({name()} = 0) while its read flags "
+                        f"are {flags()}: not every reader has read it")
+            return None
+        if role == WRITER:
+            if value != 0:
+                return ("writer-sets-read-flag", "ring.state.flag-values",
+                        f"the writer stores 1 into {name()}")
+            if written != 1:
+                return None
+            if self._pending_flag(pending, row_lo, 0):
+                return ("clear-before-claim", "ring.writer.clear-written-before-fill",
+                        f"{name()} = 0 became visible while chunk {chunk} is still published: "
+                        "the writer's claim (written flag = 0) is still in its store buffer, no "
+                        "fence after the claim; readers see the chunk as newly written while "
+                        "it holds old data")
+            return ("clear-while-published", "ring.writer.read-flags-cleared-before-written",
+                    f"the writer's clear of {name()} became visible while chunk {chunk} is "
+                    "published (written flag = 1): the read flags must be cleared, and "
+                    "visible, before the written flag is set")
+        if place.index != rank:
+            return ("foreign-flag", "ring.reader.only-own-flag",
+                    f"{_who(role, rank)} stores {value} into {name()}")
+        if value != 1:
+            return ("reader-clears-flag", "ring.reader.only-own-flag",
+                    f"{_who(role, rank)} stores 0 into its own read flag ({name()})")
+        if written == 0:
+            return ("release-unpublished", "ring.reader.readable-iff",
+                    f"{_who(role, rank)} marks chunk {chunk} read while it is not published "
+                    "(written flag = 0)")
         return None
 
     def transition(self, memory: bytearray, lo: int, data: bytes) -> str:
@@ -178,11 +192,25 @@ class FlagDiscipline:
                    for p_lo, p_data in pending)
 
 
+def _who(role: str, rank: int | None) -> str:
+    return "the writer" if role == WRITER else f"reader r{rank}"
+
+
+@functools.cache
+def spec_state_names() -> dict[ChunkState, str]:
+    """Each chunk state's name in the ``states`` table of the ring spec (matched by pattern)."""
+    from enginewire.spec import load
+
+    by_pattern = {state.pattern: state.name for state in load().surface("ring").states}
+    return {state: by_pattern.get(state.value, state.name.lower().replace("_", "-"))
+            for state in ChunkState}
+
+
 def _state_name(row: bytes) -> str:
     try:
-        return classify(row).name
+        return spec_state_names()[classify(row)]
     except RingError:
-        return "INVALID"
+        return "invalid"
 
 
 def describe_receipt(payloads: Sequence[bytes], index: int, payload: bytes

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +143,8 @@ class Node:
     children: dict[bytes, Node] | None = None
     #: The values the thread's loads returned before this operation.
     history: tuple[bytes, ...] = ()
+    #: The load before this one on the thread's path (loads only).
+    previous: Node | None = None
 
 
 class ThreadMemory:
@@ -149,10 +152,12 @@ class ThreadMemory:
     while the explorer records it: loads return the given values in order; the first load
     past them ends the run."""
 
-    __slots__ = ("_feed", "_fed", "ops", "_ids", "_stopped", "_since_load")
+    __slots__ = ("_feed", "_fed", "_expected", "ops", "_ids", "_stopped", "_since_load")
 
-    def __init__(self, feed: tuple[bytes, ...], ids: itertools.count) -> None:
+    def __init__(self, feed: tuple[bytes, ...], expected: Sequence[tuple[str, int, int]],
+                 ids: itertools.count) -> None:
         self._feed = feed
+        self._expected = expected
         self._fed = 0
         self.ops: list[Node] = []
         self._ids = ids
@@ -173,11 +178,11 @@ class ThreadMemory:
         if self._stopped:
             raise _Stop
         if self._fed < len(self._feed):
+            if self._expected[self._fed] != (kind, lo, hi):
+                raise ExplorerError("the thread's code made other accesses on a re-run with the "
+                                    "same values: it does not behave the same way twice")
             value = self._feed[self._fed]
             self._fed += 1
-            if len(value) != hi - lo:
-                raise ExplorerError("the thread's code read other bytes on a re-run with the "
-                                    "same values: it does not behave the same way twice")
             return value
         self._record(kind, lo, hi)
         self._stopped = True
@@ -231,7 +236,7 @@ class ThreadProgram:
 
     def root(self) -> Node:
         if self._root is None:
-            self._root = self._run(())
+            self._root = self._run((), None)
         return self._root
 
     def child(self, node: Node, value: bytes) -> Node:
@@ -240,12 +245,18 @@ class ThreadProgram:
         assert children is not None
         found = children.get(value)
         if found is None:
-            found = children[value] = self._run(node.history + (value,))
+            found = children[value] = self._run(node.history + (value,), node)
         return found
 
-    def _run(self, feed: tuple[bytes, ...]) -> Node:
+    def _run(self, feed: tuple[bytes, ...], last_load: Node | None) -> Node:
         self.runs += 1
-        memory = ThreadMemory(feed, self._ids)
+        expected: list[tuple[str, int, int]] = []
+        load = last_load
+        while load is not None:
+            expected.append((load.kind, load.lo, load.hi))
+            load = load.previous
+        expected.reverse()
+        memory = ThreadMemory(feed, expected, self._ids)
         context = ThreadContext(memory, self.layout, self.payloads, memory.received,
                                 self.spec.rank)
         previous = getattr(_local, "memory", None)
@@ -275,6 +286,7 @@ class ThreadProgram:
         last = ops[-1]
         if last.kind in ("load", "read"):
             last.children = {}
+            last.previous = last_load
         return ops[0]
 
 
@@ -304,6 +316,7 @@ class Simulator:
         self.check_protocol = check_protocol
         self.max_steps = max_steps
         self.discipline = FlagDiscipline(self.amap)
+        self.buffered = model.buffered
         ids = itertools.count()
         self.programs = [ThreadProgram(spec, layout, self.payloads, ids) for spec in self.specs]
         self._footprints: dict[tuple[int, str, int, int], Footprint] = {}
@@ -320,11 +333,14 @@ class Simulator:
         return world
 
     def footprint(self, owner: int, kind: str, lo: int, hi: int) -> Footprint:
+        """What an action touches; a store also reads what the flag-discipline check reads
+        (when that check is on)."""
         key = (owner, kind, lo, hi)
         found = self._footprints.get(key)
         if found is None:
             if kind == "store":
-                found = Footprint(owner, self.amap.check_footprint(lo, hi), ((lo, hi),))
+                reads = self.amap.check_footprint(lo, hi) if self.check_protocol else ()
+                found = Footprint(owner, reads, ((lo, hi),))
             else:
                 found = Footprint(owner, ((lo, hi),), ())
             self._footprints[key] = found
@@ -400,15 +416,17 @@ class World:
         other.received = list(self.received)
         return other
 
-    def state_key(self, *, with_current: bool) -> tuple[Any, ...]:
+    def state_key(self, *, with_current: bool) -> bytes:
         """Identifies the state: memory, each thread's place in its tree (which fixes its
-        history, hence everything it holds) and its buffered stores."""
-        key: tuple[Any, ...] = (bytes(self.memory), tuple(node.id for node in self.nodes))
-        if self.sim.model.buffered:
-            key += (tuple(tuple(e.seq for e in buffer) for buffer in self.buffers),)
+        history, hence everything it holds) and which of its stores are still buffered."""
+        numbers = [node.id for node in self.nodes]
+        if self.sim.buffered:
+            for buffer in self.buffers:
+                numbers.append(len(buffer))
+                numbers.extend(entry.seq for entry in buffer)
         if with_current:
-            key += (self.current,)
-        return key
+            numbers.append(-1 if self.current is None else self.current)
+        return bytes(self.memory) + array("q", numbers).tobytes()
 
     # --- choices ------------------------------------------------------------------------
 
@@ -418,7 +436,7 @@ class World:
         node_action = sim.node_action
         actions = [node_action(index, node) for index, node in enumerate(self.nodes)
                    if node.kind in _GLOBAL]
-        if sim.model.buffered:
+        if sim.buffered:
             tso = sim.model is MemoryModel.TSO
             for buffer in self.buffers:
                 if not buffer:
@@ -477,12 +495,12 @@ class World:
                     parts.append(f"{name} waits on {self._describe_observed(index)}")
                 else:
                     parts.append(f"{name} waits at a {self.nodes[index].kind}")
-            self._fail("deadlock", None, "deadlock: " + "; ".join(parts), "explorer")
+            self.fail("deadlock", None, "deadlock: " + "; ".join(parts), "explorer")
             return
         for index, spec in enumerate(sim.specs):
             got = len(self.received[index])
             if spec.role == READER and got != len(sim.payloads):
-                self._fail("lost", None, f"{spec.name} ended with {got} of "
+                self.fail("lost", None, f"{spec.name} ended with {got} of "
                            f"{len(sim.payloads)} messages", spec.name)
                 return
 
@@ -493,7 +511,7 @@ class World:
         a wait, or its end."""
         sim = self.sim
         program = sim.programs[index]
-        buffered = sim.model.buffered
+        buffered = sim.buffered
         nodes = self.nodes
         while self.violation is None:
             node = nodes[index]
@@ -544,7 +562,7 @@ class World:
                 nodes[index] = node.next  # type: ignore[assignment]
             elif kind == "raise":
                 spec = sim.specs[index]
-                self._fail("exception", node.clause, f"{spec.name} raised {node.note}",
+                self.fail("exception", node.clause, f"{spec.name} raised {node.note}",
                            spec.name)
                 return
             else:
@@ -582,7 +600,7 @@ class World:
         if self.recording:
             self._event(None, index, "receive", 0, 0, payload, note)
         if kind is not None:
-            self._fail(kind, None, f"{name} received {note}", name)
+            self.fail(kind, None, f"{name} received {note}", name)
 
     # --- memory -------------------------------------------------------------------------
 
@@ -612,11 +630,10 @@ class World:
 
     def _drain(self, index: int, seq: int) -> None:
         buffer = self.buffers[index]
-        for position, entry in enumerate(buffer):
-            if entry.seq == seq:
-                break
-        else:  # pragma: no cover - actions() offers only buffered entries
+        position = next((i for i, entry in enumerate(buffer) if entry.seq == seq), None)
+        if position is None:  # pragma: no cover - actions() offers only buffered entries
             raise ExplorerError(f"thread {index} has no buffered store #{seq}")
+        entry = buffer[position]
         self.buffers[index] = buffer[:position] + buffer[position + 1:]
         self._make_visible(index, entry.lo, entry.data, pending=buffer[:position], seq=seq)
 
@@ -641,9 +658,10 @@ class World:
         self.memory[lo:hi] = data
         if finding is not None:
             kind, clause, message = finding
-            self._fail(kind, clause, message, spec.name)
+            self.fail(kind, clause, message, spec.name)
 
-    def _fail(self, kind: str, clause: str | None, message: str, actor: str) -> None:
+    def fail(self, kind: str, clause: str | None, message: str, actor: str) -> None:
+        """Record a violation (the first one of an execution stands)."""
         if self.violation is None:
             self.violation = Violation(kind, clause, message, self.step, actor)
 
@@ -715,7 +733,7 @@ def run_forward(sim: Simulator, choose: Callable[[World, list[Action]], Action |
             world.finish()
             break
         if world.step >= sim.max_steps:
-            world._fail("no-termination", None,
+            world.fail("no-termination", None,
                         f"the execution did not end within {sim.max_steps} actions", "explorer")
             break
         action = choose(world, actions)

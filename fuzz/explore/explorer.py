@@ -30,6 +30,7 @@ from .engine import (
 )
 from .model import AddressMap, MemoryModel
 from .schedule import RingConfig, Schedule
+from .shrink import shortest_schedule
 from .shrink import shrink as shrink_outcome
 from .strategies import PctStrategy, ReplayStrategy, search
 from .targets import RingTarget, resolve_target
@@ -51,6 +52,8 @@ class Finding:
     payloads: list[bytes]
     #: The PCT seed of the sampled run that found it (None for exhaustive search).
     seed: int | None = None
+    #: The checks it was found with (``all`` or ``behavior``); replay with the same.
+    check: str = "all"
 
     @property
     def steps(self) -> int:
@@ -67,7 +70,8 @@ class Finding:
         lines += ["  " + line for line in format_received(self.payloads, self.received)]
         if self.seed is not None:
             lines.append(f"found by random schedule seed {self.seed}")
-        lines.append(f"replay: enginewire explore --replay '{schedule}'")
+        check = "" if self.check == "all" else f"--check {self.check} "
+        lines.append(f"replay: enginewire explore {check}--replay '{schedule}'")
         return "\n".join(lines)
 
 
@@ -92,6 +96,8 @@ class ExploreResult:
     complete: bool
     elapsed: float
     findings: list[Finding] = field(default_factory=list)
+    #: Stopped because it reached ``max_states`` (not because of a violation).
+    limited: bool = False
     #: The trace of the last execution (replay mode only).
     events: list[Event] = field(default_factory=list)
 
@@ -100,13 +106,20 @@ class ExploreResult:
         return not self.findings
 
     def summary(self) -> str:
+        if self.complete:
+            ending = ""
+        elif self.limited:
+            ending = " (cut short at the state limit)"
+        else:
+            ending = " (stopped at the first violation)"
         if self.mode == "exhaustive":
-            scope = "every interleaving" if self.complete else "interleavings (search cut short)"
+            scope = ("every interleaving" if self.complete else "interleavings") + ending
         elif self.mode == "bounded":
-            scope = (f"every interleaving with <= {self.bound} preemption(s)" if self.complete
-                     else f"interleavings with <= {self.bound} preemption(s) (cut short)")
+            scope = (f"every interleaving with <= {self.bound} preemption(s)"
+                     if self.complete else
+                     f"interleavings with <= {self.bound} preemption(s)") + ending
         elif self.mode == "random":
-            scope = "random (PCT) schedules"
+            scope = "random (PCT) schedules" + ending
         else:
             scope = "replayed schedule"
         counts = (f"{self.states} states, {self.transitions} transitions, "
@@ -129,6 +142,7 @@ class _Session:
                  max_steps: int | None) -> None:
         if check not in CHECKS:
             raise ValueError(f"check must be one of {', '.join(CHECKS)}, got {check!r}")
+        self.check = check
         self.target = target
         self.config = config
         self.model = model
@@ -140,10 +154,19 @@ class _Session:
     def lenient(self, keys: Sequence[str]) -> Outcome:
         return run_forward(self.sim, ReplayStrategy(keys, strict=False))
 
-    def finding(self, outcome: Outcome, *, shrink: bool, seed: int | None = None) -> Finding:
+    def finding(self, outcome: Outcome, *, shrink: bool, seed: int | None = None,
+                bound: int | None = None) -> Finding:
+        """Shrink (within the preemption ``bound`` the search had, if any), replay with a
+        trace, and package one violating execution."""
         assert outcome.violation is not None
+        if shrink and outcome.violation.kind != "no-termination":
+            shorter = shortest_schedule(self.sim, outcome.violation.kind,
+                                        max_depth=outcome.violation.step - 1,
+                                        max_preemptions=bound)
+            if shorter is not None:
+                outcome = run_forward(self.sim, ReplayStrategy(shorter))
         if shrink:
-            outcome = shrink_outcome(self.lenient, outcome)
+            outcome = shrink_outcome(self.lenient, outcome, max_preemptions=bound)
         assert outcome.violation is not None
         keys = tuple(outcome.keys[:outcome.violation.step])
         final = run_forward(self.sim, ReplayStrategy(keys), recording=True)
@@ -153,7 +176,7 @@ class _Session:
         sim = self.sim
         return Finding(final.violation, Schedule(self.target.name, self.model, self.config, keys),
                        final.events, final.received, final.preemptions, sim.amap,
-                       sim.payloads, seed)
+                       sim.payloads, seed, self.check)
 
 
 def explore(target: RingTarget | str, config: RingConfig | None = None, *,
@@ -184,7 +207,7 @@ def explore(target: RingTarget | str, config: RingConfig | None = None, *,
         session = _Session(target, config, model, check, max_steps)
         sim = session.sim
         if random is not None:
-            mode, bound = "random", None
+            mode, bound, limited = "random", None, False
             horizon = session.lenient([]).steps
             executions = 0
             complete = True
@@ -217,12 +240,13 @@ def explore(target: RingTarget | str, config: RingConfig | None = None, *,
 
             stats = search(sim, bound=bound, on_violation=on_violation, max_states=max_states,
                            reduce=reduce)
-            findings = [session.finding(outcome, shrink=shrink) for outcome in found]
+            findings = [session.finding(outcome, shrink=shrink, bound=bound) for outcome in found]
             executions, states, transitions = stats.ends, stats.states, stats.transitions
-            complete = stats.complete
+            complete, limited = stats.complete, stats.limited
         runs = sim.runs
     return ExploreResult(target.name, model, config, mode, bound, executions, states,
-                         transitions, runs, complete, time.monotonic() - started, findings)
+                         transitions, runs, complete, time.monotonic() - started, findings,
+                         limited=limited)
 
 
 def replay(schedule: Schedule | str, target: RingTarget | None = None, *,
@@ -244,7 +268,7 @@ def replay(schedule: Schedule | str, target: RingTarget | None = None, *,
     findings = []
     if outcome.violation is not None:
         findings.append(Finding(outcome.violation, schedule, outcome.events, outcome.received,
-                                outcome.preemptions, sim.amap, sim.payloads))
+                                outcome.preemptions, sim.amap, sim.payloads, check=check))
     return ExploreResult(target.name, schedule.model, schedule.config, "replay", None, 1, 0,
                          outcome.steps, sim.runs, True, time.monotonic() - started, findings,
-                         outcome.events)
+                         events=outcome.events)

@@ -76,10 +76,14 @@ class AddressMap:
         self.metadata_offset = layout.metadata_offset
         self.row_size = layout.metadata_size
         self.chunk_bytes = layout.max_chunk_bytes
+        self._places = [self._locate(offset) for offset in range(self.size)]
 
     def place(self, offset: int) -> Place:
         if not 0 <= offset < self.size:
             raise ValueError(f"offset {offset} is outside the ring (0..{self.size - 1})")
+        return self._places[offset]
+
+    def _locate(self, offset: int) -> Place:
         if offset >= self.metadata_offset:
             chunk, byte = divmod(offset - self.metadata_offset, self.row_size)
             if byte == 0:

@@ -100,13 +100,14 @@ class PctStrategy:
 class SearchStats:
     """``states``: distinct states explored; ``transitions``: actions taken; ``ends``:
     executions that ran to their end (finished or violating); ``revisits``: states reached
-    again and not explored again; ``complete``: nothing left to explore."""
+    again; ``complete``: nothing left to explore; ``limited``: stopped at ``max_states``."""
 
     states: int = 0
     transitions: int = 0
     ends: int = 0
     revisits: int = 0
     complete: bool = False
+    limited: bool = False
 
 
 _AWAKE: frozenset[str] = frozenset()
@@ -128,7 +129,7 @@ def search(sim: Simulator, *, bound: int | None,
     stats = SearchStats()
     bounded = bound is not None
     sleeping = reduce and not bounded
-    visited: dict[tuple[Any, ...], Any] = {}
+    visited: dict[bytes, Any] = {}
     stack: list[list[Any]] = []
     stopped = False
 
@@ -144,7 +145,7 @@ def search(sim: Simulator, *, bound: int | None,
                 world.finish()
                 stats.ends += 1
             elif world.step >= sim.max_steps:
-                world._fail("no-termination", None,
+                world.fail("no-termination", None,
                             f"the execution did not end within {sim.max_steps} actions",
                             "explorer")
         if world.violation is not None:
@@ -213,6 +214,7 @@ def search(sim: Simulator, *, bound: int | None,
         if more:
             stack.append([child, more, 0, child_sleep])
         if max_states is not None and stats.states >= max_states:
+            stats.limited = True
             break
     stats.complete = not stack and not stopped
     return stats

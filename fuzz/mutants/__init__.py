@@ -1,1 +1,147 @@
-"""enginewire.fuzz.mutants."""
+"""The mutant catalogue: deliberately broken variants of the reference, one change each.
+
+Every mutant is modelled on a real failure and cites it. ``MUTANTS`` maps a name to a
+:class:`Mutant`; calling one returns a conformance :class:`~enginewire.conformance.targets.Target`
+(so ``enginewire check --target mutant:NAME`` works), and a flag-protocol mutant also gives the
+schedule explorer a ring target (:meth:`Mutant.explorer_target`). ``enginewire mutants`` runs
+the checks that apply to each and prints which of them kill it (:mod:`.matrix`).
+See ``docs/mutants.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from enginewire.conformance.targets import Target
+
+from . import codec, peers, ring
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken variant.
+
+    ``surface``: the conformance surface it breaks; ``conformance``: glob patterns of the
+    checks run against it (the relevant ones, not the whole suite); ``fuzz_kinds``: codec
+    kinds the fuzz campaign feeds it (empty: no campaign); ``writer_cls``/``reader_cls`` and
+    ``explorer_model``: the flag-protocol classes the explorer runs and the memory model to
+    run them under (no classes: no explorer run).
+    """
+
+    name: str
+    broken: str
+    citation: str
+    surface: str
+    make_surface: Callable[[], Any]
+    conformance: tuple[str, ...] = ()
+    fuzz_kinds: tuple[str, ...] = ()
+    writer_cls: type | None = None
+    reader_cls: type | None = None
+    explorer_model: str = "sc"
+
+    def __call__(self) -> Target:
+        return Target(name=f"mutant:{self.name}", description=self.broken,
+                      **{self.surface: self.make_surface()})
+
+    @property
+    def explorable(self) -> bool:
+        return self.writer_cls is not None or self.reader_cls is not None
+
+    def explorer_target(self) -> Any:
+        """The explorer's ring target running this mutant's writer and reader classes."""
+        from enginewire.fuzz.explore.targets import ReferenceTarget
+        from enginewire.reference.ring.protocol import RingReader, RingWriter
+
+        return ReferenceTarget(writer_cls=self.writer_cls or RingWriter,
+                               reader_cls=self.reader_cls or RingReader,
+                               name=f"mutant:{self.name}")
+
+
+#: Codec kinds the fuzz campaign feeds a codec mutant: requests, outputs and their structs.
+FUZZ_KINDS = ("add", "abort", "outputs", "EngineCoreRequest", "EngineCoreOutput")
+CODEC_CHECKS = ("codec.*",)
+RING_CHECKS = ("ring.*",)
+
+
+def _ring(**classes: Any) -> Callable[[], Any]:
+    return lambda: ring.MutantRing(**classes)
+
+
+def _engine(engine_cls: type) -> Callable[[], Any]:
+    return lambda: peers.MutantEngines(engine_cls)
+
+
+_CATALOGUE = [
+    # --- codec ---------------------------------------------------------------------------
+    Mutant("inline-threshold-inclusive",
+           "a tensor of exactly the inline threshold stays inline (<= for <)",
+           "vllm/v1/serial_utils.py MsgpackEncoder._encode_tensor (strict <)",
+           "codec", codec.InclusiveInlineThreshold, CODEC_CHECKS, FUZZ_KINDS),
+    Mutant("type-bytes-swapped", "ADD and ABORT trade request-type bytes",
+           "EngineCoreRequestType, vllm/v1/engine/__init__.py",
+           "codec", codec.SwappedTypeBytes, CODEC_CHECKS, FUZZ_KINDS),
+    Mutant("field-inserted-mid-struct",
+           "EngineCoreRequest gains a field in the middle of its array",
+           "vLLM PR 48048", "codec", codec.FieldInsertedMidStruct, CODEC_CHECKS, FUZZ_KINDS),
+    Mutant("struct-fields-swapped",
+           "EngineCoreRequest's prompt_token_ids and mm_features trade places",
+           "vLLM PR 48048 (field order drift between ends)",
+           "codec", codec.SwappedStructFields, CODEC_CHECKS, FUZZ_KINDS),
+    Mutant("negative-buffer-index", "a negative out-of-band index is read Python-style",
+           "vLLM issue 53217 (out-of-band buffers aliasing)",
+           "codec", codec.AcceptsNegativeBufferIndex, CODEC_CHECKS, FUZZ_KINDS),
+    Mutant("pickle-without-opt-in", "pickle extension values decode without the opt-in",
+           "vLLM issue 29565 (pickle is a code-execution surface)",
+           "codec", codec.PickleWithoutOptIn, CODEC_CHECKS, FUZZ_KINDS),
+    Mutant("untyped-decode-errors", "malformed frames raise ValueError without a clause",
+           "vllm/v1/engine/core.py process_input_sockets (undiagnosed decode failures)",
+           "codec", codec.UntypedDecodeErrors, CODEC_CHECKS, FUZZ_KINDS),
+    # --- ring: flag protocol -------------------------------------------------------------
+    Mutant("flag-order", "the written flag is set before the read flags are cleared",
+           "vLLM issues 27858, 29389 (weak ordering)",
+           "ring", _ring(writer_cls=ring.WrittenBeforeReadFlagsCleared), RING_CHECKS,
+           writer_cls=ring.WrittenBeforeReadFlagsCleared, explorer_model="sc"),
+    Mutant("missing-fence", "no fence between the chunk's data and the written flag",
+           "vLLM PR 30407 (fences)",
+           "ring", _ring(writer_cls=ring.NoFenceBeforeWritten), RING_CHECKS,
+           writer_cls=ring.NoFenceBeforeWritten, explorer_model="weak"),
+    Mutant("reuses-partly-read-chunk", "the writer reuses a chunk only some readers have read",
+           "vLLM issue 27858; shm_broadcast.py acquire_write (read_count == n_reader)",
+           "ring", _ring(writer_cls=ring.ReusesPartlyReadChunk), RING_CHECKS,
+           writer_cls=ring.ReusesPartlyReadChunk, explorer_model="sc"),
+    Mutant("marks-read-before-copy", "the reader marks the chunk read before copying it",
+           "vLLM issues 53217 (aliasing a released slot), 45224 (release after the read)",
+           "ring", _ring(reader_cls=ring.MarksReadBeforeCopy), RING_CHECKS,
+           reader_cls=ring.MarksReadBeforeCopy, explorer_model="sc"),
+    # --- ring: framing and waiting -------------------------------------------------------
+    Mutant("overflow-off-by-one", "the overflow test is > where vLLM has >=",
+           "shm_broadcast.py enqueue (total_bytes + len >= max_chunk_bytes)",
+           "ring", _ring(queue_cls=ring.OverflowOffByOne), RING_CHECKS),
+    Mutant("length-prefix-little-endian", "buffer count and lengths written little-endian",
+           "shm_broadcast.py enqueue (to_bytes(4, 'big'))",
+           "ring", _ring(queue_cls=ring.LittleEndianLengths), RING_CHECKS),
+    Mutant("buffer-count-one-byte", "the buffer count is one byte instead of two",
+           "shm_broadcast.py enqueue (len(buffers).to_bytes(2, 'big'))",
+           "ring", _ring(queue_cls=ring.OneByteBufferCount), RING_CHECKS),
+    Mutant("lost-notification", "a waiting reader trusts notifications and never rechecks",
+           "vLLM issue 45224 (lost notifications)",
+           "ring", _ring(queue_cls=ring.NoRecheckAfterNotification), RING_CHECKS),
+    Mutant("no-release-on-error", "the read flag is not set when decoding raises",
+           "vLLM issue 45224 (read slot released in finally)",
+           "ring", _ring(queue_cls=ring.NoReleaseOnError), RING_CHECKS),
+    # --- peers ---------------------------------------------------------------------------
+    Mutant("identity-big-endian", "the engine's routing identity is big-endian",
+           "vLLM issue 23247 (identity confusion on reconnect); core.py to_bytes(2, 'little')",
+           "engine", _engine(peers.BigEndianIdentity), ("engine.identity.*",)),
+    Mutant("frame-buffer-reused", "an output frame buffer is reused while zmq still sends it",
+           "vLLM issues 15207, 17203, PR 50053",
+           "engine", _engine(peers.ReusedFrameBuffer),
+           ("engine.serve.*", "engine.utility.*")),
+]
+
+#: name -> mutant (each callable: returns a fresh conformance target).
+MUTANTS: dict[str, Mutant] = {m.name: m for m in _CATALOGUE}
+
+__all__ = ["MUTANTS", "Mutant"]

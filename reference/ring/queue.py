@@ -152,14 +152,17 @@ class _Resources:
             if self.closed:
                 return
             self.closed = True
-        for sock in self.sockets:
-            sock.close(linger=0)
-        if self.context is not None:
-            self.context.term()
-        for address in self.bound_ipc:
-            remove_ipc_file(address)
-        if self.segment is not None:
-            self.segment.close()
+        try:
+            for sock in self.sockets:
+                sock.close(linger=0)
+            if self.context is not None:
+                self.context.term()
+        finally:
+            # Whatever zmq did, the files and the segment go (clause ring.lifecycle.*).
+            for address in self.bound_ipc:
+                remove_ipc_file(address)
+            if self.segment is not None:
+                self.segment.close()
 
 
 class MessageQueue:
@@ -619,7 +622,7 @@ class MessageQueue:
     def _block_on_notify(self, seconds: float) -> None:
         poller = self._poller
         assert poller is not None
-        events = dict(poller.poll(max(0, int(seconds * 1000 + 0.999))))
+        events = dict(poller.poll(max(1, int(seconds * 1000 + 0.999))))
         if self._cancel_recv in events:
             self._cancel_recv.recv(zmq.NOBLOCK)
             raise QueueClosed("the queue was shut down")

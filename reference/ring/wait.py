@@ -1,4 +1,4 @@
-"""How the ring's writer and readers wait: spin, then yield, then sleep, then block.
+"""How the ring's writer and readers wait: spin, then yield, then sleep or poll.
 
 The flag protocol (:mod:`.protocol`) never waits; the loops in :mod:`.queue` call
 :meth:`Backoff.pause` between two failed checks. A pure ``sched_yield`` loop, as vLLM's readers
@@ -7,10 +7,13 @@ outnumber cores; a :class:`Backoff` instead escalates:
 
 1. ``spin_checks`` checks back to back (a message usually lands within microseconds);
 2. ``sched_yield`` until ``yield_for_s`` has passed since the wait began;
-3. sleeps that double from ``sleep_min_s`` to ``sleep_max_s``;
-4. for readers, once ``block_after_s`` has passed: block on the writer's notify socket, for at
-   most the recheck interval (clause ring.notify.hint-only), because a notification can be
-   dropped and the flags, not the notification, say whether a chunk is readable.
+3. readers: wait on the writer's notify socket, at first for ``poll_min_s``, each time twice as
+   long, never longer than the recheck interval ``recheck_s`` (clause ring.notify.hint-only).
+   A notification wakes the reader at once; a dropped one (PUB drops at SNDHWM 1, most often
+   right after a read) costs at most the current interval, because the flags, not the
+   notification, say whether a chunk is readable;
+   the writer, which gets no notification: sleeps that double from ``sleep_min_s`` to
+   ``sleep_max_s``.
 
 Every wait is bounded by its deadline: :meth:`Backoff.pause` raises
 :class:`~enginewire.reference.errors.ProtocolTimeout` (a ``TimeoutError``) once it has passed.
@@ -38,9 +41,7 @@ class WaitPolicy:
     yield_for_s: float = 1e-3
     sleep_min_s: float = 50e-6
     sleep_max_s: float = 500e-6
-    #: vLLM's readers busy-loop this long after a read before they block (clause
-    #: ring.notify.busy-loop): blocking sooner meets notifications dropped by a busy writer.
-    block_after_s: float = 1.0
+    poll_min_s: float = 1e-3
     recheck_s: float = READER_RECHECK_INTERVAL_S
 
 
@@ -51,12 +52,13 @@ class Backoff:
     """The state of one wait: create it when the first check fails, call :meth:`pause` after
     every failed check.
 
-    ``block(seconds)`` (readers only) waits for a notification for at most ``seconds``.
+    ``block(seconds)`` (readers only) waits for a notification for at most ``seconds``
+    (and at least one millisecond).
     ``timeout`` None waits forever; 0 allows exactly one check.
     """
 
     __slots__ = ("policy", "clause", "what", "timeout", "deadline", "started",
-                 "_checks", "_sleep", "_block")
+                 "_checks", "_sleep", "_poll", "_block")
 
     def __init__(self, policy: WaitPolicy, timeout: float | None, *, clause: str, what: str,
                  block: Callable[[float], None] | None = None) -> None:
@@ -68,6 +70,7 @@ class Backoff:
         self.deadline = math.inf if timeout is None else self.started + timeout
         self._checks = 0
         self._sleep = policy.sleep_min_s
+        self._poll = policy.poll_min_s
         self._block = block
 
     def remaining(self) -> float:
@@ -93,8 +96,9 @@ class Backoff:
             os.sched_yield()
             return
         left = self.deadline - now
-        if self._block is not None and waited >= policy.block_after_s:
-            self._block(min(policy.recheck_s, left))
+        if self._block is not None:
+            self._block(min(self._poll, policy.recheck_s, left))
+            self._poll *= 2
             return
         time.sleep(min(self._sleep, left))
         self._sleep = min(self._sleep * 2, policy.sleep_max_s)

@@ -1,0 +1,218 @@
+"""Run the default checks against mutants and collect the kill matrix.
+
+Three columns, each run only where it applies to the mutant:
+
+- ``conformance``: the mutant's relevant conformance checks. A check kills the mutant when it
+  fails on the mutant and passes on the reference (a check the reference fails too says
+  nothing about the mutant).
+- ``fuzz``: a short malformed-input campaign against a codec mutant's decoder; any finding
+  kills it.
+- ``explorer``: a bounded schedule exploration of a flag-protocol mutant's writer and reader
+  code. It kills the mutant with a violation of a kind the reference does not show under the
+  same configuration, memory model and bound; the shrunk trace is kept.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import Mutant
+
+#: The explorer's configuration for mutants: 2 readers, 2 chunks, 3 messages.
+EXPLORER_READERS, EXPLORER_CHUNKS, EXPLORER_MESSAGES = 2, 2, 3
+EXPLORER_PREEMPTIONS = 2
+EXPLORER_MAX_STATES = 20_000
+FUZZ_EXAMPLES = 25
+FUZZ_SEED = 0
+COLUMNS = ("conformance", "fuzz", "explorer")
+
+
+@dataclass
+class Column:
+    """One column's verdict for one mutant: not run (``ran`` False), or the kills it found."""
+
+    ran: bool = False
+    kills: list[str] = field(default_factory=list)
+    #: A trace or failure text per kill, for the report.
+    details: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    note: str = ""
+
+    @property
+    def killed(self) -> bool:
+        return bool(self.kills)
+
+    def cell(self) -> str:
+        if not self.ran:
+            return "-"
+        if not self.kills:
+            return "survived" + (f" ({self.note})" if self.note else "")
+        shown = ", ".join(self.kills[:3])
+        more = len(self.kills) - 3
+        return "KILLED: " + shown + (f" (+{more})" if more > 0 else "")
+
+
+@dataclass
+class MutantResult:
+    mutant: Mutant
+    columns: dict[str, Column]
+
+    @property
+    def killed(self) -> bool:
+        return any(c.killed for c in self.columns.values())
+
+    def to_builtins(self) -> dict[str, Any]:
+        return {
+            "name": self.mutant.name, "surface": self.mutant.surface,
+            "broken": self.mutant.broken, "citation": self.mutant.citation,
+            "killed": self.killed,
+            "columns": {name: {"ran": c.ran, "kills": c.kills, "details": c.details,
+                               "seconds": round(c.seconds, 2), "note": c.note}
+                        for name, c in self.columns.items()},
+        }
+
+
+class _Baselines:
+    """Reference verdicts, computed once each: conformance checks and explorer kinds."""
+
+    def __init__(self, spec: Any) -> None:
+        from enginewire.conformance.reference_target import reference_target
+
+        self.spec = spec
+        self.target = reference_target()
+        self._checks: dict[str, str] = {}
+        self._kinds: dict[tuple[str, bool], set[str]] = {}
+
+    def check_status(self, item: Any) -> str:
+        from enginewire.conformance.runner import run_check
+
+        if item.id not in self._checks:
+            self._checks[item.id] = run_check(item, self.target, self.spec).status
+        return self._checks[item.id]
+
+    def explorer_kinds(self, model: str) -> set[str]:
+        if model not in self._kinds:
+            from enginewire.fuzz.explore.targets import ReferenceTarget
+
+            result = _explore(ReferenceTarget(), model, keep_going=True)
+            self._kinds[model] = {f.violation.kind for f in result.findings}
+        return self._kinds[model]
+
+    def close(self) -> None:
+        self.target.close()
+
+
+def _explore(target: Any, model: str, *, keep_going: bool) -> Any:
+    from enginewire.fuzz.explore import RingConfig, explore
+
+    config = RingConfig(EXPLORER_READERS, EXPLORER_CHUNKS, EXPLORER_MESSAGES)
+    return explore(target, config, model=model, preemptions=EXPLORER_PREEMPTIONS,
+                   max_states=EXPLORER_MAX_STATES, keep_going=keep_going)
+
+
+def run_conformance(mutant: Mutant, baselines: _Baselines) -> Column:
+    from enginewire.conformance.registry import all_checks, select
+    from enginewire.conformance.runner import FAILED, PASSED, run_check
+
+    column = Column(ran=True)
+    started = time.monotonic()
+    checks = select(all_checks(), surfaces=[mutant.surface], patterns=list(mutant.conformance))
+    target = mutant()
+    try:
+        for item in checks:
+            result = run_check(item, target, baselines.spec)
+            if result.status != FAILED:
+                continue
+            if baselines.check_status(item) != PASSED:
+                continue
+            column.kills.append(item.id)
+            column.details.append(f"{item.id}: {result.first_line}")
+    finally:
+        target.close()
+    column.seconds = time.monotonic() - started
+    return column
+
+
+def run_fuzz(mutant: Mutant) -> Column:
+    from .. import runner
+
+    column = Column(ran=True)
+    started = time.monotonic()
+    target = mutant()
+    try:
+        campaign = runner.CodecCampaign(target_name=f"mutant-{mutant.name}",
+                                        max_examples=FUZZ_EXAMPLES, seed=FUZZ_SEED,
+                                        database=None, shrink_seconds=0.0)
+        report = runner.fuzz_codec(target.codec.decode, mutant.fuzz_kinds, campaign)
+    finally:
+        target.close()
+    for finding in report.findings:
+        column.kills.append(f"{finding.kind}/{finding.mutation}:{finding.problem}")
+        column.details.append(finding.render(len(column.details) + 1))
+    if not report.findings and report.notes:
+        column.note = "; ".join(report.notes)[:200]
+    column.seconds = time.monotonic() - started
+    return column
+
+
+def run_explorer(mutant: Mutant, baselines: _Baselines) -> Column:
+    column = Column(ran=True)
+    started = time.monotonic()
+    known = baselines.explorer_kinds(mutant.explorer_model)
+    result = _explore(mutant.explorer_target(), mutant.explorer_model, keep_going=True)
+    for finding in result.findings:
+        if finding.violation.kind in known:
+            continue
+        column.kills.append(f"{finding.violation.kind} ({finding.steps} steps)")
+        column.details.append(finding.format())
+    if not column.kills:
+        column.note = result.summary()
+    column.seconds = time.monotonic() - started
+    return column
+
+
+def kill_matrix(mutants: Sequence[Mutant], *,
+                progress: Callable[[MutantResult], None] | None = None) -> list[MutantResult]:
+    """Run every applicable column against every mutant, in order."""
+    from enginewire.spec import load
+
+    baselines = _Baselines(load())
+    results = []
+    try:
+        for mutant in mutants:
+            columns = {name: Column() for name in COLUMNS}
+            if mutant.conformance:
+                columns["conformance"] = run_conformance(mutant, baselines)
+            if mutant.fuzz_kinds:
+                columns["fuzz"] = run_fuzz(mutant)
+            if mutant.explorable:
+                columns["explorer"] = run_explorer(mutant, baselines)
+            result = MutantResult(mutant, columns)
+            results.append(result)
+            if progress is not None:
+                progress(result)
+    finally:
+        baselines.close()
+    return results
+
+
+def render_matrix(results: Sequence[MutantResult]) -> str:
+    """The kill matrix as a fixed-width table, one row per mutant."""
+    rows = [("mutant", *COLUMNS, "verdict")]
+    for result in results:
+        rows.append((result.mutant.name,
+                     *(result.columns[c].cell() for c in COLUMNS),
+                     "killed" if result.killed else "SURVIVED"))
+    widths = [min(max(len(r[i]) for r in rows), 60) for i in range(len(rows[0]))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [(text if len(text) <= widths[i] else text[:widths[i] - 3] + "...")
+                 .ljust(widths[i]) for i, text in enumerate(row)]
+        return "  ".join(cells).rstrip()
+
+    out = [line(rows[0]), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows[1:]]
+    return "\n".join(out)

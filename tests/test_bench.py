@@ -1,0 +1,345 @@
+"""``enginewire bench``: the machinery on a tiny grid, the ratios, the outputs.
+
+Nothing here asserts a timing: figures depend on the machine. The tests check that every
+figure is measured, that each ratio is taken against the right comparison, that the JSON has
+its keys, that the plots are PNG files, and that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import multiprocessing.util
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from enginewire.bench import commands, report, runner
+from enginewire.bench.config import KIB, MIB, BenchConfig
+from enginewire.bench.results import SCHEMA, Results
+from enginewire.bench.stats import paired_ratios, percentile, spread
+from enginewire.cli import build_parser
+
+# The fork server that starts the bench's reader processes listens on a socket in
+# multiprocessing's temp dir, which multiprocessing removes at interpreter exit. Make that dir
+# now, at collection, so it is not inside the session's TMPDIR, which conftest.py removes
+# earlier (multiprocessing would then report a missing dir).
+multiprocessing.util.get_temp_dir()
+
+#: The smallest run that still goes through every bench and every baseline.
+TINY = BenchConfig(
+    targets=("reference",), include_vllm=False, rounds=2,
+    payloads=(64, MIB), readers=(1,), chunks=(4,), base_readers=1, base_chunks=4,
+    chunk_bytes=2 * MIB, cell_seconds=0.02, warmup_seconds=0.005,
+    latency_readers=(1,), latency_messages=5, latency_interval=0.001,
+    codec_seconds=0.005, transports=("ipc",), round_trips=5, timeout=20.0,
+)
+JSON_KEYS = {"schema", "command", "started_at", "duration_s", "environment", "config",
+             "targets", "skipped", "notes", "series", "goals"}
+ROW_KEYS = {"bench", "metric", "unit", "better", "case", "label", "contender", "role",
+            "samples", "summary", "vs_vllm", "ceiling", "vs_ceiling", "errors",
+            "observations"}
+
+
+def child_processes() -> list[str]:
+    """Command lines of this process's children, except multiprocessing's helpers (the fork
+    server and the resource tracker live as long as this process)."""
+    found = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            pids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            text = cmdline.decode(errors="replace")
+            if "forkserver" in text or "resource_tracker" in text:
+                continue
+            found.append(f"{pid}: {text}")
+    return found
+
+
+def no_failures(results: Results) -> None:
+    failed = {s.key: s.errors for s in results.series if any(v is None for v in s.samples)}
+    assert not failed, f"failed cells: {failed}"
+
+
+# --- statistics and ratios ---------------------------------------------------------------
+
+
+def test_percentile_interpolates_between_ranks() -> None:
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 99) == 5
+    assert percentile([10, 0, 20], 100) == 20
+    assert percentile(list(range(101)), 99) == 99
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_spread_ignores_missing_rounds() -> None:
+    found = spread([3.0, None, 1.0, 2.0])
+    assert (found.median, found.min, found.max) == (2.0, 1.0, 3.0)
+    assert spread([None, None]) is None
+
+
+def test_ratios_are_paired_round_by_round() -> None:
+    assert paired_ratios([2.0, 9.0, None, 4.0], [1.0, 3.0, 5.0, 0.0]) == [2.0, 3.0, None, None]
+
+
+def _synthetic() -> Results:
+    results = Results(config=TINY.to_builtins(), environment={}, targets=["reference"])
+    ring = {"payload_bytes": 1024, "readers": 2, "chunks": 10}
+    rows = [
+        ("ring", "messages_per_s", ring, "reference", "target", [300.0, 600.0, 900.0]),
+        ("ring", "messages_per_s", ring, "vllm", "vllm", [100.0, 100.0, 150.0]),
+        ("ring", "messages_per_s", ring, "zmq_push_pull", "baseline", [50.0, 60.0, 90.0]),
+        ("ring", "messages_per_s", {"payload_bytes": 1024, "chunks": 10}, "memcpy", "ceiling",
+         [1000.0, 1000.0, 1000.0]),
+        # A memcpy of another payload must never be taken as the ceiling of 1 KiB.
+        ("ring", "messages_per_s", {"payload_bytes": 64, "chunks": 10}, "memcpy", "ceiling",
+         [7.0, 7.0, 7.0]),
+        ("codec", "encode_us", {"workload": "engine_step"}, "reference", "target",
+         [11.0, 12.0, 13.0]),
+        ("codec", "encode_us", {"workload": "engine_step"}, "vllm", "vllm", [10.0, 10.0, 10.0]),
+        ("codec", "encode_us", {"workload": "engine_step"}, "msgspec", "ceiling",
+         [10.0, 10.0, 10.0]),
+        ("peers", "rtt_p50_us", {"transport": "ipc"}, "reference", "target", [300, 200, None]),
+        ("peers", "rtt_p50_us", {"transport": "ipc"}, "router_dealer", "ceiling",
+         [100, 100, 100]),
+    ]
+    unit = {"messages_per_s": ("msg/s", "higher")}
+    for bench, metric, case, contender, role, samples in rows:
+        series = results.series_for(bench, metric, *unit.get(metric, ("µs", "lower")), case,
+                                    contender, role)
+        for index, value in enumerate(samples):
+            results.record(series, index, value)
+    return results
+
+
+def test_ratios_against_vllm_and_the_matching_ceiling() -> None:
+    results = _synthetic()
+    case = {"payload_bytes": 1024, "readers": 2, "chunks": 10}
+    reference = results.find("ring", "messages_per_s", "reference", case)
+    vs_vllm = results.vs_vllm(reference)
+    assert (vs_vllm.median, vs_vllm.min, vs_vllm.max) == (6.0, 3.0, 6.0)
+    assert results.ceiling_of(reference).case == {"payload_bytes": 1024, "chunks": 10}
+    vs_ceiling = results.vs_ceiling(reference)
+    assert (vs_ceiling.median, vs_ceiling.min, vs_ceiling.max) == (0.6, 0.3, 0.9)
+    zmq = results.find("ring", "messages_per_s", "zmq_push_pull", case)
+    assert results.vs_vllm(zmq).median == 0.6
+    vllm = results.find("ring", "messages_per_s", "vllm", case)
+    assert results.vs_vllm(vllm) is None and results.vs_ceiling(vllm).median == 0.1
+    memcpy = results.find("ring", "messages_per_s", "memcpy", {"payload_bytes": 1024,
+                                                               "chunks": 10})
+    assert results.vs_ceiling(memcpy) is None and results.vs_vllm(memcpy) is None
+    codec = results.find("codec", "encode_us", "reference", {"workload": "engine_step"})
+    assert results.ceiling_of(codec).contender == "msgspec"
+    assert results.vs_ceiling(codec).median == pytest.approx(1.2)
+    peers = results.find("peers", "rtt_p50_us", "reference", {"transport": "ipc"})
+    assert results.ceiling_of(peers).contender == "router_dealer"
+    assert results.vs_ceiling(peers).median == 2.5  # the missing round is left out
+    assert results.vs_vllm(peers) is None  # no vLLM figure for this case
+
+
+def test_goals_are_evaluated_on_the_median_ratio() -> None:
+    results = _synthetic()
+    verdicts = {goal.name: results.evaluate(goal) for goal in results.goals()}
+    ratio, met = verdicts["ring-messages-vs-vllm"]
+    assert ratio.median == 6.0 and met is True
+    ratio, met = verdicts["codec-engine_step-encode"]
+    assert ratio.median == pytest.approx(1.2) and met is True  # within 1.2x: boundary met
+    ratio, met = verdicts["peers-ipc"]
+    assert ratio.median == 2.5 and met is False
+    assert "codec-engine_step-decode" not in verdicts  # not measured: no goal
+    without_reference = Results(config={}, environment={}, targets=["vllm"])
+    assert without_reference.goals() == []
+
+
+def test_json_document_and_tables() -> None:
+    results = _synthetic()
+    document = results.to_builtins()
+    assert set(document) == JSON_KEYS
+    assert document["schema"] == SCHEMA
+    for row in document["series"]:
+        assert set(row) == ROW_KEYS
+    rows = {(r["bench"], r["contender"], r["label"]): r for r in document["series"]}
+    reference = rows[("ring", "reference", "1 KiB, 2 readers, 10 chunks")]
+    assert reference["ceiling"] == "memcpy"
+    assert reference["vs_vllm"] == {"median": 6.0, "min": 3.0, "max": 6.0}
+    assert reference["summary"] == {"median": 600.0, "min": 300.0, "max": 900.0}
+    json.dumps(document)  # serialisable as is
+    goal = next(g for g in document["goals"] if g["name"] == "peers-ipc")
+    assert goal["met"] is False and goal["against"] == "ceiling" and goal["threshold"] == 1.5
+    text = report.render(results)
+    assert "| 1 KiB, 2 readers, 10 chunks | reference | 600 | 300-900 | 6x (3-6) | " \
+           "0.6x (0.3-0.9) |" in text
+    assert "**no**" in text
+
+
+# --- configuration and command line -------------------------------------------------------
+
+
+def test_star_and_product_grids() -> None:
+    config = BenchConfig(payloads=(64, KIB), readers=(1, 2, 3), chunks=(4, 10),
+                         base_readers=2, base_chunks=10)
+    star = config.ring_cases()
+    assert star == [(64, 1, 10), (64, 2, 10), (64, 3, 10), (64, 2, 4),
+                    (KIB, 1, 10), (KIB, 2, 10), (KIB, 3, 10), (KIB, 2, 4)]
+    product = replace(config, grid="product").ring_cases()
+    assert len(product) == 12 and set(star) <= set(product)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"rounds": 0}, {"benches": ("ring", "disk")}, {"payloads": (8,)},
+    {"payloads": (32 * MIB,)}, {"chunks": (1,)}, {"transports": ("udp",)}, {"grid": "cube"},
+])
+def test_invalid_configurations(overrides: dict) -> None:
+    with pytest.raises(ValueError):
+        BenchConfig(**overrides)
+
+
+def test_quick_grid_is_small() -> None:
+    quick = BenchConfig.quick()
+    assert quick.rounds == 3 and quick.payloads == (64, KIB, 64 * KIB, MIB, 4 * MIB)
+    assert quick.readers == (1, 2) and quick.chunks == (10,)
+    assert len(quick.ring_cases()) == 10
+
+
+def test_command_line() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["bench", "--target", "reference,vllm", "--target", "vllm",
+                              "--quick", "--bench", "codec", "--rounds", "4", "--no-vllm"])
+    config = commands.config_from(args)
+    assert config.targets == ("reference", "vllm")
+    assert config.benches == ("codec",) and config.rounds == 4 and not config.include_vllm
+    assert config.payloads == BenchConfig.quick().payloads
+    assert commands.command_line(args) == ("enginewire bench --target reference,vllm "
+                                           "--target vllm --quick --bench codec --rounds 4 "
+                                           "--no-vllm")
+    defaults = commands.config_from(parser.parse_args(["bench"]))
+    assert defaults.targets == ("reference",) and defaults.include_vllm
+    assert defaults.rounds == 5
+    args = parser.parse_args(["bench", "--rounds", "0"])
+    assert args.handler(args) == 2
+
+
+# --- the machinery on a tiny grid ---------------------------------------------------------
+
+
+def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
+    results = runner.run(TINY, progress=False)
+    no_failures(results)
+    assert results.skipped == {} and results.targets == ["reference"]
+    found = {(s.bench, s.metric, s.contender, tuple(s.case.items())) for s in results.series}
+    small = (("payload_bytes", 64), ("readers", 1), ("chunks", 4))
+    large = (("payload_bytes", MIB), ("readers", 1), ("chunks", 4))
+    for contender in ("reference", "zmq_push_pull"):
+        assert ("ring", "messages_per_s", contender, small) in found
+        assert ("ring", "gb_per_s", contender, large) in found
+        assert ("ring", "gb_per_s", contender, small) not in found  # GB/s from 1 MiB on
+        latency = (("payload_bytes", KIB), ("readers", 1))
+        assert ("ring_latency", "p50_us", contender, latency) in found
+        assert ("ring_latency", "p99_us", contender, latency) in found
+    assert ("ring", "messages_per_s", "memcpy", (("payload_bytes", 64), ("chunks", 4))) in found
+    for workload in ("engine_step", "prompt_embeds"):
+        for metric in ("encode_us", "decode_us"):
+            for contender in ("reference", "msgspec"):
+                assert ("codec", metric, contender, (("workload", workload),)) in found
+    for contender in ("reference", "router_dealer"):
+        assert ("peers", "rtt_p50_us", contender, (("transport", "ipc"),)) in found
+    for series in results.series:
+        assert len(series.samples) == TINY.rounds
+        assert all(v > 0 for v in series.samples), series.key
+        if series.role == "target":
+            assert results.vs_vllm(series) is None  # vLLM was not measured
+            if series.bench != "ring_latency":
+                assert results.vs_ceiling(series) is not None, series.key
+    latency = results.find("ring_latency", "p50_us", "reference",
+                           {"payload_bytes": KIB, "readers": 1})
+    assert len(latency.observations) == TINY.rounds * TINY.latency_messages
+    peers = results.find("peers", "rtt_p50_us", "reference", {"transport": "ipc"})
+    assert len(peers.observations) == TINY.rounds * TINY.round_trips
+    assert {g.name for g in results.goals()} >= {"codec-prompt_embeds-decode", "peers-ipc"}
+    assert set(results.environment["setup_s"]) == {"targets", "codec", "peers", "readers"}
+
+    path = tmp_path / "out" / "results.json"
+    report.write_json(results, path)
+    document = json.loads(path.read_text())
+    assert set(document) == JSON_KEYS and document["config"]["rounds"] == TINY.rounds
+    assert all(set(row) == ROW_KEYS for row in document["series"])
+    assert child_processes() == []
+    assert multiprocessing.active_children() == []
+
+
+def test_plots_are_png_files(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from enginewire.bench import plots
+
+    results = runner.run(replace(TINY, benches=("ring", "peers"), rounds=1), progress=False)
+    no_failures(results)
+    written = plots.write_plots(results, tmp_path / "plots")
+    names = {p.name for p in written}
+    assert {"ring-throughput.png", "ring-bandwidth.png", "ring-latency-cdf.png",
+            "peers-rtt-cdf.png"} <= names
+    assert "ring-chunks.png" not in names  # one chunk count only: nothing to compare
+    for path in written:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    markdown = report.render_markdown(results, plot_dir="docs/bench")
+    assert "![ring throughput](docs/bench/ring-throughput.png)" in markdown
+
+
+def test_codec_through_a_target_surface() -> None:
+    """A ``package.module:attr`` target is timed through its codec surface."""
+    text = "enginewire.conformance.reference_target:reference_target"
+    results = runner.run(replace(TINY, targets=(text,), benches=("codec",), rounds=1),
+                         progress=False)
+    no_failures(results)
+    series = results.find("codec", "decode_us", text, {"workload": "prompt_embeds"})
+    assert series is not None and series.role == "target"
+    assert results.ceiling_of(series).contender == "msgspec"
+    assert any("codec surface" in note for note in results.notes)
+
+
+def test_unknown_target_is_skipped_with_a_reason() -> None:
+    results = runner.run(replace(TINY, targets=("no_such_module:thing",), benches=("codec",),
+                                 rounds=1), progress=False)
+    assert "no_such_module:thing" in results.skipped
+    assert {s.contender for s in results.series} == {"msgspec"}
+
+
+def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    from enginewire.bench import ring
+
+    def interrupt(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ring.RingBench, "zmq_latency", interrupt)
+    results = runner.run(replace(TINY, benches=("ring",), rounds=2), progress=False)
+    assert any("interrupted" in note for note in results.notes)
+    reference = results.find("ring", "messages_per_s", "reference",
+                             {"payload_bytes": 64, "readers": 1, "chunks": 4})
+    assert reference.samples[0] is not None and reference.samples[1] is None
+    assert child_processes() == []
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.vllm
+def test_tiny_run_against_vllm() -> None:
+    pytest.importorskip("vllm")
+    results = runner.run(replace(TINY, include_vllm=True, rounds=1), progress=False)
+    no_failures(results)
+    assert results.skipped == {}
+    for series in results.series:
+        if series.contender == "reference":
+            assert results.vs_vllm(series) is not None, series.key
+        if series.contender == "vllm":
+            assert series.role == "vllm" and results.vs_vllm(series) is None
+    assert results.find("peers", "rtt_p50_us", "vllm", {"transport": "ipc"}) is not None
+    assert results.find("ring", "gb_per_s", "vllm",
+                        {"payload_bytes": MIB, "readers": 1, "chunks": 4}) is not None
+    assert child_processes() == []
