@@ -42,12 +42,15 @@ def register(subparsers: Any) -> None:
                              "Markdown (for a README)")
     parser.add_argument("--bench", action="append", choices=BENCHES, default=[],
                         help="run only this bench; may repeat (default: all)")
-    parser.add_argument("--rounds", type=int, metavar="N", help="rounds (default 5, quick 3)")
+    parser.add_argument("--rounds", type=int, metavar="N", help="rounds (default 7, quick 3)")
     parser.add_argument("--no-vllm", action="store_true",
                         help="do not measure vLLM (no vs-vLLM ratios)")
     parser.add_argument("--summary", action="store_true",
                         help="print only the headline cases (base reader and chunk counts)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--from-json", metavar="PATH",
+                        help="measure nothing: print (and --plot, --markdown) the results "
+                             "saved in PATH by --json")
     parser.set_defaults(handler=main)
 
 
@@ -88,18 +91,26 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 def main(args: argparse.Namespace) -> int:
     from . import plots, report, runner
 
-    try:
-        config = config_from(args)
-    except ValueError as exc:
-        print(f"enginewire bench: {exc}", file=sys.stderr)
-        return 2
     if args.plot and not plots.available():
         print("enginewire bench: --plot needs matplotlib (pip install 'enginewire[bench]')",
               file=sys.stderr)
         return 2
-    results = runner.run(config, progress=not args.no_progress, command=command_line(args))
+    if args.from_json:
+        try:
+            results = report.read_json(args.from_json)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"enginewire bench: cannot read {args.from_json}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        try:
+            config = config_from(args)
+        except ValueError as exc:
+            print(f"enginewire bench: {exc}", file=sys.stderr)
+            return 2
+        results = runner.run(config, progress=not args.no_progress,
+                             command=command_line(args))
     print(report.render(results, summary=args.summary))
-    if args.json:
+    if args.json and not args.from_json:
         report.write_json(results, args.json)
         print(f"wrote {args.json}", file=sys.stderr)
     if args.markdown:

@@ -29,7 +29,7 @@ class BenchConfig:
     benches: tuple[str, ...] = BENCHES
     #: Compare with vLLM when it is importable (its figures are the ``vs vLLM`` column).
     include_vllm: bool = True
-    rounds: int = 5
+    rounds: int = 7
     # --- ring ---
     payloads: tuple[int, ...] = (64, KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB)
     readers: tuple[int, ...] = (1, 2, 3, 4)
@@ -41,7 +41,7 @@ class BenchConfig:
     chunk_bytes: int = 24 * MIB
     #: Timed part of one throughput cell, after ``warmup_seconds`` of warm-up (which also
     #: writes every chunk at least once).
-    cell_seconds: float = 0.2
+    cell_seconds: float = 0.25
     warmup_seconds: float = 0.03
     #: Upper bound on the messages of one cell (tiny payloads on a fast machine).
     max_messages: int = 200_000
@@ -61,7 +61,7 @@ class BenchConfig:
 
     @classmethod
     def full(cls, **overrides: Any) -> BenchConfig:
-        """The default run: the whole grid, 5 rounds (about 10 minutes on 2 cores)."""
+        """The default run: the whole grid, 7 rounds (about 8 minutes on 2 cores)."""
         return replace(cls(), **overrides)
 
     @classmethod

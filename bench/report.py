@@ -168,6 +168,11 @@ def render(results: Results, *, summary: bool = False) -> str:
                                        render_tables(results, summary=summary)) if part)
 
 
+def read_json(path: str | Path) -> Results:
+    """Results saved by :func:`write_json` (ValueError if the file is not one)."""
+    return Results.from_builtins(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
 def write_json(results: Results, path: str | Path) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)

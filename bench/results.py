@@ -218,6 +218,24 @@ class Results:
 
     # --- output ---------------------------------------------------------------------------
 
+    @classmethod
+    def from_builtins(cls, document: dict[str, Any]) -> Results:
+        """Results read back from :meth:`to_builtins` (ratios and goals are recomputed)."""
+        if document.get("schema") != SCHEMA:
+            raise ValueError(f"not a bench results document: schema "
+                             f"{document.get('schema')!r}, expected {SCHEMA!r}")
+        results = cls(config=document["config"], environment=document["environment"],
+                      targets=list(document["targets"]), skipped=dict(document["skipped"]),
+                      notes=list(document["notes"]), command=document["command"],
+                      started_at=document["started_at"], duration_s=document["duration_s"])
+        for row in document["series"]:
+            series = results.series_for(row["bench"], row["metric"], row["unit"], row["better"],
+                                        row["case"], row["contender"], row["role"])
+            series.samples = list(row["samples"])
+            series.errors = list(row["errors"])
+            series.observations = list(row["observations"])
+        return results
+
     def to_builtins(self) -> dict[str, Any]:
         """The JSON document (schema :data:`SCHEMA`)."""
 

@@ -3,9 +3,10 @@
 Every cell creates a fresh ring through the target's ring surface
 (:mod:`enginewire.conformance.targets`: ``create_writer`` / ``attach_reader`` /
 ``enqueue`` / ``dequeue``), so ``reference``, ``vllm`` and any target the conformance suite
-loads are driven by the same code. A payload is a numpy ``uint8`` array whose first 16 bytes
-carry a header (sequence number, monotonic send time in ns): both rings pickle it the vLLM
-way, in band below 1 MiB and as one out-of-band buffer from 1 MiB on.
+loads are driven by the same code. A payload's first 16 bytes carry a header (sequence
+number, monotonic send time in ns). Below 1 MiB it is a ``bytearray``, pickled in band; from
+1 MiB on a numpy array, pickled as one out-of-band buffer, as vLLM does with tensors
+(:func:`make_payload`).
 
 - Throughput: after a warm-up that writes every chunk at least once, the writer sends as fast
   as the ring takes messages for ``cell_seconds``; each reader stamps the arrival of the first
@@ -59,15 +60,25 @@ HEADER = struct.Struct("<qq")
 WARMUP_SEQ = -1
 #: Latency warm-up messages before the recorded ones.
 LATENCY_WARMUP = 5
+#: vLLM's ring (and the reference's pickle codec) send buffers of this size and more out of
+#: band (vllm/distributed/device_communicators/shm_broadcast.py:918-925).
+OUT_OF_BAND_FROM = 1 << 20
 
 
 class BenchError(RuntimeError):
     """A cell could not be measured (a timeout, a lost message, a reader error)."""
 
 
-def make_payload(size: int, seed: int = 0) -> np.ndarray:
-    """``size`` random bytes as a writable numpy array (random: no page is left untouched)."""
-    return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+def make_payload(size: int, seed: int = 0) -> bytearray | np.ndarray:
+    """``size`` random bytes (random: no page is left untouched), writable.
+
+    Below :data:`OUT_OF_BAND_FROM` a ``bytearray``, the cheapest object to pickle that carries
+    ``size`` bytes (a numpy array costs some 15 µs more per message to pickle and unpickle,
+    which would be measured instead of the ring); from there on a numpy array, which pickle
+    hands over out of band as vLLM does with tensors.
+    """
+    data = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    return data if size >= OUT_OF_BAND_FROM else bytearray(data.tobytes())
 
 
 # --- reader processes ----------------------------------------------------------------------
@@ -366,7 +377,7 @@ class RingBench:
     def __init__(self, config: BenchConfig, preload: Sequence[str]) -> None:
         self.config = config
         self.pool = ReaderPool(preload, config.timeout)
-        self._payloads: dict[int, np.ndarray] = {}
+        self._payloads: dict[int, bytearray | np.ndarray] = {}
         self._segment: shared_memory.SharedMemory | None = None
         self._context: zmq.Context | None = None
 
@@ -374,7 +385,7 @@ class RingBench:
         """Start the reader processes in the background (see :meth:`ReaderPool.wait_ready`)."""
         self.pool.start_in_background(self.config.max_readers())
 
-    def payload(self, size: int) -> np.ndarray:
+    def payload(self, size: int) -> bytearray | np.ndarray:
         found = self._payloads.get(size)
         if found is None:
             found = self._payloads[size] = make_payload(size, seed=size)
@@ -431,7 +442,7 @@ class RingBench:
                 self.pool.abandon(workers)
         return reports, sent
 
-    def _stream(self, enqueue: Callable[[Any], None], payload: np.ndarray, chunks: int) -> int:
+    def _stream(self, enqueue: Callable[[Any], None], payload: Any, chunks: int) -> int:
         """Warm up, then send as fast as ``enqueue`` returns; the number of timed messages."""
         pack = HEADER.pack_into
         clock = time.monotonic_ns
@@ -453,7 +464,7 @@ class RingBench:
             if now >= deadline or seq >= limit:
                 return seq
 
-    def _trickle(self, enqueue: Callable[[Any], None], payload: np.ndarray) -> int:
+    def _trickle(self, enqueue: Callable[[Any], None], payload: Any) -> int:
         """One message every ``latency_interval`` s; the number of recorded messages."""
         pack = HEADER.pack_into
         interval = self.config.latency_interval

@@ -385,8 +385,9 @@ def run(config: BenchConfig, *, progress: bool = True, command: str = "",
             if state.ring is not None:
                 problems = state.ring.pool.wait_ready()
                 for text, problem in problems.items():
-                    results.notes.append(f"ring: readers could not load {text}: {problem}")
-                    ring_texts = [t for t in ring_texts if t != text]
+                    if text in ring_texts:  # the others were skipped already
+                        results.notes.append(f"ring: readers could not load {text}: {problem}")
+                        ring_texts = [t for t in ring_texts if t != text]
             phase("readers")
             gc.collect()
             gc.freeze()

@@ -6,8 +6,10 @@
 - :mod:`.reports`: terminal, JSON, JUnit and HTML reports, clause coverage;
 - :mod:`.checks`: the checks, one module per surface (and generated struct/golden checks);
 - :mod:`.wire`, :mod:`.values`, :mod:`.samples`: the spec-derived wire oracle and values;
-- :mod:`.peers`, :mod:`.ring_peer`: the suite's own front end, engine and ring ends;
-- :mod:`.reference_target`, :mod:`.vllm_target`, :mod:`.external`: built-in targets;
+- :mod:`.peers`, :mod:`.ring_peer`, :mod:`.executor_peer`: the suite's own front end, engine,
+  ring ends, and executor and worker messages;
+- :mod:`.reference_target`, :mod:`.vllm_target`, :mod:`.vllm_frontend`, :mod:`.external`:
+  built-in targets;
 - :mod:`.pytest_plugin`: the checks as pytest items (``--enginewire-target``).
 
 See docs/conformance.md.

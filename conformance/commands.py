@@ -134,7 +134,8 @@ def main(args: argparse.Namespace) -> int:
     if args.html:
         reports.write_html(result, args.html)
     if args.markdown:
-        reports.write_markdown(result, args.markdown, spec, command=_command_line(args))
+        reports.write_markdown(result, args.markdown, spec, command=_command_line(args),
+                               description=target.description)
     print(reports.render_terminal(result, verbose=args.verbose))
     return 0 if result.ok else 1
 

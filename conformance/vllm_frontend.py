@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any
 
 #: Seconds the client's constructor waits for each ready response (vLLM's default: 600).
-READY_TIMEOUT_S = 30
+READY_TIMEOUT_S = 15
 
 
 def client_config(dp_size: int = 1, max_model_len: int = 2048) -> Any:
@@ -122,15 +122,13 @@ class VllmFrontendClient:
         self.launch = launch
         self.codec = codec
         self.config = client_config(launch.engine_count)
-        self.client: Any = None
         self._loop = _LoopThread("vllm front end")
         self._built = self._loop.submit(self._build)
         self._stopped = False
 
     async def _build(self) -> Any:
-        self.client = make_client(self.config, self.launch.input_address,
-                                  self.launch.output_address)
-        return self.client
+        # Inside the running loop, so the client starts its output task at once.
+        return make_client(self.config, self.launch.input_address, self.launch.output_address)
 
     def _ready_client(self) -> Any:
         if not self._built.done():
@@ -228,9 +226,12 @@ class VllmFrontendClient:
                 self._loop.call(_drain, timeout)
             self._loop.close(timeout)
             client.resources.ctx.destroy(linger=0)
+        elif self._built.done():
+            # The constructor failed and closed its sockets itself.
+            self._loop.close(timeout)
         else:
             # Still waiting for ready responses: the constructor gives up after the ready
-            # timeout and closes its sockets itself; the loop thread ends with it.
+            # timeout (READY_TIMEOUT_S) and closes its sockets itself; the loop stops then.
             self._built.cancel()
             self._loop.loop.call_soon_threadsafe(self._loop.loop.stop)
 

@@ -476,8 +476,11 @@ def vllm_target() -> Target:
         codec=codec,
         ring=VllmRing(),
         frontend=frontends,
-        description="vLLM 0.33.0 MsgpackEncoder/Decoder, MessageQueue, executor and worker "
-                    "RPC, and AsyncMPClient",
+        description="vLLM 0.33.0's own code: MsgpackEncoder/MsgpackDecoder (codec); "
+                    "MessageQueue, MultiprocExecutor.collective_rpc and WorkerProc's busy loop "
+                    "(ring); AsyncMPClient given client_addresses, so without a handshake "
+                    "channel (frontend); no engine surface: EngineCoreProc does not start "
+                    "without a model (docs/conformance.md)",
     )
     target._closers += [sweep, frontends.close]
     return target

@@ -17,6 +17,8 @@ COMMAND_MODULES = (
     "enginewire.reference.commands",
     "enginewire.conformance.commands",
     "enginewire.fuzz.commands",
+    "enginewire.fuzz.explore.commands",
+    "enginewire.fuzz.mutants.commands",
     "enginewire.bench.commands",
 )
 

@@ -29,6 +29,7 @@ crashes leaves no orphan behind.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 from . import codec, structs
@@ -98,6 +100,15 @@ def expected_generation(request: Any, default_tokens: int) -> tuple[list[int], i
     reason = structs.FinishReason.STOP if max_tokens is None else structs.FinishReason.LENGTH
     return scripted_tokens(get_field(request, "prompt_token_ids"), count), int(reason)
 
+
+
+def parallel_config_hash(dp_size: int) -> str:
+    """The READY ``parallel_config_hash`` of a scripted engine in a DP group of ``dp_size``.
+
+    vLLM hashes the parallel settings that affect collective communication; the scripted
+    engine has only ``dp_size``, so equal groups agree and different groups differ.
+    """
+    return hashlib.sha256(f"enginewire-dp-{dp_size}".encode()).hexdigest()
 
 @dataclass
 class _Running:
@@ -224,7 +235,11 @@ class ReferenceEngine:
             [connect] = self.session.receive_init(metadata)
             self._connect(connect.data)
             self._send_ready_responses()
-            [ready] = self.session.send_ready(opts.ready_extra or None)
+            extra = dict(opts.ready_extra)
+            if opts.dp_size > 1:
+                # Clause handshake.ready-optional-keys: DP > 1 engines send their config hash.
+                extra.setdefault("parallel_config_hash", parallel_config_hash(opts.dp_size))
+            [ready] = self.session.send_ready(extra or None)
             handshake.socket.send_multipart(codec.encode("ready", ready.data))
             return connect.data
         finally:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import HandshakeMessage, StateMachine, Transition

@@ -13,6 +13,7 @@ import ipaddress
 from dataclasses import dataclass
 
 import zmq
+
 from enginewire.spec import load
 from enginewire.spec.schema import SocketEnd
 

@@ -181,6 +181,22 @@ def test_json_document_and_tables() -> None:
     assert "**no**" in text
 
 
+def test_results_read_back_from_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    results = _synthetic()
+    path = tmp_path / "results.json"
+    report.write_json(results, path)
+    again = report.read_json(path)
+    assert again.to_builtins() == json.loads(path.read_text())
+    assert report.render(again) == report.render(results)
+    parser = build_parser()
+    args = parser.parse_args(["bench", "--from-json", str(path)])
+    assert args.handler(args) == 0
+    assert "| 1 KiB, 2 readers, 10 chunks | reference | 600 |" in capsys.readouterr().out
+    path.write_text('{"schema": "something else"}')
+    args = parser.parse_args(["bench", "--from-json", str(path)])
+    assert args.handler(args) == 2
+
+
 # --- configuration and command line -------------------------------------------------------
 
 
@@ -223,7 +239,7 @@ def test_command_line() -> None:
                                            "--no-vllm")
     defaults = commands.config_from(parser.parse_args(["bench"]))
     assert defaults.targets == ("reference",) and defaults.include_vllm
-    assert defaults.rounds == 5
+    assert defaults.rounds == 7
     args = parser.parse_args(["bench", "--rounds", "0"])
     assert args.handler(args) == 2
 

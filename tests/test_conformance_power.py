@@ -178,7 +178,7 @@ def test_a_front_end_leaving_calls_pending_after_death_is_caught(spec: Any) -> N
     broken = Target(name="silent", frontend=_WithClient(_DeadIsSilent))
     result = _verdicts(check, broken, spec)[check[0]]
     assert result.status == FAILED
-    assert result.first_line.endswith("was still waiting 5 s later")
+    assert result.first_line.endswith("was still waiting 3 s later")
 
 
 def test_a_front_end_taking_a_near_miss_for_death_is_caught(spec: Any) -> None:
@@ -290,3 +290,19 @@ def test_a_segment_open_to_everyone_is_caught(spec: Any) -> None:
     result = _verdicts(check, Target(name="shared", ring=_SharedSegment()), spec)[check[0]]
     assert result.status == FAILED
     assert result.first_line.startswith("the ring segment has mode 0666")
+
+
+def test_not_applicable_is_reported_apart(spec: Any) -> None:
+    from enginewire.conformance import reports
+
+    checks = select(all_checks(), patterns=["frontend.handshake.init-answers-hello",
+                                            "frontend.handshake.second-hello"])
+    target = Target(name="no-handshake", frontend=_NoHandshake(ReferenceCodec()))
+    result = run(checks, target, spec)
+    assert [r.status for r in result.results] == [NOT_APPLICABLE, NOT_APPLICABLE]
+    summary = reports.to_builtins(result)["summary"]
+    assert (summary["not_applicable"], summary["passed"], summary["failed"]) == (2, 0, 0)
+    skipped = reports.junit_tree(result).findall(".//skipped")
+    assert [s.get("message", "").split(":")[0] for s in skipped] == ["not applicable"] * 2
+    text = reports.render_terminal(result)
+    assert "2 not applicable" in text and text.endswith("0 passed, 0 failed")

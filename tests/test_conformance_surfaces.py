@@ -102,7 +102,9 @@ def test_each_peer_surface_has_checks_that_pass_on_the_reference(surface: str,
                                                                 spec: Any) -> None:
     checks = select(all_checks(), surfaces=[surface])
     assert len(checks) >= 20
-    result = run(checks[:6], reference_target(), spec, strict=True)
+    target = reference_target()
+    implemented = [c for c in checks if all(target.has(r) for r in c.requires)]
+    result = run(implemented[:6], target, spec, strict=True)
     assert [r.status for r in result.results] == [PASSED] * 6, [
         (r.check.id, r.message) for r in result.results if r.status != PASSED]
 

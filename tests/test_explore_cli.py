@@ -67,11 +67,18 @@ def test_a_violation_prints_a_trace_and_a_schedule_that_replays_it(
 
 
 def test_random_sampling_under_weak(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "--memory", "weak", "--random", "50", "--seed", "3",
-                       "--readers", "1", "--chunks", "1", "--messages", "2")
+    """PCT sampling finds the missing data fence of a broken writer, and the fixed reference
+    ring passes the same schedules."""
+    broken = "enginewire.fuzz.mutants:EXPLORER.missing-fence"
+    args = ("--memory", "weak", "--random", "50", "--seed", "3",
+            "--readers", "1", "--chunks", "1", "--messages", "2")
+    code, out, _ = run(capsys, "--target", broken, *args)
     assert code == 1
     assert "found by random schedule seed" in out
     assert "random (PCT) schedules" in out
+    code, out, _ = run(capsys, *args)
+    assert code == 0, out
+    assert "no violation" in out
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

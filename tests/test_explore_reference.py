@@ -84,6 +84,8 @@ LAPPING = [RingConfig(2, 1, 2), RingConfig(1, 2, 3)]
 
 @pytest.mark.parametrize("config", LAPPING + [RingConfig(2, 2, 2)], ids=RingConfig.spell)
 def test_reference_ring_passes_every_sc_interleaving(config: RingConfig) -> None:
+    # A RingReader that loads the written flag before its own read flag fails here
+    # (release-unpublished): see "Findings" in docs/explorer.md.
     result = explore(ReferenceTarget(), config, model="sc")
     assert result.complete
     assert result.ok, "\n\n".join(f.format() for f in result.findings)

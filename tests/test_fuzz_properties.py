@@ -300,5 +300,17 @@ def test_reaches_every_dtype() -> None:
     assert numpy_seen == set(vocab.numpy)
 
 
+def test_reaches_nested_tensors() -> None:
+    def deep_big_tensor(data: Any) -> bool:
+        return isinstance(data, list) and any(
+            isinstance(item, list) and any(hasattr(t, "nbytes") and _nbytes(t) >= THRESHOLD
+                                           for t in item)
+            for item in data)
+
+    _reach(values("nested_tensors"), deep_big_tensor)
+    _reach(values("nested_tensors"), lambda d: isinstance(d, float) and math.isnan(d))
+    _reach(values("nested_tensors"), lambda d: d == [])
+
+
 def test_reaches_out_of_band_frames_in_messages() -> None:
     _reach(messages("add"), lambda v: len(codec.encode("add", v)) > 2)

@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import zmq
+
 from enginewire.reference import codec, structs
 from enginewire.reference.addresses import ipc_address, ipc_path, remove_ipc_file
 from enginewire.reference.engine import (

@@ -102,13 +102,15 @@ def make(n_reader: int = 2, max_chunks: int = 3, chunk: int = 16) -> tuple[
 
 
 def test_writer_claims_with_a_fence_before_the_check_and_written_zero() -> None:
+    """Clauses ring.writer.fence-before-check, clear-written-before-fill, fence-after-claim."""
     layout, memory = make()
     writer = RingWriter(memory, layout)
     assert writer.try_acquire() == 0
     log = memory.take()
     assert log[0] == ("fence",)
     assert log[1] == ("load", layout.written_flag_offset(0))
-    assert log[-1] == ("store", layout.written_flag_offset(0), 0)
+    assert log[-2] == ("store", layout.written_flag_offset(0), 0)
+    assert log[-1] == ("fence",)
 
 
 def test_writer_commit_clears_read_flags_then_fences_then_sets_written() -> None:
@@ -130,6 +132,7 @@ def test_writer_commit_clears_read_flags_then_fences_then_sets_written() -> None
 
 
 def test_reader_fences_around_check_data_and_release() -> None:
+    """Clauses ring.reader.fence-before-check, own-flag-loaded-first, fence-before-data."""
     layout, memory = make()
     writer, reader = RingWriter(memory, layout), RingReader(memory, layout, 1)
     writer.try_acquire()
@@ -137,7 +140,7 @@ def test_reader_fences_around_check_data_and_release() -> None:
     memory.take()
     assert reader.try_acquire() == 0
     row = layout.metadata_row_offset(0)
-    assert memory.take() == [("fence",), ("load", row), ("load", row + 2), ("fence",)]
+    assert memory.take() == [("fence",), ("load", row + 2), ("load", row), ("fence",)]
     reader.release()
     assert memory.take() == [("fence",), ("store", row + 2, 1), ("fence",)]
     assert reader.index == 1

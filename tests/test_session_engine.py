@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from enginewire.reference.errors import FramingError, HandshakeError, PayloadError, StateError
 from enginewire.reference.session import Action, EngineSession
 

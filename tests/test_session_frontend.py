@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+
 from enginewire.reference.codec import encode_identity
 from enginewire.reference.errors import EngineDeadError, HandshakeError, StateError
 from enginewire.reference.session import Action, FrontendSession

@@ -6,6 +6,7 @@ import itertools
 
 import msgspec
 import pytest
+
 from enginewire.reference.errors import HandshakeError, StateError
 from enginewire.reference.session import (
     ENGINE_ACTIONS,

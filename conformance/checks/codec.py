@@ -593,6 +593,41 @@ def _small_oob(codec: Any, ctx: Any) -> None:
         raise CheckFailure(f"decoded {decoded!r}", Reproduction(sent=frames))
 
 
+def _feature(data: Any) -> dict[str, Any]:
+    """A MultiModalFeatureSpec whose one field ``x`` holds ``data``."""
+    return {"data": {"x": {"data": data, "field": ["batched", {"keep_on_cpu": False}]}},
+            "modality": "image", "identifier": "i",
+            "mm_position": {"offset": 0, "length": 1, "is_embed": None}, "mm_hash": None}
+
+
+@check("codec.tensor.nested-tensors", clauses=["tensors.nested-tensors"], surface="codec")
+def _nested_tensors(codec: Any, ctx: Any) -> None:
+    """A multimodal field's data [small, [big, 2, 0.5], []] travels as a tensor tuple inline,
+    an array holding a tuple out of band and two numbers, and an empty array; it decodes with
+    tensors at every depth."""
+    small, big = _uint8(4), _uint8(max(_threshold(ctx.spec), 1))
+    frames = encode(codec, "MultiModalFeatureSpec", _feature([small, [big, 2, 0.5], []]))
+    raw = raw_decode(frames[0])
+    data = raw.get("data", {}).get("x", {}).get("data") if isinstance(raw, dict) else None
+    want = [["uint8", [4], Ext(RAW_VIEW, bytes(range(4)))], [["uint8", [len(big)], 1], 2, 0.5],
+            []]
+    if data != want or frames[1:] != [tensor_value(big).data]:
+        raise CheckFailure(f"data travels as {show(data)} with {len(frames) - 1} out-of-band "
+                           f"frame(s); expected {show(want)} with 1",
+                           Reproduction(received=frames))
+    decoded = neutral(decode(codec, "MultiModalFeatureSpec", frames))
+    got = decoded.get("data", {}).get("x", {}).get("data") if isinstance(decoded, dict) else None
+    expected = [tensor_value(small), [tensor_value(big), 2, 0.5], []]
+    if got != expected:
+        raise CheckFailure(f"data decoded as {got!r}, expected {expected!r}",
+                           Reproduction(sent=frames, received=decoded))
+    for bad in ("text", [1, "x"], {"k": 1}):
+        wire = dict(raw)
+        wire["data"] = {"x": {**raw["data"]["x"], "data": bad}}
+        expect_rejection(codec, "MultiModalFeatureSpec", [msgspec.msgpack.encode(wire)],
+                         ["tensors.nested-tensors", GENERAL], f"nested tensors {bad!r}")
+
+
 @check("codec.tensor.index-order", clauses=["tensors.index-base-one",
                                             "frames.payload-msgpack-first"], surface="codec")
 def _index_order(codec: Any, ctx: Any) -> None:

@@ -22,6 +22,10 @@ from enginewire.conformance.targets import FrontendLaunch
 from enginewire.conformance.values import neutral
 
 PEER_TIMEOUT = 25.0
+#: Seconds a front end gets to act on a message it received: return the call a reply answers,
+#: deliver outputs, fail the calls pending on a dead engine. Generous: a front end that acts
+#: at all takes milliseconds.
+ACT_S = 3.0
 
 
 class _Waiter:
@@ -356,7 +360,7 @@ def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list
         raise CheckFailure("a utility call must be [03, [client_index, call_id, method, args]]",
                            Reproduction(received=frames))
     engine.reply(payload[1], result=result, failure=failure)
-    caller.join(ctx.wait(8.0))
+    caller.join(ctx.wait(ACT_S))
     if caller.is_alive():
         raise CheckFailure(f"call_utility({method!r}) did not return after the reply",
                            Reproduction(received=frames))
@@ -472,7 +476,7 @@ def _garbage_output(frontend: Any, ctx: Any) -> None:
     sent = engine.push_raw([b"\xc1 not msgpack"])
     sent += engine.push({"outputs": [{"request_id": "req-g", "new_token_ids": [3],
                                       "finish_reason": 1}]})
-    deadline = time.monotonic() + ctx.wait(6.0)
+    deadline = time.monotonic() + ctx.wait(ACT_S)
     while time.monotonic() < deadline:
         try:
             got = neutral(client.next_outputs(deadline - time.monotonic()))
@@ -535,10 +539,10 @@ def _dead_fails_call(frontend: Any, ctx: Any) -> None:
     caller.start()
     _request(engine, ctx, "call_utility('never_answered')")
     sent = engine.push_raw([ENGINE_CORE_DEAD])
-    caller.join(min(5.0, ctx.wait(5.0)))
+    caller.join(ctx.wait(ACT_S))
     if caller.is_alive():
         raise CheckFailure("a utility call waiting when ENGINE_CORE_DEAD came was still "
-                           "waiting 5 s later", Reproduction(sent=sent, notes={
+                           f"waiting {ACT_S:g} s later", Reproduction(sent=sent, notes={
                                "before": "call_utility('never_answered'), no reply"}))
     if "error" not in outcome:
         raise CheckFailure(f"the pending call returned {outcome.get('value')!r} after "

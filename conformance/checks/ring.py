@@ -967,3 +967,44 @@ def _order_reader(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[repr(e).encode() for e in log]))
     if memory.data[row + 1] != 0:
         raise CheckFailure("reader 1 changed reader 0's flag")
+
+
+@check("ring.memory.fence-after-claim", clauses=["ring.writer.fence-after-claim"],
+       surface="ring", requires=["ring.memory"])
+def _order_claim_fence(ring: Any, ctx: Any) -> None:
+    """A fence separates the claim (written = 0) from every later store to the chunk."""
+    log, geometry = _write_trace(ring)
+    row = geometry.row(0)
+    claim = _after(log, 0, lambda e: e[:3] == ("store", row, 0))
+    first_change = _after(
+        log, claim + 1,
+        lambda e: (e[0] == "write" and e[1] < geometry.metadata_offset)
+        or (e[0] == "store" and row < e[1] < row + geometry.n_reader + 1),
+    )
+    if claim < 0 or first_change < 0 or not any(
+        e[0] == "fence" for e in log[claim + 1:first_change]
+    ):
+        raise CheckFailure("expected a fence between written = 0 and the chunk's first data "
+                           "or read-flag store",
+                           Reproduction(received=[repr(e).encode() for e in log]))
+
+
+@check("ring.memory.reader-loads-own-flag-first", clauses=["ring.reader.own-flag-loaded-first"],
+       surface="ring", requires=["ring.memory"])
+def _order_reader_loads(ring: Any, ctx: Any) -> None:
+    """In its readable check a reader loads its own read flag before the written flag."""
+    geometry = Geometry(2, 64, 2)
+    memory = RecordingMemory(geometry.total)
+    framed = frame_chunk([b"abc"])
+    memory.data[0:len(framed)] = framed
+    row = geometry.row(0)
+    memory.data[row:row + 3] = bytes([1, 0, 0])
+    reader = ring.memory_reader(memory, n_reader=2, max_chunk_bytes=64, max_chunks=2, rank=1)
+    memory.log.clear()
+    reader.read()
+    log = memory.log
+    own = _after(log, 0, lambda e: e[0] in ("load", "read") and e[1] == row + 2)
+    written = _after(log, 0, lambda e: e[0] in ("load", "read") and e[1] == row)
+    if own < 0 or written < 0 or own > written:
+        raise CheckFailure("expected the load of read flag 1 before the load of the written flag",
+                           Reproduction(received=[repr(e).encode() for e in log]))

@@ -283,7 +283,7 @@ def _unique_reply_rank(ring: Any, ctx: Any) -> None:
 
     Every worker gets output_rank 1; the call returns rank 1's value alone."""
     executor = _Executor(ring, ctx, 2)
-    call = executor.call("echo", unique_reply_rank=1, timeout=ctx.wait(5.0))
+    call = executor.call("echo", unique_reply_rank=1, timeout=ctx.wait(2.0))
     for rank in range(2):
         buffers, got = executor.request(rank, "collective_rpc('echo', unique_reply_rank=1)")
         _expect_request(buffers, got, ("echo", (), {}, 1),

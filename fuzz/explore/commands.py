@@ -19,8 +19,8 @@ def register(subparsers: Any) -> None:
         "explore",
         help="explore the interleavings of a shared-memory ring's writer and readers",
         description=(
-            "Run a ring target's own writer and reader code as threads over instrumented "
-            "shared memory, switching only at memory accesses, and explore the interleavings: "
+            "Run a ring target's own writer and reader code over instrumented shared memory, "
+            "interleaved only at memory accesses, and explore the interleavings: "
             "all of them (default), all within a preemption bound, or PCT random samples, "
             "under a sequentially consistent (sc), TSO-like (tso) or store-reordering (weak) "
             "memory model. Checks: the flag discipline of the ring's state machine, that every "

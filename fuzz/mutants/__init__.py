@@ -26,8 +26,8 @@ class Mutant:
     ``surface``: the conformance surface it breaks; ``conformance``: glob patterns of the
     checks run against it (the relevant ones, not the whole suite); ``fuzz_kinds``: codec
     kinds the fuzz campaign feeds it (empty: no campaign); ``writer_cls``/``reader_cls`` and
-    ``explorer_model``: the flag-protocol classes the explorer runs and the memory model to
-    run them under (no classes: no explorer run).
+    ``explorer_model``/``explorer_config``: the flag-protocol classes the explorer runs, the
+    memory model and the ring size to run them under (no classes: no explorer run).
     """
 
     name: str
@@ -40,6 +40,8 @@ class Mutant:
     writer_cls: type | None = None
     reader_cls: type | None = None
     explorer_model: str = "sc"
+    #: The explorer's ring: (readers, chunks, messages).
+    explorer_config: tuple[int, int, int] = (1, 2, 2)
 
     def __call__(self) -> Target:
         return Target(name=f"mutant:{self.name}", description=self.broken,
@@ -56,13 +58,18 @@ class Mutant:
 
         return ReferenceTarget(writer_cls=self.writer_cls or RingWriter,
                                reader_cls=self.reader_cls or RingReader,
-                               name=f"mutant:{self.name}")
+                               name=f"enginewire.fuzz.mutants:EXPLORER.{self.name}")
 
 
-#: Codec kinds the fuzz campaign feeds a codec mutant: requests, outputs and their structs.
-FUZZ_KINDS = ("add", "abort", "outputs", "EngineCoreRequest", "EngineCoreOutput")
+#: Codec kinds the fuzz campaign feeds a codec mutant (the input message every engine decodes).
+FUZZ_KINDS = ("add",)
 CODEC_CHECKS = ("codec.*",)
-RING_CHECKS = ("ring.*",)
+#: The ring checks that run the queue over real shared memory, not the instrumented
+#: ``ring.memory.*`` ones: on x86 they cannot see a missing fence or a reordered flag store,
+#: which is why the explorer is the check for those two mutants.
+REAL_MEMORY_RING_CHECKS = ("ring.writer.*", "ring.reader.*", "ring.pair.*")
+FRAMING_CHECKS = ("ring.writer.chunk-framing", "ring.writer.exact-fit-stays-in-ring",
+                  "ring.writer.one-byte-*", "ring.writer.overflow-message")
 
 
 def _ring(**classes: Any) -> Callable[[], Any]:
@@ -101,36 +108,39 @@ _CATALOGUE = [
     # --- ring: flag protocol -------------------------------------------------------------
     Mutant("flag-order", "the written flag is set before the read flags are cleared",
            "vLLM issues 27858, 29389 (weak ordering)",
-           "ring", _ring(writer_cls=ring.WrittenBeforeReadFlagsCleared), RING_CHECKS,
+           "ring", _ring(writer_cls=ring.WrittenBeforeReadFlagsCleared), REAL_MEMORY_RING_CHECKS,
            writer_cls=ring.WrittenBeforeReadFlagsCleared, explorer_model="sc"),
     Mutant("missing-fence", "no fence between the chunk's data and the written flag",
            "vLLM PR 30407 (fences)",
-           "ring", _ring(writer_cls=ring.NoFenceBeforeWritten), RING_CHECKS,
+           "ring", _ring(writer_cls=ring.NoFenceBeforeWritten), REAL_MEMORY_RING_CHECKS,
            writer_cls=ring.NoFenceBeforeWritten, explorer_model="weak"),
     Mutant("reuses-partly-read-chunk", "the writer reuses a chunk only some readers have read",
            "vLLM issue 27858; shm_broadcast.py acquire_write (read_count == n_reader)",
-           "ring", _ring(writer_cls=ring.ReusesPartlyReadChunk), RING_CHECKS,
-           writer_cls=ring.ReusesPartlyReadChunk, explorer_model="sc"),
+           "ring", _ring(writer_cls=ring.ReusesPartlyReadChunk),
+           ("ring.writer.waits-for-every-reader", "ring.memory.*"),
+           writer_cls=ring.ReusesPartlyReadChunk, explorer_model="sc", explorer_config=(2, 2, 3)),
     Mutant("marks-read-before-copy", "the reader marks the chunk read before copying it",
            "vLLM issues 53217 (aliasing a released slot), 45224 (release after the read)",
-           "ring", _ring(reader_cls=ring.MarksReadBeforeCopy), RING_CHECKS,
-           reader_cls=ring.MarksReadBeforeCopy, explorer_model="sc"),
+           "ring", _ring(reader_cls=ring.MarksReadBeforeCopy), ("ring.memory.*",),
+           reader_cls=ring.MarksReadBeforeCopy, explorer_model="sc", explorer_config=(2, 2, 3)),
     # --- ring: framing and waiting -------------------------------------------------------
     Mutant("overflow-off-by-one", "the overflow test is > where vLLM has >=",
            "shm_broadcast.py enqueue (total_bytes + len >= max_chunk_bytes)",
-           "ring", _ring(queue_cls=ring.OverflowOffByOne), RING_CHECKS),
+           "ring", _ring(queue_cls=ring.OverflowOffByOne), FRAMING_CHECKS),
     Mutant("length-prefix-little-endian", "buffer count and lengths written little-endian",
            "shm_broadcast.py enqueue (to_bytes(4, 'big'))",
-           "ring", _ring(queue_cls=ring.LittleEndianLengths), RING_CHECKS),
+           "ring", _ring(queue_cls=ring.LittleEndianLengths), FRAMING_CHECKS),
     Mutant("buffer-count-one-byte", "the buffer count is one byte instead of two",
            "shm_broadcast.py enqueue (len(buffers).to_bytes(2, 'big'))",
-           "ring", _ring(queue_cls=ring.OneByteBufferCount), RING_CHECKS),
+           "ring", _ring(queue_cls=ring.OneByteBufferCount), FRAMING_CHECKS),
     Mutant("lost-notification", "a waiting reader trusts notifications and never rechecks",
            "vLLM issue 45224 (lost notifications)",
-           "ring", _ring(queue_cls=ring.NoRecheckAfterNotification), RING_CHECKS),
+           "ring", _ring(queue_cls=ring.NoRecheckAfterNotification),
+           ("ring.reader.finds-write-without-notification",)),
     Mutant("no-release-on-error", "the read flag is not set when decoding raises",
            "vLLM issue 45224 (read slot released in finally)",
-           "ring", _ring(queue_cls=ring.NoReleaseOnError), RING_CHECKS),
+           "ring", _ring(queue_cls=ring.NoReleaseOnError),
+           ("ring.reader.release-on-error",)),
     # --- peers ---------------------------------------------------------------------------
     Mutant("identity-big-endian", "the engine's routing identity is big-endian",
            "vLLM issue 23247 (identity confusion on reconnect); core.py to_bytes(2, 'little')",
@@ -144,4 +154,20 @@ _CATALOGUE = [
 #: name -> mutant (each callable: returns a fresh conformance target).
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _CATALOGUE}
 
-__all__ = ["MUTANTS", "Mutant"]
+
+
+class _ExplorerTargets:
+    """Attribute NAME is the explorer ring target of flag-protocol mutant NAME, so the
+    schedules the explorer prints replay with ``enginewire explore --replay`` (their target is
+    ``enginewire.fuzz.mutants:EXPLORER.NAME``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        mutant = MUTANTS.get(name)
+        if mutant is None or not mutant.explorable:
+            raise AttributeError(f"no flag-protocol mutant {name!r}")
+        return mutant.explorer_target()
+
+
+EXPLORER = _ExplorerTargets()
+
+__all__ = ["EXPLORER", "MUTANTS", "Mutant"]

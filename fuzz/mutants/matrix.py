@@ -21,13 +21,28 @@ from typing import Any
 
 from . import Mutant
 
-#: The explorer's configuration for mutants: 2 readers, 2 chunks, 3 messages.
-EXPLORER_READERS, EXPLORER_CHUNKS, EXPLORER_MESSAGES = 2, 2, 3
-EXPLORER_PREEMPTIONS = 2
-EXPLORER_MAX_STATES = 20_000
-FUZZ_EXAMPLES = 25
 FUZZ_SEED = 0
 COLUMNS = ("conformance", "fuzz", "explorer")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How hard each column tries. :data:`BOUNDED` fits CI; :data:`FULL` digs deeper."""
+
+    #: Fuzz cases per kind.
+    fuzz_examples: int
+    #: Extra codec kinds fuzzed beyond each mutant's own.
+    fuzz_extra_kinds: tuple[str, ...]
+    #: Explorer preemption bound and state limit (the ring size is the mutant's own).
+    preemptions: int
+    max_states: int
+
+
+BOUNDED = Budget(fuzz_examples=10, fuzz_extra_kinds=(), preemptions=2, max_states=20_000)
+FULL = Budget(fuzz_examples=100,
+              fuzz_extra_kinds=("abort", "utility", "outputs", "EngineCoreRequest",
+                                "EngineCoreOutput", "EngineCoreOutputs"),
+              preemptions=3, max_states=500_000)
 
 
 @dataclass
@@ -78,13 +93,14 @@ class MutantResult:
 class _Baselines:
     """Reference verdicts, computed once each: conformance checks and explorer kinds."""
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: Any, budget: Budget) -> None:
         from enginewire.conformance.reference_target import reference_target
 
         self.spec = spec
+        self.budget = budget
         self.target = reference_target()
         self._checks: dict[str, str] = {}
-        self._kinds: dict[tuple[str, bool], set[str]] = {}
+        self._kinds: dict[tuple[str, tuple[int, int, int]], set[str]] = {}
 
     def check_status(self, item: Any) -> str:
         from enginewire.conformance.runner import run_check
@@ -93,24 +109,26 @@ class _Baselines:
             self._checks[item.id] = run_check(item, self.target, self.spec).status
         return self._checks[item.id]
 
-    def explorer_kinds(self, model: str) -> set[str]:
-        if model not in self._kinds:
+    def explorer_kinds(self, model: str, config: tuple[int, int, int]) -> set[str]:
+        """Violation kinds the reference itself shows under ``model`` and ``config``."""
+        key = (model, config)
+        if key not in self._kinds:
             from enginewire.fuzz.explore.targets import ReferenceTarget
 
-            result = _explore(ReferenceTarget(), model, keep_going=True)
-            self._kinds[model] = {f.violation.kind for f in result.findings}
-        return self._kinds[model]
+            result = _explore(ReferenceTarget(), model, config, self.budget)
+            self._kinds[key] = {f.violation.kind for f in result.findings}
+        return self._kinds[key]
 
     def close(self) -> None:
         self.target.close()
 
 
-def _explore(target: Any, model: str, *, keep_going: bool) -> Any:
+def _explore(target: Any, model: str, config: tuple[int, int, int], budget: Budget) -> Any:
+    """A bounded search that reports the first violation of each kind (shrunk)."""
     from enginewire.fuzz.explore import RingConfig, explore
 
-    config = RingConfig(EXPLORER_READERS, EXPLORER_CHUNKS, EXPLORER_MESSAGES)
-    return explore(target, config, model=model, preemptions=EXPLORER_PREEMPTIONS,
-                   max_states=EXPLORER_MAX_STATES, keep_going=keep_going)
+    return explore(target, RingConfig(*config), model=model, preemptions=budget.preemptions,
+                   max_states=budget.max_states, keep_going=True)
 
 
 def run_conformance(mutant: Mutant, baselines: _Baselines) -> Column:
@@ -136,7 +154,7 @@ def run_conformance(mutant: Mutant, baselines: _Baselines) -> Column:
     return column
 
 
-def run_fuzz(mutant: Mutant) -> Column:
+def run_fuzz(mutant: Mutant, budget: Budget) -> Column:
     from .. import runner
 
     column = Column(ran=True)
@@ -144,16 +162,17 @@ def run_fuzz(mutant: Mutant) -> Column:
     target = mutant()
     try:
         campaign = runner.CodecCampaign(target_name=f"mutant-{mutant.name}",
-                                        max_examples=FUZZ_EXAMPLES, seed=FUZZ_SEED,
+                                        max_examples=budget.fuzz_examples, seed=FUZZ_SEED,
                                         database=None, shrink_seconds=0.0)
-        report = runner.fuzz_codec(target.codec.decode, mutant.fuzz_kinds, campaign)
+        kinds = list(dict.fromkeys((*mutant.fuzz_kinds, *budget.fuzz_extra_kinds)))
+        report = runner.fuzz_codec(target.codec.decode, kinds, campaign)
     finally:
         target.close()
     for finding in report.findings:
         column.kills.append(f"{finding.kind}/{finding.mutation}:{finding.problem}")
         column.details.append(finding.render(len(column.details) + 1))
     if not report.findings and report.notes:
-        column.note = "; ".join(report.notes)[:200]
+        column.note = f"{len(report.notes)} kind(s) skipped: valid frames do not decode"
     column.seconds = time.monotonic() - started
     return column
 
@@ -161,8 +180,9 @@ def run_fuzz(mutant: Mutant) -> Column:
 def run_explorer(mutant: Mutant, baselines: _Baselines) -> Column:
     column = Column(ran=True)
     started = time.monotonic()
-    known = baselines.explorer_kinds(mutant.explorer_model)
-    result = _explore(mutant.explorer_target(), mutant.explorer_model, keep_going=True)
+    known = baselines.explorer_kinds(mutant.explorer_model, mutant.explorer_config)
+    result = _explore(mutant.explorer_target(), mutant.explorer_model, mutant.explorer_config,
+                      baselines.budget)
     for finding in result.findings:
         if finding.violation.kind in known:
             continue
@@ -174,12 +194,12 @@ def run_explorer(mutant: Mutant, baselines: _Baselines) -> Column:
     return column
 
 
-def kill_matrix(mutants: Sequence[Mutant], *,
+def kill_matrix(mutants: Sequence[Mutant], *, budget: Budget = BOUNDED,
                 progress: Callable[[MutantResult], None] | None = None) -> list[MutantResult]:
     """Run every applicable column against every mutant, in order."""
     from enginewire.spec import load
 
-    baselines = _Baselines(load())
+    baselines = _Baselines(load(), budget)
     results = []
     try:
         for mutant in mutants:
@@ -187,7 +207,7 @@ def kill_matrix(mutants: Sequence[Mutant], *,
             if mutant.conformance:
                 columns["conformance"] = run_conformance(mutant, baselines)
             if mutant.fuzz_kinds:
-                columns["fuzz"] = run_fuzz(mutant)
+                columns["fuzz"] = run_fuzz(mutant, budget)
             if mutant.explorable:
                 columns["explorer"] = run_explorer(mutant, baselines)
             result = MutantResult(mutant, columns)
@@ -206,7 +226,7 @@ def render_matrix(results: Sequence[MutantResult]) -> str:
         rows.append((result.mutant.name,
                      *(result.columns[c].cell() for c in COLUMNS),
                      "killed" if result.killed else "SURVIVED"))
-    widths = [min(max(len(r[i]) for r in rows), 60) for i in range(len(rows[0]))]
+    widths = [min(max(len(r[i]) for r in rows), 48) for i in range(len(rows[0]))]
 
     def line(row: Sequence[str]) -> str:
         cells = [(text if len(text) <= widths[i] else text[:widths[i] - 3] + "...")

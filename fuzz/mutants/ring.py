@@ -10,6 +10,7 @@ conformance ``ring`` surface.
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -243,13 +244,13 @@ class NoReleaseOnError(MessageQueue):
     def dequeue(self, timeout: float | None = None) -> Any:
         if not self.is_local_reader or self._pending_overflow:
             return super().dequeue(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         chunk = self._acquire_chunk(timeout)
         decoded = decode_chunk(chunk)
         if decoded.overflow:
             self._pending_overflow += 1
             self._release_chunk(chunk)
-            return self._decode_frames(self._recv_overflow(None if timeout is None
-                                                           else timeout))
+            return self._decode_frames(self._recv_overflow(deadline))
         views = decoded.buffers
         value = self.codec.decode(views[0], [bytearray(v) for v in views[1:]])
         queue_module._release_views(views)

@@ -183,6 +183,9 @@ class RingWriter:
         if not self.writable():
             return None
         self.memory.store(self._rows[self.index], 0)
+        # The claim must be visible before any data byte or read flag of the chunk changes
+        # (clause ring.writer.fence-after-claim).
+        self.memory.fence()
         self._claimed = self.index
         return self.index
 
@@ -260,12 +263,14 @@ class RingReader:
     def readable(self) -> bool:
         """Fence, then: written == 1 and own read flag == 0 on chunk ``index``?
 
-        Clauses ring.reader.fence-before-check and ring.reader.readable-iff.
+        Clauses ring.reader.fence-before-check, ring.reader.readable-iff and
+        ring.reader.own-flag-loaded-first: the own read flag is loaded before the written flag,
+        so a claim that clears the read flags between the two loads cannot look readable.
         """
         memory = self.memory
         memory.fence()
         row = self._rows[self.index]
-        return bool(memory.load(row)) and not memory.load(row + 1 + self.rank)
+        return not memory.load(row + 1 + self.rank) and bool(memory.load(row))
 
     def try_acquire(self) -> int | None:
         """Return chunk ``index`` if it is readable, else None. The caller must then
