@@ -14,7 +14,7 @@ beforehand) and ends when that request's first output is back in the front end's
 Each session is set up once for the run (the constructor starts the processes, ``wait_ready``
 waits for them, so several sessions start side by side); a round sends ``round_trips``
 requests one after the other and reports the median and the 99th percentile. Every wait has a
-timeout; engines and helper processes are stopped and ipc files removed on :meth:`close`.
+timeout; engines and the other child processes are stopped and ipc files removed on :meth:`close`.
 """
 
 from __future__ import annotations

@@ -174,9 +174,16 @@ def read_json(path: str | Path) -> Results:
 
 
 def write_json(results: Results, path: str | Path) -> None:
+    """The results as JSON: indented, except that each series (with its hundreds of
+    observations) takes one line."""
+    document = results.to_builtins()
+    rows = document.pop("series")
+    text = json.dumps(document, indent=1, ensure_ascii=False)
+    series = ",\n".join("  " + json.dumps(row, ensure_ascii=False) for row in rows)
+    text = text[:-2] + f',\n "series": [\n{series}\n ]\n}}'
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(results.to_builtins(), indent=1) + "\n", encoding="utf-8")
+    target.write_text(text + "\n", encoding="utf-8")
 
 
 def payload_axis(sizes: Iterable[int]) -> list[str]:

@@ -260,7 +260,8 @@ class Results:
                 "ceiling": None if ceiling is None else ceiling.contender,
                 "vs_ceiling": opt(self.vs_ceiling(series)),
                 "errors": series.errors,
-                "observations": series.observations,
+                # Sub-microsecond digits of a wake-up time are noise: 0.01 µs keeps the file small.
+                "observations": [round(value, 2) for value in series.observations],
             })
         goals = []
         for goal in self.goals():

@@ -696,8 +696,10 @@ class Codec:
                 if used is not None:
                     used.clear()
                     used.update(before)
+        # A nil that no member accepts breaks the nil rule, whatever else the union allows.
+        clause = "structs.none.nil" if raw is None else "frames.payload-matches-type"
         raise PayloadError(
-            "frames.payload-matches-type",
+            clause,
             f"value matches no member of {target.expr}: " + "; ".join(failures),
         )
 

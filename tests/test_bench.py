@@ -44,7 +44,7 @@ ROW_KEYS = {"bench", "metric", "unit", "better", "case", "label", "contender", "
 
 
 def child_processes() -> list[str]:
-    """Command lines of this process's children, except multiprocessing's helpers (the fork
+    """Command lines of this process's children, except multiprocessing's own (the fork
     server and the resource tracker live as long as this process)."""
     found = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
