@@ -617,9 +617,6 @@ def _arena(ring: Any, ctx: Any) -> None:
     raise CheckFailure("the reader attached to a ring whose handle names a tensor arena")
 
 
-
-
-
 @check("ring.reader.waits-for-ready", clauses=["ring.ready.reader-receives-ready",
                                                "ring.ready.collective"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
