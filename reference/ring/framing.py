@@ -40,6 +40,7 @@ MAX_BUFFER_BYTES = 0xFFFFFFFF
 Buffer = Any
 
 _HEADER = struct.Struct(">BHI")  # overflow byte, count, length of buffer 0
+_FIRST_DATA = HEADER_BYTES + LENGTH_BYTES  # where buffer 0 starts
 _LENGTH = struct.Struct(">I")
 
 
@@ -68,6 +69,8 @@ def needs_overflow(buffers: Sequence[Buffer], max_chunk_bytes: int) -> bool:
 
     The comparison is ``>=`` on vLLM's total, i.e. ``framed_size(buffers) > max_chunk_bytes``.
     """
+    if len(buffers) == 1 and type(buffers[0]) is bytes:
+        return OVERFLOW_BASE + len(buffers[0]) >= max_chunk_bytes
     if not buffers:
         raise RingError("ring.framing.buffer-count", "a message has at least its main buffer",
                         expected=">= 1 buffer", got=0)
@@ -79,8 +82,6 @@ def _check_encodable(buffers: Sequence[Buffer]) -> None:
         raise RingError("ring.framing.buffer-count",
                         "the buffer count (main buffer included) must fit in 2 bytes and be >= 1",
                         expected=f"1..{MAX_BUFFERS}", got=len(buffers))
-    if len(buffers) == 1 and isinstance(buffers[0], bytes):
-        return  # the common case: one bytes object, shorter than any chunk can be
     for index, buffer in enumerate(buffers):
         if nbytes(buffer) > MAX_BUFFER_BYTES:
             raise RingError("ring.framing.length-prefix",
@@ -95,6 +96,12 @@ def write_chunk(write: Callable[[int, Buffer], None], buffers: Sequence[Buffer],
     Offsets are ``base`` plus the position inside the chunk. The caller checks
     :func:`needs_overflow` first; this function does not know the chunk size.
     """
+    if len(buffers) == 1 and type(buffers[0]) is bytes and len(buffers[0]) <= MAX_BUFFER_BYTES:
+        # The common case, a pickle stream with nothing out of band.
+        first = buffers[0]
+        write(base, _HEADER.pack(IN_RING, 1, len(first)))
+        write(base + _FIRST_DATA, first)
+        return _FIRST_DATA + len(first)
     _check_encodable(buffers)
     first = buffers[0]
     first_len = nbytes(first)
@@ -137,6 +144,20 @@ class DecodedChunk(NamedTuple):
     buffers: list[memoryview]
 
 
+def single_buffer(chunk: memoryview) -> memoryview | None:
+    """The one buffer of an in-ring chunk that holds exactly one (a zero-copy view: release it
+    before the chunk), or None for any other chunk, for :func:`decode_chunk` to parse.
+
+    The common case of the ring, parsed without building a :class:`DecodedChunk`. ``chunk``
+    must be a one-dimensional memoryview of bytes (format ``B``).
+    """
+    if chunk.nbytes >= _FIRST_DATA:
+        marker, count, length = _HEADER.unpack_from(chunk)
+        if marker == IN_RING and count == 1 and _FIRST_DATA + length <= chunk.nbytes:
+            return chunk[_FIRST_DATA:_FIRST_DATA + length]
+    return None
+
+
 def decode_chunk(chunk: Buffer) -> DecodedChunk:
     """Parse one chunk. Buffers are zero-copy views into ``chunk``: copy them before release.
 
@@ -151,7 +172,7 @@ def decode_chunk(chunk: Buffer) -> DecodedChunk:
         raise RingError("ring.framing.within-chunk", "empty chunk", expected=">= 1 byte", got=0)
     marker = view[0]
     if marker == OVERFLOW:
-        return DecodedChunk(overflow=True, buffers=[])
+        return DecodedChunk(True, [])
     if marker != IN_RING:
         raise RingError("ring.framing.overflow-byte", "byte 0 of a chunk must be 0 or 1",
                         expected="0 or 1", got=marker)
@@ -186,4 +207,4 @@ def decode_chunk(chunk: Buffer) -> DecodedChunk:
             buffer.release()
         buffers.clear()
         raise
-    return DecodedChunk(overflow=False, buffers=buffers)
+    return DecodedChunk(False, buffers)

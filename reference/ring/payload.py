@@ -22,6 +22,7 @@ import importlib
 import io
 import pickle
 import sys
+import threading
 from collections.abc import Sequence
 from pickle import PickleBuffer
 from types import SimpleNamespace
@@ -39,6 +40,9 @@ VLLM_SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 VLLM_REBUILD_NAME = "_rebuild_tensor"
 #: A pickle stream naming vLLM's rebuild function (either spelling) contains these bytes.
 _VLLM_MODULE_BYTES = VLLM_SHM_MODULE.encode()
+#: In-band streams up to this size are copied and searched for vLLM's module name, so that
+#: the common stream is unpickled by ``pickle.loads``; longer ones are read in place.
+SCAN_BYTES_MAX = 16 * 1024
 
 
 class PayloadCodec(Protocol):
@@ -131,6 +135,81 @@ class _RingUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+class _ViewReader:
+    """A read-only file over a buffer, for :class:`pickle.Unpickler`: ``readinto`` lets the
+    unpickler copy a large in-band buffer straight from the slot into its final object."""
+
+    __slots__ = ("_view", "_pos")
+
+    def __init__(self, buffer: Buffer) -> None:
+        view = memoryview(buffer)
+        self._view = view if view.format == "B" and view.ndim == 1 else view.cast("B")
+        self._pos = 0
+
+    def read(self, size: int = -1) -> bytes:
+        start = self._pos
+        end = len(self._view) if size < 0 else min(start + size, len(self._view))
+        self._pos = end
+        return self._view[start:end].tobytes()
+
+    def readinto(self, target: Buffer) -> int:
+        out = memoryview(target).cast("B")
+        start = self._pos
+        count = min(len(out), len(self._view) - start)
+        out[:count] = self._view[start:start + count]
+        self._pos = start + count
+        return count
+
+    def readline(self) -> bytes:
+        rest = self._view[self._pos:].tobytes()  # text opcodes only (protocols 0 and 1)
+        end = rest.find(b"\n")
+        line = rest if end < 0 else rest[:end + 1]
+        self._pos += len(line)
+        return line
+
+
+class _Output(list):  # type: ignore[type-arg]
+    """The file a pickler writes one message to: the pieces it wrote, in order."""
+
+    write = list.append
+
+
+class _Pickling:
+    """One thread's pickler, kept from message to message: building a ``Pickler`` and its
+    dispatch table costs several times more than pickling a small message.
+
+    The table is copyreg's as it was when this object was made, plus the tensor reducers when
+    torch is imported; :meth:`current` says whether either has changed since.
+    """
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.output = _Output()
+        self.buffers: list[Buffer] | None = None
+        self.busy = False
+        self.copyreg_seen = dict(copyreg.dispatch_table)
+        self.torch = sys.modules.get("torch")
+        table = dict(self.copyreg_seen)
+        if self.torch is not None:
+            table[self.torch.Tensor] = _reduce_tensor
+            table[_VllmRebuildRef] = _reduce_rebuild_ref
+            table[_VllmModuleRef] = _reduce_module_ref
+        self.pickler = pickle.Pickler(self.output, protocol=pickle.HIGHEST_PROTOCOL,
+                                      buffer_callback=self.out_of_band)
+        self.pickler.dispatch_table = table
+
+    def current(self) -> bool:
+        return (sys.modules.get("torch") is self.torch
+                and copyreg.dispatch_table == self.copyreg_seen)
+
+    def out_of_band(self, buffer: PickleBuffer) -> bool:
+        raw = buffer.raw()
+        if raw.nbytes < self.threshold:
+            return True  # serialise in band
+        self.buffers.append(raw)  # type: ignore[union-attr]
+        return False
+
+
 class PickleCodec:
     """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``)."""
 
@@ -138,41 +217,45 @@ class PickleCodec:
 
     def __init__(self, oob_threshold: int = OOB_THRESHOLD_BYTES) -> None:
         self.oob_threshold = oob_threshold
+        self._local = threading.local()
 
     def encode(self, obj: Any) -> list[Buffer]:
+        local = self._local
+        pickling = getattr(local, "pickling", None)
+        if pickling is None or not pickling.current():
+            pickling = local.pickling = _Pickling(self.oob_threshold)
+        elif pickling.busy:
+            pickling = _Pickling(self.oob_threshold)  # a reducer pickling a message itself
         buffers: list[Buffer] = [b""]
-        threshold = self.oob_threshold
-
-        def out_of_band(buffer: PickleBuffer) -> bool:
-            raw = buffer.raw()
-            if raw.nbytes < threshold:
-                return True  # serialise in band
-            buffers.append(raw)
-            return False
-
-        torch = sys.modules.get("torch")
-        if torch is None:
-            # No tensor can exist in a process that never imported torch.
-            buffers[0] = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL,
-                                      buffer_callback=out_of_band)
-            return buffers
-        with io.BytesIO() as stream:
-            pickler = pickle.Pickler(stream, protocol=pickle.HIGHEST_PROTOCOL,
-                                     buffer_callback=out_of_band)
-            # Start from copyreg's table so reducers registered process-wide still apply.
-            table = dict(copyreg.dispatch_table)
-            table[torch.Tensor] = _reduce_tensor
-            table[_VllmRebuildRef] = _reduce_rebuild_ref
-            table[_VllmModuleRef] = _reduce_module_ref
-            pickler.dispatch_table = table
-            pickler.dump(obj)
-            buffers[0] = stream.getvalue()
+        pickling.buffers = buffers
+        pickling.busy = True
+        output = pickling.output
+        try:
+            pickling.pickler.dump(obj)
+            buffers[0] = output[0] if len(output) == 1 else b"".join(output)
+        except BaseException:
+            local.pickling = None  # start the next message from a fresh pickler
+            raise
+        finally:
+            output.clear()
+            pickling.pickler.clear_memo()  # the memo would keep the message's objects alive
+            pickling.buffers = None
+            pickling.busy = False
         return buffers
 
     def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
-        data = main if isinstance(main, bytes) else bytes(main)
-        if _VLLM_MODULE_BYTES not in data:
-            return pickle.loads(data, buffers=oob)
+        if type(main) is bytes:
+            data = main
+        elif type(main) is memoryview and main.nbytes <= SCAN_BYTES_MAX:
+            data = main.tobytes()
+        elif memoryview(main).nbytes <= SCAN_BYTES_MAX:
+            data = bytes(main)
+        else:
+            # Copying a large stream to search it costs more than unpickling it with the
+            # mapping: unpickle from the buffer itself.
+            return _RingUnpickler(_ViewReader(main), buffers=oob).load()
+        if data.find(_VLLM_MODULE_BYTES) < 0:  # find: faster than `in` for this needle
+            return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)
         # Only streams that name vLLM's tensor rebuild need the mapping (and its slower path).
         with io.BytesIO(data) as stream:
             return _RingUnpickler(stream, buffers=oob).load()

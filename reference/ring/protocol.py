@@ -156,7 +156,11 @@ class RingWriter:
         self.layout = layout
         self.index = 0
         self._claimed: int | None = None
+        self._n_reader = layout.n_reader
+        self._max_chunks = layout.max_chunks
         self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
+        self._read_flags = [tuple(range(row + 1, row + 1 + layout.n_reader))
+                            for row in self._rows]
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
     def writable(self) -> bool:
@@ -164,12 +168,12 @@ class RingWriter:
 
         Clauses ring.writer.fence-before-check and ring.writer.wait-writable.
         """
-        memory, n_reader = self.memory, self.layout.n_reader
+        memory = self.memory
         memory.fence()
-        row = self._rows[self.index]
-        if not memory.load(row):
+        index = self.index
+        if not memory.load(self._rows[index]):
             return True
-        return sum(memory.read(row + 1, n_reader)) == n_reader
+        return sum(map(memory.load, self._read_flags[index])) == self._n_reader
 
     def try_acquire(self) -> int | None:
         """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
@@ -182,12 +186,14 @@ class RingWriter:
                             expected="commit() before the next acquire", got=self._claimed)
         if not self.writable():
             return None
-        self.memory.store(self._rows[self.index], 0)
+        index = self.index
+        memory = self.memory
+        memory.store(self._rows[index], 0)
         # The claim must be visible before any data byte or read flag of the chunk changes
         # (clause ring.writer.fence-after-claim).
-        self.memory.fence()
-        self._claimed = self.index
-        return self.index
+        memory.fence()
+        self._claimed = index
+        return index
 
     def chunk_offset(self) -> int:
         """Offset of the claimed chunk's data."""
@@ -207,14 +213,15 @@ class RingWriter:
             raise RingError("ring.writer.wait-writable", "commit without a claimed chunk",
                             expected="try_acquire() first", got=None)
         memory = self.memory
-        row = self._rows[index]
-        for reader in range(self.layout.n_reader):
-            memory.store(row + 1 + reader, 0)
+        store = memory.store
+        for flag in self._read_flags[index]:
+            store(flag, 0)
         memory.fence()  # ring.writer.fence-before-written
-        memory.store(row, 1)
+        store(self._rows[index], 1)
         memory.fence()  # ring.writer.fence-after-written
         self._claimed = None
-        self.index = (index + 1) % self.layout.max_chunks
+        index += 1
+        self.index = 0 if index == self._max_chunks else index
 
     def readers_behind(self) -> bool:
         """After :meth:`commit`: has no reader released the chunk committed before it yet?
@@ -225,14 +232,13 @@ class RingWriter:
         load of the other's flag, so at least one of them sees the other's store. False with a
         single chunk and before the second write.
         """
-        layout = self.layout
-        if layout.max_chunks < 2:
+        if self._max_chunks < 2:
             return False
-        row = self._rows[(self.index - 2) % layout.max_chunks]
+        index = (self.index - 2) % self._max_chunks
         memory = self.memory
-        if not memory.load(row):
+        if not memory.load(self._rows[index]):
             return False
-        return not any(memory.read(row + 1, layout.n_reader))
+        return not any(map(memory.load, self._read_flags[index]))
 
     def abandon(self) -> None:
         """Give a claimed chunk up without publishing it (the caller failed while filling it).
@@ -257,7 +263,9 @@ class RingReader:
         self.rank = rank
         self.index = 0
         self._held: int | None = None
+        self._max_chunks = layout.max_chunks
         self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
+        self._own_flags = [row + 1 + rank for row in self._rows]
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
     def readable(self) -> bool:
@@ -269,8 +277,8 @@ class RingReader:
         """
         memory = self.memory
         memory.fence()
-        row = self._rows[self.index]
-        return not memory.load(row + 1 + self.rank) and bool(memory.load(row))
+        index = self.index
+        return not memory.load(self._own_flags[index]) and bool(memory.load(self._rows[index]))
 
     def try_acquire(self) -> int | None:
         """Return chunk ``index`` if it is readable, else None. The caller must then
@@ -282,8 +290,8 @@ class RingReader:
             return None
         # Orders the data loads after the flag loads (clause ring.reader.fence-before-data).
         self.memory.fence()
-        self._held = self.index
-        return self.index
+        self._held = index = self.index
+        return index
 
     def chunk_offset(self) -> int:
         """Offset of the held chunk's data."""
@@ -303,7 +311,8 @@ class RingReader:
                             expected="try_acquire() first", got=None)
         memory = self.memory
         memory.fence()  # ring.reader.fence-before-release: reads complete before the flag
-        memory.store(self._rows[index] + 1 + self.rank, 1)
+        memory.store(self._own_flags[index], 1)
         memory.fence()  # ring.reader.fence-after-release
         self._held = None
-        self.index = (index + 1) % self.layout.max_chunks
+        index += 1
+        self.index = 0 if index == self._max_chunks else index

@@ -45,7 +45,7 @@ import zmq
 
 from ..addresses import ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
-from .framing import Buffer, decode_chunk, needs_overflow, write_chunk
+from .framing import Buffer, decode_chunk, needs_overflow, single_buffer, write_chunk
 from .layout import RingLayout
 from .payload import PayloadCodec, get_codec
 from .protocol import RingReader, RingWriter
@@ -131,6 +131,7 @@ class _Resources:
         self.sockets: list[zmq.Socket] = []
         self.segment: ShmSegment | None = None
         self.bound_ipc: list[str] = []
+        self.views: list[memoryview] = []
         self._lock = threading.Lock()
         self.closed = False
 
@@ -161,6 +162,7 @@ class _Resources:
             # Whatever zmq did, the files and the segment go (clause ring.lifecycle.*).
             for address in self.bound_ipc:
                 remove_ipc_file(address)
+            _release_views(self.views)
             if self.segment is not None:
                 self.segment.close()
 
@@ -208,6 +210,9 @@ class MessageQueue:
                 self.layout = RingLayout(n_local_reader, max_chunk_bytes, max_chunks)
                 res.segment = ShmSegment.create(self.layout)
                 self._writer = RingWriter(res.segment.memory, self.layout)
+                self._chunk_bytes = max_chunk_bytes
+                self._chunk_offsets = [self.layout.chunk_offset(index)
+                                       for index in range(max_chunks)]
                 buffer_handle = self.layout.buffer_handle(res.segment.name)
                 self._local_socket = res.socket(zmq.XPUB)
                 self._local_socket.setsockopt(zmq.XPUB_VERBOSE, 1)
@@ -293,6 +298,10 @@ class MessageQueue:
                 self._reader = RingReader(res.segment.memory, self.layout,
                                           self.local_reader_rank)
                 self._chunk_bytes = self.layout.max_chunk_bytes
+                # One view per chunk for the queue's life: a message costs no view of its own.
+                res.views = self._chunk_views = [
+                    res.segment.memory.read(self.layout.chunk_offset(index), self._chunk_bytes)
+                    for index in range(self.layout.max_chunks)]
                 self._local_socket = res.socket(zmq.SUB)
                 self._local_socket.setsockopt(zmq.SUBSCRIBE, b"")
                 self._local_socket.connect(handle.local_subscribe_addr)
@@ -414,21 +423,22 @@ class MessageQueue:
         Waits (at most ``timeout`` seconds, None: forever) for the next chunk to be free,
         raising :class:`ProtocolTimeout` (a ``TimeoutError``) when it is not.
         """
-        if not self.is_writer:
-            raise RingError("ring.writer.single-writer", "only the writer end can enqueue")
-        if self._resources.closed:
-            raise QueueClosed("the queue is closed")
-        if self.n_local_reader > 0:
-            writer = self._writer
-            assert writer is not None and self.layout is not None
-            overflow = needs_overflow(buffers, self.layout.max_chunk_bytes)
-            self._claim_chunk(timeout)
+        writer = self._writer
+        if writer is None or self._resources.closed:
+            if not self.is_writer:
+                raise RingError("ring.writer.single-writer", "only the writer end can enqueue")
+            if self._resources.closed:
+                raise QueueClosed("the queue is closed")
+        else:
+            overflow = needs_overflow(buffers, self._chunk_bytes)
+            index = writer.try_acquire()
+            if index is None:
+                index = self._claim_chunk(timeout)
             try:
-                offset = writer.chunk_offset()
                 if overflow:
-                    writer.memory.store(offset, 1)
+                    writer.memory.store(self._chunk_offsets[index], 1)
                 else:
-                    write_chunk(writer.memory.write, buffers, base=offset)
+                    write_chunk(writer.memory.write, buffers, self._chunk_offsets[index])
             except BaseException:
                 writer.abandon()
                 raise
@@ -437,7 +447,7 @@ class MessageQueue:
                 self._send_multipart(self._local_socket, buffers)  # type: ignore[arg-type]
             if not writer.readers_behind():
                 self._notify_socket.send(NOTIFY_MESSAGE, zmq.NOBLOCK)  # type: ignore[union-attr]
-        if self.n_remote_reader > 0:
+        if self.n_remote_reader:
             self._send_multipart(self._remote_socket, buffers)  # type: ignore[arg-type]
 
     @staticmethod
@@ -455,11 +465,11 @@ class MessageQueue:
         If the body raises, the chunk is abandoned unpublished (written stays 0) and the
         next acquire claims it again.
         """
-        self._claim_chunk(timeout)
+        offset = self._chunk_offsets[self._claim_chunk(timeout)]
         writer = self._writer
         assert writer is not None
         try:
-            yield writer.chunk_offset()
+            yield offset
         except BaseException:
             writer.abandon()
             raise
@@ -467,17 +477,20 @@ class MessageQueue:
         if not writer.readers_behind():
             self._notify_socket.send(NOTIFY_MESSAGE, zmq.NOBLOCK)  # type: ignore[union-attr]
 
-    def _claim_chunk(self, timeout: float | None) -> None:
+    def _claim_chunk(self, timeout: float | None) -> int:
+        """Claim the next chunk (waiting for it to be free) and return its index."""
         writer = self._writer
         if writer is None:
             raise RingError("ring.writer.single-writer", "only the writer end has the ring")
-        if writer.try_acquire() is None:
+        index = writer.try_acquire()
+        if index is None:
             backoff = Backoff(self.wait_policy, timeout, clause="ring.writer.timeout",
                               what="a free chunk (every local reader done with it)")
-            while writer.try_acquire() is None:
+            while (index := writer.try_acquire()) is None:
                 if self._shutting_down:
                     raise QueueClosed("the queue was shut down")
                 backoff.pause()
+        return index
 
     # --- readers ---------------------------------------------------------------------------
 
@@ -488,15 +501,26 @@ class MessageQueue:
         :class:`ProtocolTimeout` (a ``TimeoutError``). The ring slot is released whatever
         happens while reading it, decoding errors included (clause ring.reader.release-on-error).
         """
-        if self.is_local_reader:
+        reader = self._reader
+        if reader is not None:
             deadline = None if timeout is None else time.monotonic() + timeout
             if not self._pending_overflow:
-                chunk = self._acquire_chunk(timeout)
+                index = reader.try_acquire()
+                if index is None:
+                    index = self._wait_readable(reader, timeout)
                 try:
-                    decoded = decode_chunk(chunk)
-                    if not decoded.overflow:
-                        views = decoded.buffers
+                    chunk = self._chunk_views[index]
+                    view = single_buffer(chunk)
+                    if view is not None:
                         try:
+                            return self.codec.decode(view, ())
+                        finally:
+                            _release_views([view])
+                    overflow, views = decode_chunk(chunk)
+                    if not overflow:
+                        try:
+                            if len(views) == 1:
+                                return self.codec.decode(views[0], ())
                             # Out-of-band buffers are copied: the object may keep them after
                             # the slot is reused (clause ring.reader.copy-oob-before-release).
                             return self.codec.decode(views[0],
@@ -505,7 +529,7 @@ class MessageQueue:
                             _release_views(views)
                     self._pending_overflow += 1
                 finally:
-                    self._release_chunk(chunk)
+                    self._release_chunk(index)
             return self._decode_frames(self._recv_overflow(deadline))
         if self.is_remote_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -586,27 +610,37 @@ class MessageQueue:
         """Wait for the next readable chunk and yield its data; release it on exit, also when
         the body raises. Do not keep the view (or slices of it) past the block."""
         chunk = self._acquire_chunk(timeout)
+        view = chunk[:]
         try:
-            yield chunk
+            yield view
         finally:
+            _release_views([view])
             self._release_chunk(chunk)
 
-    def _acquire_chunk(self, timeout: float | None) -> Buffer:
+    def _acquire_chunk(self, timeout: float | None) -> memoryview:
+        """Wait for the next readable chunk and return a view of all of it (the queue's own:
+        release nothing, keep nothing past :meth:`_release_chunk`)."""
         reader = self._reader
         if reader is None:
             raise RingError("ring.reader.readable-iff", "only a local reader end has the ring")
-        if reader.try_acquire() is None:
-            backoff = Backoff(self.wait_policy, timeout, clause="ring.reader.timeout",
-                              what="a readable chunk", block=self._block_on_notify)
-            while reader.try_acquire() is None:
-                if self._shutting_down:
-                    raise QueueClosed("the queue was shut down")
-                backoff.pause()
-        return reader.memory.read(reader.chunk_offset(), self._chunk_bytes)
+        index = reader.try_acquire()
+        if index is None:
+            index = self._wait_readable(reader, timeout)
+        return self._chunk_views[index]
 
-    def _release_chunk(self, chunk: Buffer) -> None:
-        if isinstance(chunk, memoryview):
-            chunk.release()
+    def _wait_readable(self, reader: RingReader, timeout: float | None) -> int:
+        """After a failed ``try_acquire``: wait for the chunk, return its index once held."""
+        backoff = Backoff(self.wait_policy, timeout, clause="ring.reader.timeout",
+                          what="a readable chunk", block=self._block_on_notify)
+        while (index := reader.try_acquire()) is None:
+            if self._shutting_down:
+                raise QueueClosed("the queue was shut down")
+            backoff.pause()
+        return index
+
+    def _release_chunk(self, chunk: Buffer | int) -> None:
+        """Release the held chunk (given as its view or its index) and, now and then, drain
+        the notify socket."""
         self._reader.release()  # type: ignore[union-attr]
         now = time.monotonic()
         if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:

@@ -13,6 +13,7 @@ import gc
 import inspect
 import os
 import threading
+from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 
 from ..errors import RingError
@@ -22,6 +23,9 @@ from .layout import RingLayout
 #: One lock per process: taking and releasing it is a full memory barrier (CPython's lock is a
 #: pthread mutex or semaphore), which is what vLLM's ``memory_fence()`` relies on too.
 _FENCE_LOCK = threading.Lock()
+# Bound once: a fence runs four times per message on each end of a ring.
+_fence_acquire = _FENCE_LOCK.acquire
+_fence_release = _FENCE_LOCK.release
 
 #: Serialises the temporary swap of ``resource_tracker.register`` on Pythons without ``track=``.
 _ATTACH_LOCK = threading.Lock()
@@ -31,8 +35,8 @@ _HAS_TRACK_ARG = "track" in inspect.signature(shared_memory.SharedMemory.__init_
 
 def memory_fence() -> None:
     """Full memory barrier between processes sharing memory (lock acquire plus release)."""
-    with _FENCE_LOCK:
-        pass
+    _fence_acquire()
+    _fence_release()
 
 
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
@@ -51,32 +55,34 @@ class ShmMemory:
     """A :class:`.protocol.RingMemory` over a shared-memory mapping.
 
     ``read`` returns zero-copy views: release them (or let them go) before the segment closes.
+    ``load``, ``store`` and ``fence`` are the mapping's own item access and
+    :func:`memory_fence`, bound once, so a flag access costs one C call.
     """
 
     def __init__(self, buf: memoryview) -> None:
+        self._bind(buf)
+
+    def _bind(self, buf: memoryview) -> None:
         self.buf = buf
+        self.load: Callable[[int], int] = buf.__getitem__
+        self.store: Callable[[int, int], None] = buf.__setitem__
+        self.fence: Callable[[], None] = memory_fence
 
-    def load(self, offset: int) -> int:
-        return self.buf[offset]
-
-    def store(self, offset: int, value: int) -> None:
-        self.buf[offset] = value
+    def detach(self) -> None:
+        """Forget the mapping (the segment is closing): later accesses fail with IndexError."""
+        self._bind(memoryview(b""))
 
     def read(self, offset: int, length: int) -> memoryview:
         return self.buf[offset:offset + length]
 
     def write(self, offset: int, data: Buffer) -> None:
-        if isinstance(data, bytes | bytearray):
+        if type(data) is bytes or type(data) is bytearray:
             self.buf[offset:offset + len(data)] = data
             return
         view = memoryview(data)
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         self.buf[offset:offset + view.nbytes] = view
-
-    def fence(self) -> None:
-        with _FENCE_LOCK:
-            pass
 
     def yield_(self) -> None:
         os.sched_yield()
@@ -147,7 +153,7 @@ class ShmSegment:
                 # Someone else removed it; stop the resource tracker from trying again at exit.
                 resource_tracker.unregister(getattr(shm, "_name", "/" + shm.name),
                                             "shared_memory")
-        self.memory.buf = memoryview(b"")
+        self.memory.detach()
         self._buf = None
         try:
             shm.close()
