@@ -156,6 +156,9 @@ class RingWriter:
         self.layout = layout
         self.index = 0
         self._claimed: int | None = None
+        # True while this end has stored nothing since its last fence: a fence then would
+        # order nothing more, so the check before a claim skips it.
+        self._fenced = False
         self._n_reader = layout.n_reader
         self._max_chunks = layout.max_chunks
         self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
@@ -166,10 +169,13 @@ class RingWriter:
     def writable(self) -> bool:
         """Fence, then: is chunk ``index`` free (written == 0 or every read flag set)?
 
-        Clauses ring.writer.fence-before-check and ring.writer.wait-writable.
+        Clauses ring.writer.fence-before-check (no fence when the writer has stored nothing
+        since its last one) and ring.writer.wait-writable.
         """
         memory = self.memory
-        memory.fence()
+        if not self._fenced:
+            memory.fence()
+            self._fenced = True
         index = self.index
         if not memory.load(self._rows[index]):
             return True
@@ -188,6 +194,7 @@ class RingWriter:
             return None
         index = self.index
         memory = self.memory
+        self._fenced = False  # the chunk's data is written by the caller, out of sight
         memory.store(self._rows[index], 0)
         # The claim must be visible before any data byte or read flag of the chunk changes
         # (clause ring.writer.fence-after-claim).
@@ -219,6 +226,7 @@ class RingWriter:
         memory.fence()  # ring.writer.fence-before-written
         store(self._rows[index], 1)
         memory.fence()  # ring.writer.fence-after-written
+        self._fenced = True
         self._claimed = None
         index += 1
         self.index = 0 if index == self._max_chunks else index
@@ -246,6 +254,7 @@ class RingWriter:
         The chunk keeps written == 0, so no reader reads it, and ``index`` does not advance:
         the next acquire claims the same chunk again.
         """
+        self._fenced = False
         self._claimed = None
 
 
@@ -263,6 +272,7 @@ class RingReader:
         self.rank = rank
         self.index = 0
         self._held: int | None = None
+        self._fenced = False  # as the writer's: nothing stored since the last fence
         self._max_chunks = layout.max_chunks
         self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
         self._own_flags = [row + 1 + rank for row in self._rows]
@@ -273,10 +283,14 @@ class RingReader:
 
         Clauses ring.reader.fence-before-check, ring.reader.readable-iff and
         ring.reader.own-flag-loaded-first: the own read flag is loaded before the written flag,
-        so a claim that clears the read flags between the two loads cannot look readable.
+        so a claim that clears the read flags between the two loads cannot look readable. The
+        fence is skipped while the reader has stored nothing since its last one (the one that
+        ends :meth:`release`).
         """
         memory = self.memory
-        memory.fence()
+        if not self._fenced:
+            memory.fence()
+            self._fenced = True
         index = self.index
         return not memory.load(self._own_flags[index]) and bool(memory.load(self._rows[index]))
 
@@ -313,6 +327,7 @@ class RingReader:
         memory.fence()  # ring.reader.fence-before-release: reads complete before the flag
         memory.store(self._own_flags[index], 1)
         memory.fence()  # ring.reader.fence-after-release
+        self._fenced = True
         self._held = None
         index += 1
         self.index = 0 if index == self._max_chunks else index
