@@ -129,7 +129,8 @@ class ThreadContext:
 @dataclass(slots=True, eq=False)
 class Node:
     """One operation of a thread: ``load``/``read`` (children by the bytes returned),
-    ``store`` (``data`` at ``lo``), ``fence``, ``yield``, ``receive`` (``data`` is the
+    ``store`` (``data`` at ``lo``), ``fence``, ``acq_rel`` (an acquire-release fence),
+    ``yield``, ``receive`` (``data`` is the
     message), ``done``, or ``raise`` (``note`` says what, ``clause`` if it names one)."""
 
     id: int
@@ -204,6 +205,9 @@ class ThreadMemory:
 
     def fence(self) -> None:
         self._record("fence")
+
+    def fence_acq_rel(self) -> None:
+        self._record("acq_rel")
 
     def yield_(self) -> None:
         self._record("yield")
@@ -541,8 +545,10 @@ class World:
                     self._event(None, index, "buffer", node.lo, node.hi, node.data,
                                 f"store #{seq}, not visible yet")
                 nodes[index] = node.next  # type: ignore[assignment]
-            elif kind == "fence":
-                if self.buffers[index]:
+            elif kind == "fence" or kind == "acq_rel":
+                # An acquire-release fence orders nothing TSO leaves unordered; under weak the
+                # reference issues the full barrier for it (ring.fence.acquire-release).
+                if self.buffers[index] and (kind == "fence" or sim.model is MemoryModel.WEAK):
                     if self.recording:
                         self._event(None, index, "fence", 0, 0, b"",
                                     f"waits for its {len(self.buffers[index])} buffered "
@@ -576,7 +582,7 @@ class World:
             woke = False
             for index, node in enumerate(nodes):
                 kind = node.kind
-                if kind == "fence":
+                if kind == "fence" or kind == "acq_rel":
                     if self.buffers[index]:
                         continue
                 elif kind == "yield":

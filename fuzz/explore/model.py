@@ -13,8 +13,11 @@ Three models of how one thread's stores reach the others:
   of program order unless a fence separates them (ARM/POWER-like store reordering).
 
 Loads are never reordered with anything in these models, so load-load and load-store
-reordering (which ARM also allows) are not explored. A multi-byte ``write`` or ``read`` is one
-access: the explorer interleaves between accesses, never inside one.
+reordering (which ARM also allows) are not explored. An acquire-release fence
+(``fence_acq_rel``, clause ring.fence.acquire-release) orders everything but an earlier store
+with a later load: under ``sc`` and ``tso`` it therefore does nothing, as on x86; under
+``weak`` it waits like a full fence, as the reference's does off x86. A multi-byte ``write``
+or ``read`` is one access: the explorer interleaves between accesses, never inside one.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def default_choice(world: World, actions: Sequence[Action]) -> Action:
     store buffer it waits for at a fence, else the first enabled thread, else a drain."""
     current = world.current
     if current is not None:
-        at_fence = world.nodes[current].kind == "fence"
+        at_fence = world.nodes[current].kind in ("fence", "acq_rel")
         for action in actions:
             if action.thread == current and (action.entry is None or at_fence):
                 return action

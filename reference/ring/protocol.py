@@ -44,8 +44,9 @@ class RingMemory(Protocol):
     Offsets are absolute byte offsets into the segment (see :class:`.layout.RingLayout`).
     Implementations must make ``fence()`` a full memory barrier between the processes or threads
     sharing the memory: every load and store before it is complete and visible before any load
-    or store after it starts. ``yield_()`` gives the processor away once (``sched_yield``); the
-    protocol never calls it, the waiting loops around the protocol do.
+    or store after it starts; ``fence_acq_rel()`` (optional) may leave an earlier store
+    unordered with a later load, and nothing else. ``yield_()`` gives the processor away once
+    (``sched_yield``); the protocol never calls it, the waiting loops around the protocol do.
     """
 
     def load(self, offset: int) -> int:
@@ -66,6 +67,15 @@ class RingMemory(Protocol):
 
     def fence(self) -> None:
         """Full memory barrier."""
+        ...
+
+    def fence_acq_rel(self) -> None:
+        """Acquire-release fence: orders every access before it with every access after it,
+        except an earlier store with a later load (clause ring.fence.acquire-release).
+
+        Optional: the ring calls :meth:`fence` where a memory lacks it, and a full barrier is
+        always a valid implementation.
+        """
         ...
 
     def yield_(self) -> None:
@@ -156,6 +166,7 @@ class RingWriter:
         self.layout = layout
         self.index = 0
         self._claimed: int | None = None
+        self._fence_acq_rel = getattr(memory, "fence_acq_rel", memory.fence)
         # True while this end has stored nothing since its last fence: a fence then would
         # order nothing more, so the check before a claim skips it.
         self._fenced = False
@@ -197,8 +208,8 @@ class RingWriter:
         self._fenced = False  # the chunk's data is written by the caller, out of sight
         memory.store(self._rows[index], 0)
         # The claim must be visible before any data byte or read flag of the chunk changes
-        # (clause ring.writer.fence-after-claim).
-        memory.fence()
+        # (clause ring.writer.fence-after-claim): store-store order, an acquire-release fence.
+        self._fence_acq_rel()
         self._claimed = index
         return index
 
@@ -223,7 +234,7 @@ class RingWriter:
         store = memory.store
         for flag in self._read_flags[index]:
             store(flag, 0)
-        memory.fence()  # ring.writer.fence-before-written
+        self._fence_acq_rel()  # ring.writer.fence-before-written: store-store order
         store(self._rows[index], 1)
         memory.fence()  # ring.writer.fence-after-written
         self._fenced = True
@@ -272,6 +283,7 @@ class RingReader:
         self.rank = rank
         self.index = 0
         self._held: int | None = None
+        self._fence_acq_rel = getattr(memory, "fence_acq_rel", memory.fence)
         self._fenced = False  # as the writer's: nothing stored since the last fence
         self._max_chunks = layout.max_chunks
         self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
@@ -302,8 +314,9 @@ class RingReader:
                             expected="release() before the next acquire", got=self._held)
         if not self.readable():
             return None
-        # Orders the data loads after the flag loads (clause ring.reader.fence-before-data).
-        self.memory.fence()
+        # Orders the data loads after the flag loads (clause ring.reader.fence-before-data):
+        # load-load order, an acquire-release fence.
+        self._fence_acq_rel()
         self._held = index = self.index
         return index
 
@@ -324,7 +337,9 @@ class RingReader:
             raise RingError("ring.reader.release-after-read", "release without a held chunk",
                             expected="try_acquire() first", got=None)
         memory = self.memory
-        memory.fence()  # ring.reader.fence-before-release: reads complete before the flag
+        # ring.reader.fence-before-release: the data loads before the flag store, an
+        # acquire-release fence.
+        self._fence_acq_rel()
         memory.store(self._own_flags[index], 1)
         memory.fence()  # ring.reader.fence-after-release
         self._fenced = True
