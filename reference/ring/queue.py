@@ -50,7 +50,7 @@ from .layout import RingLayout
 from .payload import PayloadCodec, get_codec
 from .protocol import RingReader, RingWriter
 from .shm import ShmMemory, ShmSegment
-from .wait import DEFAULT_POLICY, Backoff, WaitPolicy
+from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin
 
 #: vLLM's ``MessageQueue`` defaults.
 MAX_CHUNK_BYTES_DEFAULT = 24 * 1024 * 1024
@@ -484,8 +484,12 @@ class MessageQueue:
             raise RingError("ring.writer.single-writer", "only the writer end has the ring")
         index = writer.try_acquire()
         if index is None:
+            index = spin(writer.try_acquire, self.wait_policy, timeout)
+            if index is not None:
+                return index
             backoff = Backoff(self.wait_policy, timeout, clause="ring.writer.timeout",
-                              what="a free chunk (every local reader done with it)")
+                              what="a free chunk (every local reader done with it)",
+                              checks=self.wait_policy.spin_checks)
             while (index := writer.try_acquire()) is None:
                 if self._shutting_down:
                     raise QueueClosed("the queue was shut down")
@@ -630,8 +634,12 @@ class MessageQueue:
 
     def _wait_readable(self, reader: RingReader, timeout: float | None) -> int:
         """After a failed ``try_acquire``: wait for the chunk, return its index once held."""
+        index = spin(reader.try_acquire, self.wait_policy, timeout)
+        if index is not None:
+            return index
         backoff = Backoff(self.wait_policy, timeout, clause="ring.reader.timeout",
-                          what="a readable chunk", block=self._block_on_notify)
+                          what="a readable chunk", block=self._block_on_notify,
+                          checks=self.wait_policy.spin_checks)
         while (index := reader.try_acquire()) is None:
             if self._shutting_down:
                 raise QueueClosed("the queue was shut down")

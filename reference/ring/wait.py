@@ -48,12 +48,30 @@ class WaitPolicy:
 DEFAULT_POLICY = WaitPolicy()
 
 
+def spin(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | None) -> int | None:
+    """After one failed ``check``: repeat it back to back up to ``policy.spin_checks`` times
+    (the first stage of a wait, without a :class:`Backoff` to build) and return what it found.
+
+    None when every check failed, or at once when ``timeout`` is 0 (which allows one check);
+    the caller then waits with ``Backoff(..., checks=policy.spin_checks)`` (whose first pause
+    raises at once with a timeout of 0).
+    """
+    if timeout is not None and timeout <= 0:
+        return None
+    for _ in range(policy.spin_checks):
+        found = check()
+        if found is not None:
+            return found
+    return None
+
+
 class Backoff:
     """The state of one wait: create it when the first check fails, call :meth:`pause` after
     every failed check.
 
     ``block(seconds)`` (readers only) waits for a notification for at most ``seconds``
-    (and at least one millisecond).
+    (and at least one millisecond). ``checks`` counts failed checks already made back to back
+    (see :func:`spin`).
     ``timeout`` None waits forever; 0 allows exactly one check.
     """
 
@@ -61,14 +79,14 @@ class Backoff:
                  "_checks", "_sleep", "_poll", "_block")
 
     def __init__(self, policy: WaitPolicy, timeout: float | None, *, clause: str, what: str,
-                 block: Callable[[float], None] | None = None) -> None:
+                 block: Callable[[float], None] | None = None, checks: int = 0) -> None:
         self.policy = policy
         self.clause = clause
         self.what = what
         self.timeout = timeout
         self.started = time.monotonic()
         self.deadline = math.inf if timeout is None else self.started + timeout
-        self._checks = 0
+        self._checks = checks
         self._sleep = policy.sleep_min_s
         self._poll = policy.poll_min_s
         self._block = block
