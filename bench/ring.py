@@ -423,11 +423,7 @@ class RingBench:
             workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout)
                                         for rank in range(readers)])
             writer.wait_until_ready(timeout)
-            enqueue = writer.enqueue
-
-            def bounded(obj: Any) -> None:
-                enqueue(obj, timeout)
-
+            bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame of its own
             sent = send(bounded)
             bounded(None)
             reports = self.pool.reports(workers)
