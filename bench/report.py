@@ -33,6 +33,9 @@ ROLE_ORDER = {"target": 0, "vllm": 1, "baseline": 2, "ceiling": 3}
 
 
 def display(contender: str) -> str:
+    base = contender.removesuffix("+borrowed")
+    if base != contender:
+        return f"{DISPLAY.get(base, base)}, zero-copy reads"
     return DISPLAY.get(contender, contender)
 
 

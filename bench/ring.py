@@ -112,8 +112,23 @@ def _consume(receive: Callable[[], Any], latency: bool) -> dict[str, Any]:
             "t_first_ns": t_first, "t_last_ns": t_last, "delays_ns": delays, "error": None}
 
 
+def _borrowing(reader: Any, timeout: float) -> Callable[[], Any]:
+    """A receive function over zero-copy reads: the header is copied out of the slot, the rest
+    of the message is never touched (what a consumer that uses the data in place costs)."""
+    borrow = reader.dequeue_borrowed
+
+    def receive() -> bytes | None:
+        with borrow(timeout) as message:
+            if message is None:
+                return None
+            with memoryview(message) as view, view.cast("B") as raw:
+                return raw[:HEADER.size].tobytes()
+
+    return receive
+
+
 def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, latency: bool,
-               timeout: float) -> dict[str, Any]:
+               timeout: float, borrowed: bool = False) -> dict[str, Any]:
     from enginewire.conformance.targets import load_target
 
     target = targets.get(text)
@@ -122,7 +137,9 @@ def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, laten
     reader = target.ring.attach_reader(handle, rank)
     try:
         reader.wait_until_ready(timeout)
-        return _consume(functools.partial(reader.dequeue, timeout), latency)
+        receive = (_borrowing(reader, timeout) if borrowed
+                   else functools.partial(reader.dequeue, timeout))
+        return _consume(receive, latency)
     finally:
         reader.close()
         del reader
@@ -153,7 +170,7 @@ def _read_zmq(conn: Connection, address: str, hwm: int, latency: bool,
 def reader_main(conn: Connection, preload: Sequence[str]) -> None:
     """A reader worker: load the targets, then run commands from ``conn`` until ``exit``.
 
-    Commands: ``("ring", target_text, handle, rank, latency, timeout)`` and
+    Commands: ``("ring", target_text, handle, rank, latency, timeout, borrowed)`` and
     ``("zmq", address, hwm, latency, timeout)``; each is answered by one ``("report", dict)``
     (``dict["error"]`` set when it failed), the zmq one preceded by ``("connected", None)``.
     """
@@ -394,12 +411,14 @@ class RingBench:
     # --- ring targets ---
 
     def throughput(self, text: str, target: Any, payload_bytes: int, readers: int,
-                   chunks: int) -> dict[str, float]:
-        """``messages_per_s`` and ``gb_per_s`` of one cell of ``target``'s ring."""
+                   chunks: int, borrowed: bool = False) -> dict[str, float]:
+        """``messages_per_s`` and ``gb_per_s`` of one cell of ``target``'s ring; ``borrowed``:
+        the readers use zero-copy reads (``dequeue_borrowed``)."""
         payload = self.payload(payload_bytes)
         reports, sent = self._ring_cell(text, target, readers, chunks, latency=False,
                                         send=lambda enqueue: self._stream(enqueue, payload,
-                                                                          chunks))
+                                                                          chunks),
+                                        borrowed=borrowed)
         rate = _rate(reports, sent)
         return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
 
@@ -412,7 +431,8 @@ class RingBench:
         return _delays(reports, sent)
 
     def _ring_cell(self, text: str, target: Any, readers: int, chunks: int, *, latency: bool,
-                   send: Callable[[Callable[..., None]], int]) -> tuple[list[dict], int]:
+                   send: Callable[[Callable[..., None]], int],
+                   borrowed: bool = False) -> tuple[list[dict], int]:
         timeout = self.config.timeout
         writer = target.ring.create_writer(n_reader=readers,
                                            max_chunk_bytes=self.config.chunk_bytes,
@@ -420,8 +440,8 @@ class RingBench:
         workers: list[_Worker] = []
         failed = False
         try:
-            workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout)
-                                        for rank in range(readers)])
+            workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout,
+                                         borrowed) for rank in range(readers)])
             writer.wait_until_ready(timeout)
             bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame of its own
             sent = send(bounded)

@@ -32,8 +32,10 @@ from .stats import percentile
 
 #: Contender names of the baselines.
 MEMCPY, ZMQ, MSGSPEC, ROUTER_DEALER = "memcpy", "zmq_push_pull", "msgspec", "router_dealer"
-#: Payloads from this size on also get a GB/s figure.
+#: Payloads from this size on also get a GB/s figure (and zero-copy read contenders).
 BANDWIDTH_FROM = 1 << 20
+#: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
+BORROWED = "+borrowed"
 
 
 @dataclass
@@ -152,6 +154,7 @@ class Run:
             self.targets[text] = target
             self.stack.callback(target.close)
             self.roles[text] = "vllm" if text == "vllm" else "target"
+            self.roles[text + BORROWED] = "target"
 
     def ring_targets(self) -> list[str]:
         found = []
@@ -266,6 +269,10 @@ class Run:
             contenders = [(text, _pair(partial(ring.throughput, text, self.targets[text],
                                                payload, readers, chunks)))
                           for text in texts]
+            if payload >= BANDWIDTH_FROM:
+                contenders += [(text + BORROWED, _pair(partial(
+                    ring.throughput, text, self.targets[text], payload, readers, chunks,
+                    borrowed=True))) for text in texts if _borrows(self.targets[text])]
             contenders.append((ZMQ, _pair(partial(ring.zmq_throughput, payload, readers,
                                                   chunks))))
             for name, measure in _rotate(contenders, round_index):
@@ -312,6 +319,11 @@ class Run:
             for name, measure in _rotate(contenders, round_index):
                 yield Step(f"peers {transport} {name}",
                            _bind(self._record, "peers", case, name, measure, units))
+
+
+def _borrows(target: Any) -> bool:
+    """Does the target's ring offer zero-copy reads (``borrowed_reads``)?"""
+    return bool(getattr(target.ring, "borrowed_reads", False))
 
 
 def _micros(metric: str, call: Callable[[], Any], seconds: float) -> dict[str, float]:

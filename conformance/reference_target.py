@@ -74,6 +74,7 @@ class _ReferenceRingEnd:
         # ring bench would otherwise measure.
         self.enqueue: Callable[[Any, float | None], None] = queue.enqueue
         self.dequeue: Callable[[float | None], Any] = queue.dequeue
+        self.dequeue_borrowed = queue.dequeue_borrowed
 
     def wait_until_ready(self, timeout: float) -> None:
         self.queue.wait_until_ready(timeout=timeout)
@@ -109,6 +110,9 @@ def ring_handle(native: Any, n_reader: int) -> RingHandle:
 class ReferenceRing:
     """``enginewire.reference.ring``: ``MessageQueue`` for the socket-level ends and the
     sans-IO ``RingWriter``/``RingReader`` over a caller's memory for ``ring.memory``."""
+
+    #: Readers offer ``dequeue_borrowed`` (the queue's zero-copy reads).
+    borrowed_reads = True
 
     def create_writer(self, *, n_reader: int, max_chunk_bytes: int, max_chunks: int) -> Any:
         return ReferenceRingWriter(n_reader, max_chunk_bytes, max_chunks)

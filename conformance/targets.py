@@ -38,7 +38,10 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     ``yield_()``), so the suite can log the order of every store and fence. Optional (capability
     ``ring.remote``): ``create_remote_writer(n_reader=, n_local_reader=, max_chunk_bytes=,
     max_chunks=, connect_ip=)``, a writer with readers on other nodes, whose handle carries
-    ``remote_subscribe_address``.
+    ``remote_subscribe_address``. Optional, for ``enginewire bench`` only: a reader's
+    ``dequeue_borrowed(timeout)``, a context manager yielding the next object with its large
+    buffers still in the ring slot (zero-copy reads), announced by ``borrowed_reads = True``
+    on the surface.
 
 ``engine`` -- an engine core the suite drives as a front end (:class:`EngineSurface`)
     ``start_engine(launch: EngineLaunch) -> RunningPeer``: start an engine with index

@@ -91,6 +91,9 @@ def test_ratios_are_paired_round_by_round() -> None:
     assert paired_ratios([2.0, 9.0, None, 4.0], [1.0, 3.0, 5.0, 0.0]) == [2.0, 3.0, None, None]
 
 
+BIG = {"payload_bytes": MIB, "readers": 1, "chunks": 10}
+
+
 def _synthetic() -> Results:
     results = Results(config=TINY.to_builtins(), environment={}, targets=["reference"])
     ring = {"payload_bytes": 1024, "readers": 2, "chunks": 10}
@@ -111,8 +114,12 @@ def _synthetic() -> Results:
         ("peers", "rtt_p50_us", {"transport": "ipc"}, "reference", "target", [300, 200, None]),
         ("peers", "rtt_p50_us", {"transport": "ipc"}, "router_dealer", "ceiling",
          [100, 100, 100]),
+        ("ring", "gb_per_s", BIG, "reference", "target", [4.0, 5.0, 6.0]),
+        ("ring", "gb_per_s", BIG, "reference+borrowed", "target", [8.0, 9.0, 9.0]),
+        ("ring", "gb_per_s", {"payload_bytes": MIB, "chunks": 10}, "memcpy", "ceiling",
+         [10.0, 10.0, 10.0]),
     ]
-    unit = {"messages_per_s": ("msg/s", "higher")}
+    unit = {"messages_per_s": ("msg/s", "higher"), "gb_per_s": ("GB/s", "higher")}
     for bench, metric, case, contender, role, samples in rows:
         series = results.series_for(bench, metric, *unit.get(metric, ("µs", "lower")), case,
                                     contender, role)
@@ -156,6 +163,11 @@ def test_goals_are_evaluated_on_the_median_ratio() -> None:
     ratio, met = verdicts["peers-ipc"]
     assert ratio.median == 2.5 and met is False
     assert "codec-engine_step-decode" not in verdicts  # not measured: no goal
+    # Bandwidth: one goal for copying reads, one for zero-copy reads.
+    ratio, met = verdicts["ring-bandwidth-1MiB"]
+    assert ratio.median == 0.5 and met is False
+    ratio, met = verdicts["ring-bandwidth-1MiB-zero-copy"]
+    assert ratio.median == 0.9 and met is True
     without_reference = Results(config={}, environment={}, targets=["vllm"])
     assert without_reference.goals() == []
 
@@ -262,6 +274,11 @@ def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
         assert ("ring_latency", "p50_us", contender, latency) in found
         assert ("ring_latency", "p99_us", contender, latency) in found
     assert ("ring", "messages_per_s", "memcpy", (("payload_bytes", 64), ("chunks", 4))) in found
+    # Zero-copy reads: a contender of their own, for bandwidth payloads only.
+    assert ("ring", "gb_per_s", "reference+borrowed", large) in found
+    assert not any(c == "reference+borrowed" and dict(case)["payload_bytes"] < MIB
+                   for _, _, c, case in found)
+    assert report.display("reference+borrowed") == "reference, zero-copy reads"
     for workload in ("engine_step", "prompt_embeds"):
         for metric in ("encode_us", "decode_us"):
             for contender in ("reference", "msgspec"):
