@@ -18,8 +18,8 @@ from typing import Any
 from .report import display
 from .results import Results, Series, format_bytes
 
-COLORS = {"reference": "tab:blue", "vllm": "tab:orange", "memcpy": "tab:gray",
-          "zmq_push_pull": "tab:green", "router_dealer": "tab:gray"}
+COLORS = {"reference": "tab:blue", "reference+borrowed": "tab:purple", "vllm": "tab:orange",
+          "memcpy": "tab:gray", "zmq_push_pull": "tab:green", "router_dealer": "tab:gray"}
 
 
 def available() -> bool:
