@@ -519,7 +519,10 @@ class MessageQueue:
                         try:
                             return self.codec.decode(view, ())
                         finally:
-                            _release_views([view])
+                            try:
+                                view.release()
+                            except BufferError:
+                                pass  # the codec kept it (as in _release_views)
                     overflow, views = decode_chunk(chunk)
                     if not overflow:
                         try:
