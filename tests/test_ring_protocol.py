@@ -24,6 +24,7 @@ from enginewire.reference.ring.protocol import (
     chunk_state,
     classify,
 )
+from enginewire.reference.ring.wait import WaitPolicy, spin
 from enginewire.spec import load
 
 RING = load().surface("ring")
@@ -144,6 +145,75 @@ def test_reader_fences_around_check_data_and_release() -> None:
     reader.release()
     assert memory.take() == [("fence",), ("store", row + 2, 1), ("fence",)]
     assert reader.index == 1
+
+
+class AcqRelMemory(RecordingMemory):
+    """A memory with the optional acquire-release fence, logged apart from full fences."""
+
+    def fence_acq_rel(self) -> None:
+        self.log.append(("acq_rel",))
+
+
+def test_acquire_release_fences_where_only_tso_order_is_needed() -> None:
+    """Clause ring.fence.acquire-release: after the claim, before written = 1, before the data
+    and before the release; the fences ordering a store before a later load stay full."""
+    layout = RingLayout(2, 16, 2)
+    memory = AcqRelMemory(layout.total_size)
+    writer, reader = RingWriter(memory, layout), RingReader(memory, layout, 0)
+    row = layout.metadata_row_offset(0)
+    assert writer.try_acquire() == 0
+    writer.commit()
+    assert memory.take() == [
+        ("fence",), ("load", row),                      # fence-before-check
+        ("store", row, 0), ("acq_rel",),                # fence-after-claim
+        ("store", row + 1, 0), ("store", row + 2, 0),
+        ("acq_rel",), ("store", row, 1), ("fence",),    # fence-before-written, -after-written
+    ]
+    assert reader.try_acquire() == 0
+    reader.release()
+    assert memory.take() == [
+        ("fence",), ("load", row + 1), ("load", row), ("acq_rel",),  # before check, data
+        ("acq_rel",), ("store", row + 1, 1), ("fence",),             # before, after release
+    ]
+
+
+def test_a_memory_without_acquire_release_fences_gets_full_ones() -> None:
+    layout, memory = make()
+    writer = RingWriter(memory, layout)
+    writer.try_acquire()
+    writer.commit()
+    assert sum(entry == ("fence",) for entry in memory.take()) == 4
+
+
+def test_a_check_right_after_a_fence_skips_its_own() -> None:
+    """Clauses ring.writer.fence-before-check and ring.reader.fence-before-check allow it: the
+    fence that ends a commit or a release already orders everything before the next check."""
+    layout, memory = make(n_reader=1, max_chunks=2)
+    writer, reader = RingWriter(memory, layout), RingReader(memory, layout, 0)
+    writer.try_acquire()
+    writer.commit()
+    memory.take()
+    assert writer.try_acquire() == 1  # no fence: nothing stored since commit's last fence
+    assert memory.take()[0] == ("load", layout.metadata_row_offset(1))
+    writer.abandon()  # the caller may have written data: the next check fences again
+    memory.take()
+    assert writer.try_acquire() == 1
+    assert memory.take()[0] == ("fence",)
+    reader.try_acquire()
+    reader.release()
+    memory.take()
+    assert reader.try_acquire() is None  # chunk 1 not published: no fence, loads only
+    assert all(entry[0] == "load" for entry in memory.take())
+
+
+def test_spin_repeats_the_check_back_to_back_but_never_with_timeout_zero() -> None:
+    answers = iter([None, 7])
+    assert spin(lambda: next(answers), WaitPolicy(spin_checks=2), 1.0) == 7
+    calls: list[int] = []
+    assert spin(lambda: calls.append(1), WaitPolicy(spin_checks=3), None) is None
+    assert len(calls) == 3
+    assert spin(lambda: calls.append(1), WaitPolicy(spin_checks=3), 0) is None
+    assert len(calls) == 3  # timeout 0 allows the one check already made
 
 
 def test_reader_waits_for_written_and_for_its_own_flag() -> None:
