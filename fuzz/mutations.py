@@ -652,9 +652,13 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
             pooling = _raw_of(case, "PoolingParams") if both else None
             raw = replace_at(case.raw, _field_path(item, site, "sampling_params"), sampling)
             raw = replace_at(raw, _field_path(item, site, "pooling_params"), pooling)
+            # Params that held a tensor leave its out-of-band frame unreferenced when dropped,
+            # or referenced twice when copied in: the codec may see that first.
+            also = (("frames.oob-count-matches", "tensors.index-used-once")
+                    if len(case.frames) - case.prefix_count > 1 else ())
             return (case.with_raw(raw), "structs.exclusive-params",
                     f"EngineCoreRequest with {'both' if both else 'neither'} of sampling_params "
-                    "and pooling_params", ())
+                    "and pooling_params", also)
 
         yield "exclusive-params", exclusive
 
