@@ -632,6 +632,15 @@ def _field_path(item: StructSpec, site: Site, name: str) -> tuple[Any, ...]:
     return (*site.path, key)
 
 
+def _subtree_also(case: _Case) -> tuple[str, ...]:
+    """What else a rule that drops or copies in a whole subtree may be rejected for: a tensor
+    in the subtree leaves its out-of-band frame unreferenced (dropped) or referenced twice
+    (copied in), which the codec may see before the rule."""
+    if len(case.frames) - case.prefix_count > 1:
+        return ("frames.oob-count-matches", "tensors.index-used-once")
+    return ()
+
+
 def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
     spec = case.spec
     if case.raw is None:
@@ -652,13 +661,9 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
             pooling = _raw_of(case, "PoolingParams") if both else None
             raw = replace_at(case.raw, _field_path(item, site, "sampling_params"), sampling)
             raw = replace_at(raw, _field_path(item, site, "pooling_params"), pooling)
-            # Params that held a tensor leave its out-of-band frame unreferenced when dropped,
-            # or referenced twice when copied in: the codec may see that first.
-            also = (("frames.oob-count-matches", "tensors.index-used-once")
-                    if len(case.frames) - case.prefix_count > 1 else ())
             return (case.with_raw(raw), "structs.exclusive-params",
                     f"EngineCoreRequest with {'both' if both else 'neither'} of sampling_params "
-                    "and pooling_params", also)
+                    "and pooling_params", _subtree_also(case))
 
         yield "exclusive-params", exclusive
 
@@ -675,17 +680,20 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
             if case.kind == "outputs":
                 utility = _raw_of(case, "UtilityOutput", call_id=1, failure_message="x")
                 return (case.with_raw(replace_at(case.raw, utility_path, utility)),
-                        "frames.utility-reply", "outputs carrying a utility_output", ())
+                        "frames.utility-reply", "outputs carrying a utility_output",
+                        _subtree_also(case))
             if draw(st.booleans()):
                 return (case.with_raw(replace_at(case.raw, utility_path, None)),
-                        "frames.utility-reply", "a utility reply without utility_output", ())
+                        "frames.utility-reply", "a utility reply without utility_output",
+                        _subtree_also(case))
             return (case.with_raw(replace_at(case.raw, outputs_path, one_output)),
-                    "frames.utility-reply", "a utility reply with request outputs", ())
+                    "frames.utility-reply", "a utility reply with request outputs",
+                    _subtree_also(case))
 
         def coordinator(draw: st.DrawFn) -> Broken:
             return (case.with_raw(replace_at(case.raw, outputs_path, one_output)),
                     "frames.coordinator-outputs-single-frame",
-                    "coordinator outputs with request outputs", ())
+                    "coordinator outputs with request outputs", _subtree_also(case))
 
         if case.kind == "coordinator_outputs":
             yield "coordinator-outputs", coordinator
