@@ -249,12 +249,12 @@ class NoReleaseOnError(MessageQueue):
         decoded = decode_chunk(chunk)
         if decoded.overflow:
             self._pending_overflow += 1
-            self._release_chunk(chunk)
+            self._release_chunk()
             return self._decode_frames(self._recv_overflow(deadline))
         views = decoded.buffers
         value = self.codec.decode(views[0], [bytearray(v) for v in views[1:]])
         queue_module._release_views(views)
-        self._release_chunk(chunk)
+        self._release_chunk()
         return value
 
 

@@ -36,7 +36,7 @@ import ipaddress
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,14 +71,18 @@ def _is_ipv6(host: str) -> bool:
         return False  # a host name: zmq resolves it, or fails to bind
 
 
+def _release_view(view: memoryview) -> None:
+    """Let go of a view into the segment now: a traceback or a late garbage collection would
+    otherwise keep it, and the segment cannot be unmapped while one exists."""
+    try:
+        view.release()
+    except BufferError:
+        pass  # a codec kept a buffer of it: the mapping lives until that object goes
+
+
 def _release_views(views: list[memoryview]) -> None:
-    """Let go of views into the segment now: a traceback or a late garbage collection would
-    otherwise keep them, and the segment cannot be unmapped while one exists."""
     for view in views:
-        try:
-            view.release()
-        except BufferError:
-            pass  # a codec kept a buffer of it: the mapping lives until that object goes
+        _release_view(view)
 
 
 class QueueClosed(RuntimeError):
@@ -211,8 +215,6 @@ class MessageQueue:
                 res.segment = ShmSegment.create(self.layout)
                 self._writer = RingWriter(res.segment.memory, self.layout)
                 self._chunk_bytes = max_chunk_bytes
-                self._chunk_offsets = [self.layout.chunk_offset(index)
-                                       for index in range(max_chunks)]
                 buffer_handle = self.layout.buffer_handle(res.segment.name)
                 self._local_socket = res.socket(zmq.XPUB)
                 self._local_socket.setsockopt(zmq.XPUB_VERBOSE, 1)
@@ -431,14 +433,13 @@ class MessageQueue:
                 raise QueueClosed("the queue is closed")
         else:
             overflow = needs_overflow(buffers, self._chunk_bytes)
-            index = writer.try_acquire()
-            if index is None:
-                index = self._claim_chunk(timeout)
+            self._claim_chunk(timeout)
             try:
+                offset = writer.chunk_offset()
                 if overflow:
-                    writer.memory.store(self._chunk_offsets[index], 1)
+                    writer.memory.store(offset, 1)
                 else:
-                    write_chunk(writer.memory.write, buffers, self._chunk_offsets[index])
+                    write_chunk(writer.memory.write, buffers, offset)
             except BaseException:
                 writer.abandon()
                 raise
@@ -465,11 +466,11 @@ class MessageQueue:
         If the body raises, the chunk is abandoned unpublished (written stays 0) and the
         next acquire claims it again.
         """
-        offset = self._chunk_offsets[self._claim_chunk(timeout)]
+        self._claim_chunk(timeout)
         writer = self._writer
         assert writer is not None
         try:
-            yield offset
+            yield writer.chunk_offset()
         except BaseException:
             writer.abandon()
             raise
@@ -484,16 +485,25 @@ class MessageQueue:
             raise RingError("ring.writer.single-writer", "only the writer end has the ring")
         index = writer.try_acquire()
         if index is None:
-            index = spin(writer.try_acquire, self.wait_policy, timeout)
-            if index is not None:
-                return index
-            backoff = Backoff(self.wait_policy, timeout, clause="ring.writer.timeout",
-                              what="a free chunk (every local reader done with it)",
-                              checks=self.wait_policy.spin_checks)
-            while (index := writer.try_acquire()) is None:
-                if self._shutting_down:
-                    raise QueueClosed("the queue was shut down")
-                backoff.pause()
+            index = self._wait_for(writer.try_acquire, timeout, clause="ring.writer.timeout",
+                                   what="a free chunk (every local reader done with it)")
+        return index
+
+    def _wait_for(self, acquire: Callable[[], int | None], timeout: float | None, *,
+                  clause: str, what: str,
+                  block: Callable[[float], None] | None = None) -> int:
+        """After one failed ``acquire``: check again back to back, then back off (the waiting
+        of :mod:`.wait`) until it returns a chunk index, the deadline passes or the queue is
+        shut down."""
+        index = spin(acquire, self.wait_policy, timeout)
+        if index is not None:
+            return index
+        backoff = Backoff(self.wait_policy, timeout, clause=clause, what=what, block=block,
+                          checks=self.wait_policy.spin_checks)
+        while (index := acquire()) is None:
+            if self._shutting_down:
+                raise QueueClosed("the queue was shut down")
+            backoff.pause()
         return index
 
     # --- readers ---------------------------------------------------------------------------
@@ -505,29 +515,20 @@ class MessageQueue:
         :class:`ProtocolTimeout` (a ``TimeoutError``). The ring slot is released whatever
         happens while reading it, decoding errors included (clause ring.reader.release-on-error).
         """
-        reader = self._reader
-        if reader is not None:
+        if self.is_local_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
             if not self._pending_overflow:
-                index = reader.try_acquire()
-                if index is None:
-                    index = self._wait_readable(reader, timeout)
+                chunk = self._acquire_chunk(timeout)
                 try:
-                    chunk = self._chunk_views[index]
                     view = single_buffer(chunk)
                     if view is not None:
                         try:
                             return self.codec.decode(view, ())
                         finally:
-                            try:
-                                view.release()
-                            except BufferError:
-                                pass  # the codec kept it (as in _release_views)
+                            _release_view(view)
                     overflow, views = decode_chunk(chunk)
                     if not overflow:
                         try:
-                            if len(views) == 1:
-                                return self.codec.decode(views[0], ())
                             # Out-of-band buffers are copied: the object may keep them after
                             # the slot is reused (clause ring.reader.copy-oob-before-release).
                             return self.codec.decode(views[0],
@@ -536,7 +537,7 @@ class MessageQueue:
                             _release_views(views)
                     self._pending_overflow += 1
                 finally:
-                    self._release_chunk(index)
+                    self._release_chunk()
             return self._decode_frames(self._recv_overflow(deadline))
         if self.is_remote_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -559,7 +560,7 @@ class MessageQueue:
                             _release_views(views)
                     self._pending_overflow += 1
                 finally:
-                    self._release_chunk(chunk)
+                    self._release_chunk()
             frames = self._recv_overflow(deadline)
         elif self.is_remote_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -594,7 +595,7 @@ class MessageQueue:
                 else:
                     self._pending_overflow += 1
             finally:
-                self._release_chunk(chunk)
+                self._release_chunk()
             if not overflow:
                 return
         elif self.is_local_reader or self.is_remote_reader:
@@ -621,8 +622,8 @@ class MessageQueue:
         try:
             yield view
         finally:
-            _release_views([view])
-            self._release_chunk(chunk)
+            _release_view(view)
+            self._release_chunk()
 
     def _acquire_chunk(self, timeout: float | None) -> memoryview:
         """Wait for the next readable chunk and return a view of all of it (the queue's own:
@@ -632,26 +633,12 @@ class MessageQueue:
             raise RingError("ring.reader.readable-iff", "only a local reader end has the ring")
         index = reader.try_acquire()
         if index is None:
-            index = self._wait_readable(reader, timeout)
+            index = self._wait_for(reader.try_acquire, timeout, clause="ring.reader.timeout",
+                                   what="a readable chunk", block=self._block_on_notify)
         return self._chunk_views[index]
 
-    def _wait_readable(self, reader: RingReader, timeout: float | None) -> int:
-        """After a failed ``try_acquire``: wait for the chunk, return its index once held."""
-        index = spin(reader.try_acquire, self.wait_policy, timeout)
-        if index is not None:
-            return index
-        backoff = Backoff(self.wait_policy, timeout, clause="ring.reader.timeout",
-                          what="a readable chunk", block=self._block_on_notify,
-                          checks=self.wait_policy.spin_checks)
-        while (index := reader.try_acquire()) is None:
-            if self._shutting_down:
-                raise QueueClosed("the queue was shut down")
-            backoff.pause()
-        return index
-
-    def _release_chunk(self, chunk: Buffer | int) -> None:
-        """Release the held chunk (given as its view or its index) and, now and then, drain
-        the notify socket."""
+    def _release_chunk(self) -> None:
+        """Release the held chunk and, now and then, drain the notify socket."""
         self._reader.release()  # type: ignore[union-attr]
         now = time.monotonic()
         if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
