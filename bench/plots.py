@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from .report import display
-from .results import Results, Series, format_bytes
+from .results import BORROWED, Results, Series, format_bytes
 
-COLORS = {"reference": "tab:blue", "reference+borrowed": "tab:purple", "vllm": "tab:orange",
+COLORS = {"reference": "tab:blue", "reference" + BORROWED: "tab:purple", "vllm": "tab:orange",
           "memcpy": "tab:gray", "zmq_push_pull": "tab:green", "router_dealer": "tab:gray"}
 
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .results import Results, Series, benches_of, format_bytes
+from .results import BORROWED, Results, Series, benches_of, format_bytes
 from .stats import Spread
 
 #: How contenders are shown.
@@ -33,7 +33,7 @@ ROLE_ORDER = {"target": 0, "vllm": 1, "baseline": 2, "ceiling": 3}
 
 
 def display(contender: str) -> str:
-    base = contender.removesuffix("+borrowed")
+    base = contender.removesuffix(BORROWED)
     if base != contender:
         return f"{DISPLAY.get(base, base)}, zero-copy reads"
     return DISPLAY.get(contender, contender)

@@ -28,6 +28,8 @@ SCHEMA = "enginewire-bench/1"
 CEILINGS: dict[str, str] = {"ring": "memcpy", "codec": "msgspec", "peers": "router_dealer"}
 #: The contender every figure is compared with.
 VLLM = "vllm"
+#: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
+BORROWED = "+borrowed"
 #: Roles of contenders: implementations under test, vLLM, baselines and ceilings.
 ROLES = ("target", "vllm", "baseline", "ceiling")
 
@@ -175,7 +177,7 @@ class Results:
             return []
         goals: list[Goal] = []
         for series in self.series:
-            if series.contender not in ("reference", "reference+borrowed"):
+            if series.contender not in ("reference", "reference" + BORROWED):
                 continue
             case = series.case
             borrowed = series.contender != "reference"

@@ -27,15 +27,13 @@ from functools import partial
 from typing import Any, TextIO
 
 from .config import BenchConfig
-from .results import Results, Series
+from .results import BORROWED, Results, Series
 from .stats import percentile
 
 #: Contender names of the baselines.
 MEMCPY, ZMQ, MSGSPEC, ROUTER_DEALER = "memcpy", "zmq_push_pull", "msgspec", "router_dealer"
 #: Payloads from this size on also get a GB/s figure (and zero-copy read contenders).
 BANDWIDTH_FROM = 1 << 20
-#: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
-BORROWED = "+borrowed"
 
 
 @dataclass

@@ -24,7 +24,7 @@ from .layout import RingLayout
 #: One lock per process: taking and releasing it is a full memory barrier (CPython's lock is a
 #: pthread mutex or semaphore), which is what vLLM's ``memory_fence()`` relies on too.
 _FENCE_LOCK = threading.Lock()
-# Bound once: a fence runs four times per message on each end of a ring.
+# Bound once: every message costs each end of a ring at least one fence.
 _fence_acquire = _FENCE_LOCK.acquire
 _fence_release = _FENCE_LOCK.release
 
