@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from enginewire.conformance.registry import CheckFailure, Reproduction
+from enginewire.conformance.registry import CheckFailure, CheckSkip, Reproduction
 from enginewire.conformance.values import complete, differences, neutral
 from enginewire.conformance.wire import compare_wire, expected_wire, raw_decode
 
@@ -200,3 +200,15 @@ class Background:
         if self._error is not None:
             raise CheckFailure(f"{what} raised {type(self._error).__name__}: {self._error}")
         return self._value
+
+
+def require_ipv6_loopback() -> None:
+    """Skip the check (CheckSkip) on a machine that cannot bind ``::1``."""
+    import socket
+
+    try:
+        probe = socket.socket(socket.AF_INET6)
+        probe.bind(("::1", 0))
+        probe.close()
+    except OSError as exc:
+        raise CheckSkip(f"no IPv6 loopback here: {exc}") from exc

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from enginewire.conformance.checks._helpers import check_high_water_marks
+from enginewire.conformance.checks._helpers import check_high_water_marks, require_ipv6_loopback
 from enginewire.conformance.peers import (
     ENGINE_CORE_DEAD,
     HandshakeProblem,
@@ -239,16 +239,7 @@ def _tcp(engine: Any, ctx: Any) -> None:
        surface="engine", timeout=PEER_TIMEOUT)
 def _ipv6(engine: Any, ctx: Any) -> None:
     """An engine connects to tcp://[::1]:port addresses (IPV6 option set before connect)."""
-    import socket
-
-    try:
-        probe = socket.socket(socket.AF_INET6)
-        probe.bind(("::1", 0))
-        probe.close()
-    except OSError as exc:
-        from enginewire.conformance.registry import CheckSkip
-
-        raise CheckSkip(f"no IPv6 loopback here: {exc}") from exc
+    require_ipv6_loopback()
     front = _frontend(ctx, transport="tcp6")
     _launch(engine, ctx, front)
     handshake = _handshake(front, ctx)

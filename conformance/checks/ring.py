@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from enginewire.conformance.checks._helpers import Background
+from enginewire.conformance.checks._helpers import Background, require_ipv6_loopback
 from enginewire.conformance.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.ring_peer import (
     Geometry,
@@ -555,16 +555,7 @@ def _remote_v4(ring: Any, ctx: Any) -> None:
        surface="ring", requires=["ring.remote"], timeout=RING_TIMEOUT)
 def _remote_v6(ring: Any, ctx: Any) -> None:
     """With connect_ip ::1 the remote address is tcp://[::1]:port and remote_addr_ipv6 is set."""
-    import socket
-
-    from enginewire.conformance.registry import CheckSkip
-
-    try:
-        probe = socket.socket(socket.AF_INET6)
-        probe.bind(("::1", 0))
-        probe.close()
-    except OSError as exc:
-        raise CheckSkip(f"no IPv6 loopback here: {exc}") from exc
+    require_ipv6_loopback()
     writer = ring.create_remote_writer(n_reader=1, n_local_reader=0, max_chunk_bytes=1024,
                                        max_chunks=2, connect_ip="::1")
     ctx.on_cleanup(writer.close)
