@@ -35,9 +35,12 @@ def test_the_reference_ring_passes(check_id: str) -> None:
 def test_a_writer_without_a_fence_after_the_claim_is_caught(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def claim_without_fence(self: protocol.RingWriter) -> int | None:
-        if not self.writable():
+        self.memory.fence()
+        row = self._rows[self.index]
+        if self.memory.load(row) and sum(self.memory.read(row + 1, self.layout.n_reader)) \
+                != self.layout.n_reader:
             return None
-        self.memory.store(self._rows[self.index], 0)
+        self.memory.store(row, 0)
         self._claimed = self.index
         return self.index
 
@@ -49,12 +52,15 @@ def test_a_writer_without_a_fence_after_the_claim_is_caught(
 
 def test_a_reader_loading_the_written_flag_first_is_caught(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    def written_first(self: protocol.RingReader) -> bool:
+    def written_first(self: protocol.RingReader) -> int | None:
         self.memory.fence()
         row = self._rows[self.index]
-        return bool(self.memory.load(row)) and not self.memory.load(row + 1 + self.rank)
+        if not self.memory.load(row) or self.memory.load(row + 1 + self.rank):
+            return None
+        self._held = self.index
+        return self.index
 
-    monkeypatch.setattr(protocol.RingReader, "readable", written_first)
+    monkeypatch.setattr(protocol.RingReader, "try_acquire", written_first)
     verdict = _status(OWN_FLAG_FIRST)
     assert verdict.status == FAILED
     assert "read flag 1 before" in verdict.message

@@ -169,7 +169,7 @@ class RingMachine(RuleBasedStateMachine):
         self.in_chunk[chunk] = None  # nothing readable there any more
         for reader in self.readers:
             if reader.index == chunk:
-                assert not reader.readable()
+                assert reader.try_acquire() is None
 
     # --- readers ---------------------------------------------------------------------------
 

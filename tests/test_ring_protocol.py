@@ -413,12 +413,12 @@ class SteppedMemory(BytearrayMemory):
 class BrokenWriterIgnoresReadFlags(RingWriter):
     """Mutant: takes any published chunk that at least one reader released."""
 
-    def writable(self) -> bool:
+    def try_acquire(self) -> int | None:
         self.memory.fence()
         row = self._rows[self.index]
-        if not self.memory.load(row):
-            return True
-        return sum(self.memory.read(row + 1, self.layout.n_reader)) > 0
+        if self.memory.load(row) and sum(self.memory.read(row + 1, self.layout.n_reader)) > 0:
+            self.memory.store(row, 0)  # the claim's first store: the real check then passes
+        return super().try_acquire()
 
 
 class BrokenReaderReleasesFirst(RingReader):

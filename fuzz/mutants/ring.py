@@ -14,8 +14,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import zmq
-
 from enginewire.conformance.reference_target import (
     ReferenceRing,
     _ReferenceRingEnd,
@@ -36,7 +34,7 @@ from enginewire.reference.ring.framing import (
 )
 from enginewire.reference.ring.layout import RingLayout
 from enginewire.reference.ring.protocol import RingReader, RingWriter
-from enginewire.reference.ring.queue import NOTIFY_MESSAGE, Handle, MessageQueue
+from enginewire.reference.ring.queue import Handle, MessageQueue
 
 # --- flag protocol -------------------------------------------------------------------------
 
@@ -95,13 +93,15 @@ class ReusesPartlyReadChunk(RingWriter):
     symptom of issue 27858.
     """
 
-    def writable(self) -> bool:
+    def try_acquire(self) -> int | None:
         memory = self.memory
         memory.fence()
         row = self._rows[self.index]
-        if not memory.load(row):
-            return True
-        return any(memory.read(row + 1, self.layout.n_reader))
+        if memory.load(row) and any(memory.read(row + 1, self.layout.n_reader)):
+            # Claim it: a claim starts by storing written = 0, after which the real check
+            # finds the chunk free.
+            memory.store(row, 0)
+        return super().try_acquire()
 
 
 class MarksReadBeforeCopy(RingReader):
@@ -183,7 +183,7 @@ class _FramingQueue(MessageQueue):
         if overflow:
             self._send_multipart(self._local_socket, buffers)  # type: ignore[arg-type]
         if not writer.readers_behind():
-            self._notify_socket.send(NOTIFY_MESSAGE, zmq.NOBLOCK)  # type: ignore[union-attr]
+            self._notify()  # type: ignore[misc]
         return None
 
 

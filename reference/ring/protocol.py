@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import os
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import RingError
@@ -44,8 +45,8 @@ class RingMemory(Protocol):
     Offsets are absolute byte offsets into the segment (see :class:`.layout.RingLayout`).
     Implementations must make ``fence()`` a full memory barrier between the processes or threads
     sharing the memory: every load and store before it is complete and visible before any load
-    or store after it starts; ``fence_acq_rel()`` (optional) may leave an earlier store
-    unordered with a later load, and nothing else. ``yield_()`` gives the processor away once
+    or store after it starts; ``fence_acq_rel`` (optional, see below) may leave an earlier
+    store unordered with a later load, and nothing else. ``yield_()`` gives the processor away once
     (``sched_yield``); the protocol never calls it, the waiting loops around the protocol do.
     """
 
@@ -69,14 +70,12 @@ class RingMemory(Protocol):
         """Full memory barrier."""
         ...
 
-    def fence_acq_rel(self) -> None:
-        """Acquire-release fence: orders every access before it with every access after it,
-        except an earlier store with a later load (clause ring.fence.acquire-release).
-
-        Optional: the ring calls :meth:`fence` where a memory lacks it, and a full barrier is
-        always a valid implementation.
-        """
-        ...
+    #: Acquire-release fence: orders every access before it with every access after it,
+    #: except an earlier store with a later load (clause ring.fence.acquire-release).
+    #: Optional: where a memory lacks it the ring calls :meth:`fence` (a full barrier is always
+    #: a valid implementation); None says the memory keeps that order without an instruction
+    #: (x86), and the ring calls nothing.
+    fence_acq_rel: Callable[[], None] | None
 
     def yield_(self) -> None:
         """Give the processor to another thread or process once."""
@@ -166,6 +165,7 @@ class RingWriter:
         self.layout = layout
         self.index = 0
         self._claimed: int | None = None
+        # None where the memory needs no instruction for it; see RingMemory.fence_acq_rel.
         self._fence_acq_rel = getattr(memory, "fence_acq_rel", memory.fence)
         # True while this end has stored nothing since its last fence: a fence then would
         # order nothing more, so the check before a claim skips it.
@@ -177,39 +177,32 @@ class RingWriter:
                             for row in self._rows]
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
-    def writable(self) -> bool:
-        """Fence, then: is chunk ``index`` free (written == 0 or every read flag set)?
+    def try_acquire(self) -> int | None:
+        """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
 
-        Clauses ring.writer.fence-before-check (no fence when the writer has stored nothing
-        since its last one) and ring.writer.wait-writable.
+        Fence, then: is the chunk free, i.e. written == 0 or every read flag set (clauses
+        ring.writer.fence-before-check and ring.writer.wait-writable)? The fence is skipped
+        while the writer has stored nothing since its last one. Claiming sets the written flag
+        to 0 before the caller fills the chunk (clause ring.writer.clear-written-before-fill).
         """
+        if self._claimed is not None:
+            raise RingError("ring.writer.single-writer", "a chunk is already claimed",
+                            expected="commit() before the next acquire", got=self._claimed)
         memory = self.memory
         if not self._fenced:
             memory.fence()
             self._fenced = True
         index = self.index
-        if not memory.load(self._rows[index]):
-            return True
-        return sum(map(memory.load, self._read_flags[index])) == self._n_reader
-
-    def try_acquire(self) -> int | None:
-        """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
-
-        Claiming sets the written flag to 0 before the caller fills the chunk
-        (clause ring.writer.clear-written-before-fill).
-        """
-        if self._claimed is not None:
-            raise RingError("ring.writer.single-writer", "a chunk is already claimed",
-                            expected="commit() before the next acquire", got=self._claimed)
-        if not self.writable():
+        row = self._rows[index]
+        load = memory.load
+        if load(row) and sum(map(load, self._read_flags[index])) != self._n_reader:
             return None
-        index = self.index
-        memory = self.memory
         self._fenced = False  # the chunk's data is written by the caller, out of sight
-        memory.store(self._rows[index], 0)
+        memory.store(row, 0)
         # The claim must be visible before any data byte or read flag of the chunk changes
         # (clause ring.writer.fence-after-claim): store-store order, an acquire-release fence.
-        self._fence_acq_rel()
+        if self._fence_acq_rel is not None:
+            self._fence_acq_rel()
         self._claimed = index
         return index
 
@@ -234,7 +227,8 @@ class RingWriter:
         store = memory.store
         for flag in self._read_flags[index]:
             store(flag, 0)
-        self._fence_acq_rel()  # ring.writer.fence-before-written: store-store order
+        if self._fence_acq_rel is not None:  # ring.writer.fence-before-written: store-store
+            self._fence_acq_rel()
         store(self._rows[index], 1)
         memory.fence()  # ring.writer.fence-after-written
         self._fenced = True
@@ -290,34 +284,33 @@ class RingReader:
         self._own_flags = [row + 1 + rank for row in self._rows]
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
-    def readable(self) -> bool:
-        """Fence, then: written == 1 and own read flag == 0 on chunk ``index``?
+    def try_acquire(self) -> int | None:
+        """Return chunk ``index`` if it is readable, else None. The caller must then
+        :meth:`release` it, also when reading it fails (clause ring.reader.release-on-error).
 
-        Clauses ring.reader.fence-before-check, ring.reader.readable-iff and
+        Fence, then: written == 1 and own read flag == 0 (clauses
+        ring.reader.fence-before-check, ring.reader.readable-iff and
         ring.reader.own-flag-loaded-first: the own read flag is loaded before the written flag,
-        so a claim that clears the read flags between the two loads cannot look readable. The
+        so a claim that clears the read flags between the two loads cannot look readable). The
         fence is skipped while the reader has stored nothing since its last one (the one that
         ends :meth:`release`).
         """
+        if self._held is not None:
+            raise RingError("ring.reader.release-after-read", "a chunk is already held",
+                            expected="release() before the next acquire", got=self._held)
         memory = self.memory
         if not self._fenced:
             memory.fence()
             self._fenced = True
         index = self.index
-        return not memory.load(self._own_flags[index]) and bool(memory.load(self._rows[index]))
-
-    def try_acquire(self) -> int | None:
-        """Return chunk ``index`` if it is readable, else None. The caller must then
-        :meth:`release` it, also when reading it fails (clause ring.reader.release-on-error)."""
-        if self._held is not None:
-            raise RingError("ring.reader.release-after-read", "a chunk is already held",
-                            expected="release() before the next acquire", got=self._held)
-        if not self.readable():
+        load = memory.load
+        if load(self._own_flags[index]) or not load(self._rows[index]):
             return None
         # Orders the data loads after the flag loads (clause ring.reader.fence-before-data):
         # load-load order, an acquire-release fence.
-        self._fence_acq_rel()
-        self._held = index = self.index
+        if self._fence_acq_rel is not None:
+            self._fence_acq_rel()
+        self._held = index
         return index
 
     def chunk_offset(self) -> int:
@@ -339,7 +332,8 @@ class RingReader:
         memory = self.memory
         # ring.reader.fence-before-release: the data loads before the flag store, an
         # acquire-release fence.
-        self._fence_acq_rel()
+        if self._fence_acq_rel is not None:
+            self._fence_acq_rel()
         memory.store(self._own_flags[index], 1)
         memory.fence()  # ring.reader.fence-after-release
         self._fenced = True

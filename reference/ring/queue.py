@@ -32,6 +32,7 @@ Spec: ``spec/data/ring.toml``.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import threading
 import time
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+from zmq.backend import Socket as BackendSocket
 
 from ..addresses import ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
@@ -222,6 +224,10 @@ class MessageQueue:
                 self._notify_socket = res.socket(zmq.PUB)
                 self._notify_socket.setsockopt(zmq.SNDHWM, 1)
                 local_notify = res.bind_ipc(self._notify_socket, ipc_dir)
+                # pyzmq's Python-level send (routing ids, groups, frames) costs more than the
+                # send itself: the notification goes through the compiled method directly.
+                self._notify = functools.partial(BackendSocket.send, self._notify_socket,
+                                                 NOTIFY_MESSAGE, zmq.NOBLOCK)
             remote_subscribe = None
             remote_ipv6 = False
             if self.n_remote_reader > 0:
@@ -264,6 +270,7 @@ class MessageQueue:
         self._reader: RingReader | None = None
         self._local_socket: zmq.Socket | None = None
         self._notify_socket: zmq.Socket | None = None
+        self._notify: Callable[[], None] | None = None
         self._remote_socket: zmq.Socket | None = None
         self._cancel_send: zmq.Socket | None = None
         self._poller: zmq.Poller | None = None
@@ -433,13 +440,13 @@ class MessageQueue:
                 raise QueueClosed("the queue is closed")
         else:
             overflow = needs_overflow(buffers, self._chunk_bytes)
-            self._claim_chunk(timeout)
+            if writer.try_acquire() is None:
+                self._wait_for_chunk(timeout)
             try:
-                offset = writer.chunk_offset()
                 if overflow:
-                    writer.memory.store(offset, 1)
+                    writer.memory.store(writer.chunk_offset(), 1)
                 else:
-                    write_chunk(writer.memory.write, buffers, offset)
+                    write_chunk(writer.memory.write, buffers, writer.chunk_offset())
             except BaseException:
                 writer.abandon()
                 raise
@@ -447,7 +454,7 @@ class MessageQueue:
             if overflow:
                 self._send_multipart(self._local_socket, buffers)  # type: ignore[arg-type]
             if not writer.readers_behind():
-                self._notify_socket.send(NOTIFY_MESSAGE, zmq.NOBLOCK)  # type: ignore[union-attr]
+                self._notify()  # type: ignore[misc]
         if self.n_remote_reader:
             self._send_multipart(self._remote_socket, buffers)  # type: ignore[arg-type]
 
@@ -476,7 +483,7 @@ class MessageQueue:
             raise
         writer.commit()
         if not writer.readers_behind():
-            self._notify_socket.send(NOTIFY_MESSAGE, zmq.NOBLOCK)  # type: ignore[union-attr]
+            self._notify()  # type: ignore[misc]
 
     def _claim_chunk(self, timeout: float | None) -> int:
         """Claim the next chunk (waiting for it to be free) and return its index."""
@@ -484,10 +491,13 @@ class MessageQueue:
         if writer is None:
             raise RingError("ring.writer.single-writer", "only the writer end has the ring")
         index = writer.try_acquire()
-        if index is None:
-            index = self._wait_for(writer.try_acquire, timeout, clause="ring.writer.timeout",
-                                   what="a free chunk (every local reader done with it)")
-        return index
+        return self._wait_for_chunk(timeout) if index is None else index
+
+    def _wait_for_chunk(self, timeout: float | None) -> int:
+        """After one failed claim: wait for the next chunk to be free, claim it, return it."""
+        return self._wait_for(self._writer.try_acquire, timeout,  # type: ignore[union-attr]
+                              clause="ring.writer.timeout",
+                              what="a free chunk (every local reader done with it)")
 
     def _wait_for(self, acquire: Callable[[], int | None], timeout: float | None, *,
                   clause: str, what: str,
@@ -515,10 +525,14 @@ class MessageQueue:
         :class:`ProtocolTimeout` (a ``TimeoutError``). The ring slot is released whatever
         happens while reading it, decoding errors included (clause ring.reader.release-on-error).
         """
-        if self.is_local_reader:
+        reader = self._reader
+        if reader is not None:
             deadline = None if timeout is None else time.monotonic() + timeout
             if not self._pending_overflow:
-                chunk = self._acquire_chunk(timeout)
+                index = reader.try_acquire()
+                if index is None:
+                    index = self._wait_for_readable(timeout)
+                chunk = self._chunk_views[index]
                 try:
                     view = single_buffer(chunk)
                     if view is not None:
@@ -632,10 +646,14 @@ class MessageQueue:
         if reader is None:
             raise RingError("ring.reader.readable-iff", "only a local reader end has the ring")
         index = reader.try_acquire()
-        if index is None:
-            index = self._wait_for(reader.try_acquire, timeout, clause="ring.reader.timeout",
-                                   what="a readable chunk", block=self._block_on_notify)
-        return self._chunk_views[index]
+        return self._chunk_views[self._wait_for_readable(timeout) if index is None else index]
+
+    def _wait_for_readable(self, timeout: float | None) -> int:
+        """After one failed acquire: wait for the next chunk to be readable, hold it, return
+        its index."""
+        return self._wait_for(self._reader.try_acquire, timeout,  # type: ignore[union-attr]
+                              clause="ring.reader.timeout", what="a readable chunk",
+                              block=self._block_on_notify)
 
     def _release_chunk(self) -> None:
         """Release the held chunk and, now and then, drain the notify socket."""

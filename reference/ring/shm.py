@@ -40,18 +40,13 @@ def memory_fence() -> None:
     _fence_release()
 
 
-def _no_instruction_needed() -> None:
-    """An acquire-release fence under x86-64's TSO, which already keeps every order such a
-    fence asks for (Intel SDM vol. 3A, "Memory Ordering in P6 and More Recent Processor
-    Families": loads are not reordered with other loads, stores not with older loads or with
-    other stores)."""
-
-
-#: The acquire-release fence of this machine (clause ring.fence.acquire-release): nothing on
-#: x86 (TSO), the full barrier everywhere else.
-acq_rel_fence: Callable[[], None] = (
-    _no_instruction_needed if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-    else memory_fence)
+#: The acquire-release fence of this machine (clause ring.fence.acquire-release): None on x86,
+#: whose TSO already keeps every order such a fence asks for (Intel SDM vol. 3A, "Memory
+#: Ordering in P6 and More Recent Processor Families": loads are not reordered with other
+#: loads, stores not with older loads or with other stores), so the ring calls nothing there;
+#: the full barrier everywhere else.
+acq_rel_fence: Callable[[], None] | None = (
+    None if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686") else memory_fence)
 
 
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
@@ -83,7 +78,7 @@ class ShmMemory:
         self.load: Callable[[int], int] = buf.__getitem__
         self.store: Callable[[int, int], None] = buf.__setitem__
         self.fence: Callable[[], None] = memory_fence
-        self.fence_acq_rel: Callable[[], None] = acq_rel_fence
+        self.fence_acq_rel: Callable[[], None] | None = acq_rel_fence
 
     def detach(self) -> None:
         """Forget the mapping (the segment is closing): later accesses fail with IndexError."""
