@@ -185,8 +185,8 @@ class _Pickling:
     def __init__(self, threshold: int) -> None:
         self.threshold = threshold
         self.output = _Output()
+        #: The message's buffers while a message is being pickled (None: the pickler is free).
         self.buffers: list[Buffer] | None = None
-        self.busy = False
         self.copyreg_seen = dict(copyreg.dispatch_table)
         self.torch = sys.modules.get("torch")
         table = dict(self.copyreg_seen)
@@ -197,6 +197,8 @@ class _Pickling:
         self.pickler = pickle.Pickler(self.output, protocol=pickle.HIGHEST_PROTOCOL,
                                       buffer_callback=self.out_of_band)
         self.pickler.dispatch_table = table
+        self.dump = self.pickler.dump
+        self.clear_memo = self.pickler.clear_memo
 
     def current(self) -> bool:
         return (sys.modules.get("torch") is self.torch
@@ -224,23 +226,20 @@ class PickleCodec:
         pickling = getattr(local, "pickling", None)
         if pickling is None or not pickling.current():
             pickling = local.pickling = _Pickling(self.oob_threshold)
-        elif pickling.busy:
+        elif pickling.buffers is not None:
             pickling = _Pickling(self.oob_threshold)  # a reducer pickling a message itself
-        buffers: list[Buffer] = [b""]
-        pickling.buffers = buffers
-        pickling.busy = True
+        pickling.buffers = buffers = [b""]
         output = pickling.output
         try:
-            pickling.pickler.dump(obj)
+            pickling.dump(obj)
             buffers[0] = output[0] if len(output) == 1 else b"".join(output)
         except BaseException:
             local.pickling = None  # start the next message from a fresh pickler
             raise
         finally:
             output.clear()
-            pickling.pickler.clear_memo()  # the memo would keep the message's objects alive
+            pickling.clear_memo()  # the memo would keep the message's objects alive
             pickling.buffers = None
-            pickling.busy = False
         return buffers
 
     def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
