@@ -344,10 +344,9 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
                 lines += [f"- `{r.check.id}`: {r.status.replace('_', ' ')}: {r.message}"
                           for r in others]
                 lines += ["", "</details>", ""]
-    text = "\n".join(lines)
-    while "\n\n\n" in text:
-        text = text.replace("\n\n\n", "\n\n")
-    return text.rstrip("\n") + "\n"
+    # Every block ends with a blank line and a heading block starts with one: keep one.
+    lines = [line for i, line in enumerate(lines) if line or (i and lines[i - 1])]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _markdown_failure(result: CheckResult, spec: Any) -> list[str]:

@@ -101,7 +101,6 @@ def expected_generation(request: Any, default_tokens: int) -> tuple[list[int], i
     return scripted_tokens(get_field(request, "prompt_token_ids"), count), int(reason)
 
 
-
 def parallel_config_hash(dp_size: int) -> str:
     """The READY ``parallel_config_hash`` of a scripted engine in a DP group of ``dp_size``.
 
@@ -109,6 +108,7 @@ def parallel_config_hash(dp_size: int) -> str:
     engine has only ``dp_size``, so equal groups agree and different groups differ.
     """
     return hashlib.sha256(f"enginewire-dp-{dp_size}".encode()).hexdigest()
+
 
 @dataclass
 class _Running:

@@ -185,6 +185,29 @@ def test_a_memory_without_acquire_release_fences_gets_full_ones() -> None:
     assert sum(entry == ("fence",) for entry in memory.take()) == 4
 
 
+class TsoMemory(RecordingMemory):
+    """A memory that keeps acquire-release order without an instruction, as x86 does."""
+
+    fence_acq_rel = None
+
+
+def test_no_acquire_release_call_where_the_memory_needs_no_instruction() -> None:
+    """A memory whose ``fence_acq_rel`` is None (ShmMemory on x86) gets no call in its place,
+    and keeps the full fences after written = 1 and after the release."""
+    layout = RingLayout(1, 16, 2)
+    memory = TsoMemory(layout.total_size)
+    writer, reader = RingWriter(memory, layout), RingReader(memory, layout, 0)
+    row = layout.metadata_row_offset(0)
+    assert writer.try_acquire() == 0
+    writer.commit()
+    assert memory.take() == [("fence",), ("load", row), ("store", row, 0),
+                             ("store", row + 1, 0), ("store", row, 1), ("fence",)]
+    assert reader.try_acquire() == 0
+    reader.release()
+    assert memory.take() == [("fence",), ("load", row + 1), ("load", row),
+                             ("store", row + 1, 1), ("fence",)]
+
+
 def test_a_check_right_after_a_fence_skips_its_own() -> None:
     """Clauses ring.writer.fence-before-check and ring.reader.fence-before-check allow it: the
     fence that ends a commit or a release already orders everything before the next check."""

@@ -848,6 +848,23 @@ def _write_trace(ring: Any) -> tuple[list, Geometry]:
     return memory.log, geometry
 
 
+def _read_trace(ring: Any, n_reader: int, payload: bytes) -> tuple[RecordingMemory, Geometry,
+                                                                   Any]:
+    """Reader ``n_reader - 1`` reads chunk 0, published with ``payload`` and unread by all:
+    the memory (its log holds the read's accesses alone), the geometry and what it read."""
+    geometry = Geometry(n_reader, 64, 2)
+    memory = RecordingMemory(geometry.total)
+    framed = frame_chunk([payload])
+    memory.data[0:len(framed)] = framed
+    row = geometry.row(0)
+    memory.data[row:row + 1 + n_reader] = bytes([1] + [0] * n_reader)
+    reader = ring.memory_reader(memory, n_reader=n_reader, max_chunk_bytes=64, max_chunks=2,
+                                rank=n_reader - 1)
+    memory.log.clear()
+    got = reader.read()
+    return memory, geometry, got
+
+
 @check("ring.memory.read-flags-cleared-before-written",
        clauses=["ring.writer.read-flags-cleared-before-written"], surface="ring",
        requires=["ring.memory"])
@@ -880,16 +897,9 @@ def _order_check_fence(ring: Any, ctx: Any) -> None:
        surface="ring", requires=["ring.memory"])
 def _order_release_fence(ring: Any, ctx: Any) -> None:
     """A reader fences between its last load of the chunk and storing its flag."""
-    geometry = Geometry(1, 64, 2)
-    memory = RecordingMemory(geometry.total)
-    framed = frame_chunk([b"xyz"])
-    memory.data[0:len(framed)] = framed
-    row = geometry.row(0)
-    memory.data[row:row + 2] = bytes([1, 0])
-    reader = ring.memory_reader(memory, n_reader=1, max_chunk_bytes=64, max_chunks=2, rank=0)
-    memory.log.clear()
-    reader.read()
+    memory, geometry, _ = _read_trace(ring, 1, b"xyz")
     log = memory.log
+    row = geometry.row(0)
     flag_set = _after(log, 0, lambda e: e[:3] == ("store", row + 1, 1))
     last_data = max((i for i, e in enumerate(log[:flag_set])
                      if e[0] == "read" and e[1] < geometry.metadata_offset), default=-1)
@@ -935,18 +945,11 @@ def _order_fences(ring: Any, ctx: Any) -> None:
        surface="ring", requires=["ring.memory"])
 def _order_reader(ring: Any, ctx: Any) -> None:
     """A reader reads the chunk's data after checking the flags and sets its flag after."""
-    geometry = Geometry(2, 64, 2)
-    memory = RecordingMemory(geometry.total)
-    framed = frame_chunk([b"abc"])
-    memory.data[0:len(framed)] = framed
-    row = geometry.row(0)
-    memory.data[row:row + 3] = bytes([1, 0, 0])
-    reader = ring.memory_reader(memory, n_reader=2, max_chunk_bytes=64, max_chunks=2, rank=1)
-    memory.log.clear()
-    got = reader.read()
+    memory, geometry, got = _read_trace(ring, 2, b"abc")
     if got != [b"abc"]:
         raise CheckFailure(f"read {got!r}, expected [b'abc']")
     log = memory.log
+    row = geometry.row(0)
     flag_set = _after(log, 0, lambda e: e[:3] == ("store", row + 2, 1))
     data_read = _after(log, 0, lambda e: e[0] == "read" and e[1] < geometry.metadata_offset)
     fence = _after(log, 0, lambda e: e[0] == "fence")
@@ -981,16 +984,9 @@ def _order_claim_fence(ring: Any, ctx: Any) -> None:
        surface="ring", requires=["ring.memory"])
 def _order_reader_loads(ring: Any, ctx: Any) -> None:
     """In its readable check a reader loads its own read flag before the written flag."""
-    geometry = Geometry(2, 64, 2)
-    memory = RecordingMemory(geometry.total)
-    framed = frame_chunk([b"abc"])
-    memory.data[0:len(framed)] = framed
-    row = geometry.row(0)
-    memory.data[row:row + 3] = bytes([1, 0, 0])
-    reader = ring.memory_reader(memory, n_reader=2, max_chunk_bytes=64, max_chunks=2, rank=1)
-    memory.log.clear()
-    reader.read()
+    memory, geometry, _ = _read_trace(ring, 2, b"abc")
     log = memory.log
+    row = geometry.row(0)
     own = _after(log, 0, lambda e: e[0] in ("load", "read") and e[1] == row + 2)
     written = _after(log, 0, lambda e: e[0] in ("load", "read") and e[1] == row)
     if own < 0 or written < 0 or own > written:

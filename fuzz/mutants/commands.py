@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"enginewire mutants: unknown mutant(s) {', '.join(unknown)}; known: "
               f"{', '.join(MUTANTS)}", file=sys.stderr)
         return 2
-    budget = FULL if args.full else BOUNDED
+    budget, budget_name = (FULL, "full") if args.full else (BOUNDED, "bounded")
 
     def progress(result: MutantResult) -> None:
         seconds = sum(c.seconds for c in result.columns.values())
@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     print(f"enginewire mutants: {len(names)} mutant(s), "
-          f"{'full' if args.full else 'bounded'} budget", file=sys.stderr)
+          f"{budget_name} budget", file=sys.stderr)
     results = kill_matrix([MUTANTS[n] for n in names], budget=budget, progress=progress)
     elapsed = time.monotonic() - started
 
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
           + (f"; SURVIVED: {', '.join(survivors)}" if survivors else ""))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"budget": "full" if args.full else "bounded",
+            json.dump({"budget": budget_name,
                        "seconds": round(elapsed, 1),
                        "mutants": [r.to_builtins() for r in results]}, out, indent=2)
     return 1 if survivors else 0

@@ -154,28 +154,37 @@ def chunk_state(memory: RingMemory, layout: RingLayout, index: int) -> ChunkStat
     return classify(memory.read(layout.metadata_row_offset(index), layout.metadata_size))
 
 
-class RingWriter:
+class _RingEnd:
+    """What the writer and a reader share: the memory, the layout, the next chunk ``index``
+    (from 0, advancing modulo ``max_chunks``), and state derived once from the layout and the
+    memory so that a step does no arithmetic or attribute lookup it can avoid."""
+
+    def __init__(self, memory: RingMemory, layout: RingLayout) -> None:
+        self.memory = memory
+        self.layout = layout
+        self.index = 0
+        # None where the memory needs no instruction for it; see RingMemory.fence_acq_rel.
+        self._fence_acq_rel = getattr(memory, "fence_acq_rel", memory.fence)
+        # True while this end has stored nothing since its last fence: a fence then would
+        # order nothing more, so the check before an acquire skips it.
+        self._fenced = False
+        self._max_chunks = layout.max_chunks
+        self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
+        self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
+
+
+class RingWriter(_RingEnd):
     """The writer's side of the flag protocol. Exactly one writer exists per ring.
 
     ``index`` is the next chunk to write; it starts at 0 and advances modulo ``max_chunks``.
     """
 
     def __init__(self, memory: RingMemory, layout: RingLayout) -> None:
-        self.memory = memory
-        self.layout = layout
-        self.index = 0
+        super().__init__(memory, layout)
         self._claimed: int | None = None
-        # None where the memory needs no instruction for it; see RingMemory.fence_acq_rel.
-        self._fence_acq_rel = getattr(memory, "fence_acq_rel", memory.fence)
-        # True while this end has stored nothing since its last fence: a fence then would
-        # order nothing more, so the check before a claim skips it.
-        self._fenced = False
         self._n_reader = layout.n_reader
-        self._max_chunks = layout.max_chunks
-        self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
         self._read_flags = [tuple(range(row + 1, row + 1 + layout.n_reader))
                             for row in self._rows]
-        self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
     def try_acquire(self) -> int | None:
         """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
@@ -263,7 +272,7 @@ class RingWriter:
         self._claimed = None
 
 
-class RingReader:
+class RingReader(_RingEnd):
     """Local reader ``rank``'s side of the flag protocol.
 
     ``rank`` is the reader's position in the handle's ``local_reader_ranks`` (0-based), which
@@ -272,17 +281,10 @@ class RingReader:
 
     def __init__(self, memory: RingMemory, layout: RingLayout, rank: int) -> None:
         layout.read_flag_offset(0, rank)  # validates rank
-        self.memory = memory
-        self.layout = layout
+        super().__init__(memory, layout)
         self.rank = rank
-        self.index = 0
         self._held: int | None = None
-        self._fence_acq_rel = getattr(memory, "fence_acq_rel", memory.fence)
-        self._fenced = False  # as the writer's: nothing stored since the last fence
-        self._max_chunks = layout.max_chunks
-        self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
         self._own_flags = [row + 1 + rank for row in self._rows]
-        self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
     def try_acquire(self) -> int | None:
         """Return chunk ``index`` if it is readable, else None. The caller must then

@@ -485,19 +485,19 @@ class MessageQueue:
         if not writer.readers_behind():
             self._notify()  # type: ignore[misc]
 
-    def _claim_chunk(self, timeout: float | None) -> int:
-        """Claim the next chunk (waiting for it to be free) and return its index."""
+    def _claim_chunk(self, timeout: float | None) -> None:
+        """Claim the next chunk, waiting for it to be free."""
         writer = self._writer
         if writer is None:
             raise RingError("ring.writer.single-writer", "only the writer end has the ring")
-        index = writer.try_acquire()
-        return self._wait_for_chunk(timeout) if index is None else index
+        if writer.try_acquire() is None:
+            self._wait_for_chunk(timeout)
 
-    def _wait_for_chunk(self, timeout: float | None) -> int:
-        """After one failed claim: wait for the next chunk to be free, claim it, return it."""
-        return self._wait_for(self._writer.try_acquire, timeout,  # type: ignore[union-attr]
-                              clause="ring.writer.timeout",
-                              what="a free chunk (every local reader done with it)")
+    def _wait_for_chunk(self, timeout: float | None) -> None:
+        """After one failed claim: wait for the next chunk to be free and claim it."""
+        self._wait_for(self._writer.try_acquire, timeout,  # type: ignore[union-attr]
+                       clause="ring.writer.timeout",
+                       what="a free chunk (every local reader done with it)")
 
     def _wait_for(self, acquire: Callable[[], int | None], timeout: float | None, *,
                   clause: str, what: str,
