@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +54,36 @@ def _shm_segments() -> set[str]:
     return {name for name in os.listdir(SHM_DIR) if not name.startswith("sem.")}
 
 
+def _mapped_shm_segments() -> set[str]:
+    """Names of /dev/shm segments that a live process other than this one still maps."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        if maps.parent.name == str(os.getpid()):
+            continue
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        mapped.update(m.group(1) for m in re.finditer(r" /dev/shm/(\S+)", text))
+    return mapped
+
+
+def _orphaned_new_segments(before: set[str]) -> list[str]:
+    """New segments that no live process maps, still there after a short grace period.
+
+    A segment another test run on the same machine is using is mapped by that run's processes,
+    so it is not counted against this run; one nobody maps is a leak, whoever made it.
+    """
+    suspects = _shm_segments() - before
+    for _ in range(3):
+        if not suspects:
+            break
+        suspects &= _shm_segments()
+        suspects -= _mapped_shm_segments()
+        time.sleep(0.2)
+    return sorted(suspects & _shm_segments())
+
+
 def _ipc_files(root: Path) -> set[str]:
     return {p.name for p in root.glob("enginewire-*") if p.is_socket()}
 
@@ -76,7 +108,7 @@ def no_leftovers() -> Iterator[None]:
         else:
             os.environ["TMPDIR"] = saved
         tempfile.tempdir = None
-    leaked_shm = sorted(_shm_segments() - shm_before)
+    leaked_shm = _orphaned_new_segments(shm_before)
     leaked_ipc = sorted(_ipc_files(session_tmp))
     if not leaked_ipc:
         shutil.rmtree(session_tmp, ignore_errors=True)
