@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Reproduction: an ADD missing its out-of-band frame kills the engine's input thread (vLLM 0.33.0).
+
+vLLM's MsgpackDecoder looks an out-of-band index up in its list of frames with no check
+(``self.aux_buffers[data]``, vllm/v1/serial_utils.py:407); an index past the last frame raises
+IndexError inside EngineCoreProc.process_input_sockets, which has no guard around the ADD
+decoder: the thread dies and the engine reads no request after it.
+
+This script encodes an EngineCoreRequest whose prompt_embeds tensor travels out of band
+(vLLM's own MsgpackEncoder), sends it without that frame, then a valid ABORT as a probe.
+vLLM's own input thread (EngineCoreProc.process_input_sockets, unchanged) runs in-process on
+an EngineCoreProc built without a model; a raw zmq ROUTER plays the front end.
+
+Exit 1: the probe never reached the engine (the bug reproduces). Exit 0: it did (fixed).
+Exit 2: the reproduction itself failed. Needs only vLLM, pyzmq and msgspec; CPU only.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import traceback
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import msgspec  # noqa: E402
+import zmq  # noqa: E402
+
+WAIT_S = 3.0
+HARD_STOP_S = 60
+EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
+IDENTITY = (0).to_bytes(2, "little")
+
+
+def bad_messages() -> dict[str, list[bytes]]:
+    """The messages under test (type frame, payload frames), each sent to a fresh thread."""
+    import time
+
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine import EngineCoreRequest
+    from vllm.v1.serial_utils import MsgpackEncoder
+
+    request = EngineCoreRequest(
+        request_id="req-0", prompt_token_ids=None, mm_features=None,
+        sampling_params=SamplingParams(max_tokens=4), pooling_params=None,
+        arrival_time=time.time(), lora_request=None, cache_salt=None,
+        data_parallel_rank=None, prompt_embeds=torch.zeros(4, 64),
+    )
+    frames = [bytes(frame) for frame in MsgpackEncoder().encode(request)]
+    assert len(frames) == 2, f"expected the tensor out of band, got {len(frames)} frame(s)"
+    return {"an ADD whose out-of-band frame 1 is missing": [b"\x00", frames[0]]}
+
+
+def start_input_thread(address: str):
+    """vLLM's engine input thread, on an EngineCoreProc that holds only what it reads."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    engine = object.__new__(EngineCoreProc)
+    engine.tensor_ipc_receiver = None
+    engine.input_queue = queue.Queue()
+    engine.aborts_queue = queue.Queue()
+    engine._make_ready_response = lambda: {"stand-in": "ready response"}
+    thread = threading.Thread(
+        target=engine.process_input_sockets,
+        args=([address], None, IDENTITY, threading.Event()),
+        name="engine input thread", daemon=True,
+    )
+    thread.start()
+    return engine, thread
+
+
+def kills_input_thread(tmp: str, name: str, message: list[bytes]) -> bool:
+    """True when ``message`` stops the engine's input thread from reading later requests."""
+    address = f"ipc://{tmp}/input"
+    ctx = zmq.Context()
+    frontend = ctx.socket(zmq.ROUTER)
+    frontend.setsockopt(zmq.LINGER, 0)
+    frontend.bind(address)
+    try:
+        engine, thread = start_input_thread(address)
+        if not frontend.poll(int(WAIT_S * 1000)):
+            raise RuntimeError("the engine's input thread sent no ready response")
+        identity, _ready = frontend.recv_multipart()
+        assert identity == IDENTITY, identity
+        frontend.send_multipart([IDENTITY, *message])
+        frontend.send_multipart([IDENTITY, b"\x01", msgspec.msgpack.encode(["probe"])])
+        try:
+            while True:
+                request_type, request = engine.input_queue.get(timeout=WAIT_S)
+                if request == ["probe"]:
+                    print(f"fixed: after {name}, the engine still reads requests")
+                    return False
+        except queue.Empty:
+            alive = "alive" if thread.is_alive() else "dead"
+            print(f"BUG: after {name}, a valid ABORT never reached the engine's input queue "
+                  f"within {WAIT_S} s; the input thread is {alive}")
+            return True
+    finally:
+        frontend.close()
+        ctx.term()
+        os.unlink(address.removeprefix("ipc://"))
+
+
+def reproduce(tmp: str) -> bool:
+    """True when the bug reproduces (any message under test kills the thread)."""
+    results = [kills_input_thread(tmp, name, message)
+               for name, message in bad_messages().items()]
+    return any(results)
+
+
+def hard_stop() -> None:
+    """Print every thread's stack and end the process with EXIT_BROKEN."""
+    print(f"the reproduction did not finish within {HARD_STOP_S} s", file=sys.stderr)
+    faulthandler.dump_traceback()
+    os._exit(EXIT_BROKEN)
+
+
+def main() -> int:
+    import vllm.v1.engine.core_client  # noqa: F401 - slow; not counted in the hard stop
+
+    # A hard stop once vLLM is imported: a wait this script does not bound ends it (exit 2).
+    stop = threading.Timer(HARD_STOP_S, hard_stop)
+    stop.daemon = True
+    stop.start()
+    tmp = tempfile.mkdtemp(prefix="vllm-finding-")
+    try:
+        return EXIT_REPRODUCED if reproduce(tmp) else EXIT_FIXED
+    except Exception:  # noqa: BLE001 - the reproduction itself failed: neither verdict
+        traceback.print_exc()
+        return EXIT_BROKEN
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
