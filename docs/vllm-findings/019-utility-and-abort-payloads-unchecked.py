@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Reproduction: malformed ABORT and UTILITY payloads reach the busy loop (vLLM 0.33.0).
+
+The engine decodes ABORT and UTILITY payloads with an untyped MsgpackDecoder and puts
+whatever comes out on its input queue: an ABORT payload that is a string ("req-0", which
+abort_requests then iterates character by character), an ABORT payload of integers, and a
+UTILITY call whose call_id is a string are all accepted. (A UTILITY of three elements kills
+the input thread: finding 006.)
+
+vLLM's own input thread (EngineCoreProc.process_input_sockets, unchanged) runs in-process on
+an EngineCoreProc built without a model; a raw zmq ROUTER plays the front end and sends each
+message to a fresh thread, followed by a valid ABORT as a probe.
+
+Exit 1: a malformed payload reached the input queue (reproduces). Exit 0: none did (fixed).
+Exit 2: the reproduction itself failed. Needs only vLLM, pyzmq and msgspec; CPU only.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
+import traceback
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import msgspec  # noqa: E402
+import zmq  # noqa: E402
+
+WAIT_S = 3.0
+HARD_STOP_S = 60
+EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
+IDENTITY = (0).to_bytes(2, "little")
+
+
+def bad_messages() -> dict[str, list[bytes]]:
+    """The messages under test (type frame, payload frames), each sent to a fresh thread."""
+    return {
+        "an ABORT payload that is a string": [b"\x01", msgspec.msgpack.encode("req-0")],
+        "an ABORT payload [1, 2]": [b"\x01", msgspec.msgpack.encode([1, 2])],
+        "a UTILITY call_id that is a string":
+            [b"\x03", msgspec.msgpack.encode([0, "7", "is_sleeping", []])],
+    }
+
+
+def start_input_thread(address: str):
+    """vLLM's engine input thread, on an EngineCoreProc that holds only what it reads."""
+    from vllm.v1.engine.core import EngineCoreProc
+
+    engine = object.__new__(EngineCoreProc)
+    engine.tensor_ipc_receiver = None
+    engine.input_queue = queue.Queue()
+    engine.aborts_queue = queue.Queue()
+    engine._make_ready_response = lambda: {"stand-in": "ready response"}
+    thread = threading.Thread(
+        target=engine.process_input_sockets,
+        args=([address], None, IDENTITY, threading.Event()),
+        name="engine input thread", daemon=True,
+    )
+    thread.start()
+    return engine, thread
+
+
+def reaches_engine(tmp: str, name: str, message: list[bytes]) -> list[tuple]:
+    """What ``message`` puts on the engine's input queue before a valid ABORT probe."""
+    address = f"ipc://{tmp}/input"
+    ctx = zmq.Context()
+    frontend = ctx.socket(zmq.ROUTER)
+    frontend.setsockopt(zmq.LINGER, 0)
+    frontend.bind(address)
+    try:
+        engine, thread = start_input_thread(address)
+        if not frontend.poll(int(WAIT_S * 1000)):
+            raise RuntimeError("the engine's input thread sent no ready response")
+        identity, _ready = frontend.recv_multipart()
+        assert identity == IDENTITY, identity
+        frontend.send_multipart([IDENTITY, *message])
+        frontend.send_multipart([IDENTITY, b"\x01", msgspec.msgpack.encode(["probe"])])
+        queued = []
+        while True:
+            try:
+                request_type, request = engine.input_queue.get(timeout=WAIT_S)
+            except queue.Empty:
+                raise RuntimeError(f"after {name}, the probe never came (the input thread "
+                                   f"is {'alive' if thread.is_alive() else 'dead'})") from None
+            if request == ["probe"]:
+                return queued
+            queued.append((request_type, request))
+    finally:
+        frontend.close()
+        ctx.term()
+        os.unlink(address.removeprefix("ipc://"))
+
+
+def reproduce(tmp: str) -> bool:
+    """True when the bug reproduces (a malformed payload reached the input queue)."""
+    accepted = False
+    for name, message in bad_messages().items():
+        queued = reaches_engine(tmp, name, message)
+        if queued:
+            accepted = True
+            print(f"BUG: {name}: queued for the busy loop as {queued}")
+        else:
+            print(f"fixed: {name}: dropped")
+    return accepted
+
+
+def hard_stop() -> None:
+    """Print every thread's stack and end the process with EXIT_BROKEN."""
+    print(f"the reproduction did not finish within {HARD_STOP_S} s", file=sys.stderr)
+    faulthandler.dump_traceback()
+    os._exit(EXIT_BROKEN)
+
+
+def main() -> int:
+    import vllm.v1.engine.core_client  # noqa: F401 - slow; not counted in the hard stop
+
+    # A hard stop once vLLM is imported: a wait this script does not bound ends it (exit 2).
+    stop = threading.Timer(HARD_STOP_S, hard_stop)
+    stop.daemon = True
+    stop.start()
+    tmp = tempfile.mkdtemp(prefix="vllm-finding-")
+    try:
+        return EXIT_REPRODUCED if reproduce(tmp) else EXIT_FIXED
+    except Exception:  # noqa: BLE001 - the reproduction itself failed: neither verdict
+        traceback.print_exc()
+        return EXIT_BROKEN
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
