@@ -52,7 +52,7 @@ def cases() -> dict[str, list[bytes]]:
 
 
 def abort_with_stray_frame_accepted() -> bool:
-    """The engine's untyped decoder (core.py:1944) on an ABORT payload plus a stray frame."""
+    """The engine's untyped decoder (core.py:1945) on an ABORT payload plus a stray frame."""
     from vllm.v1.serial_utils import MsgpackDecoder
 
     frames = [msgspec.msgpack.encode(["req-0", "req-1"]), b"stray"]

@@ -9,7 +9,7 @@ with no error on either side.
 
 This script drives vLLM's real AsyncMPClient against a raw zmq engine, calls
 call_utility_async("takes_tensor", torch.arange(1024) as uint8), and decodes what the engine
-receives with the untyped MsgpackDecoder() the engine uses for UTILITY (core.py:1944, :2022).
+receives with the untyped MsgpackDecoder() the engine uses for UTILITY (core.py:1945, :2022).
 
 Exit 1: the engine's decoder hands the method something other than the tensor
 (reproduces). Exit 0: the client refused the call, or the tensor arrived intact (fixed).
