@@ -39,6 +39,12 @@ HARD_STOP_S = 60
 EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
 
 
+def wait_then_set(queue, done: threading.Event) -> None:
+    """The writer's wait_until_ready, then ``done``."""
+    queue.wait_until_ready()
+    done.set()
+
+
 def reproduce(tmp: str) -> bool:
     """True when the bug reproduces."""
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
@@ -56,11 +62,8 @@ def reproduce(tmp: str) -> bool:
             return True
         done = threading.Event()
 
-        def wait(queue: MessageQueue = writer) -> None:
-            queue.wait_until_ready()
-            done.set()
-
-        threading.Thread(target=wait, name="writer wait_until_ready", daemon=True).start()
+        threading.Thread(target=wait_then_set, args=(writer, done),
+                         name="writer wait_until_ready", daemon=True).start()
         blocked = not done.wait(WAIT_S)
         # Let the blocked call return: subscribe the way a reader does.
         reader = ctx.socket(zmq.SUB)
