@@ -2,7 +2,7 @@
 
 Each ``NNN-name.py`` there is a standalone script that exits 1 while its bug reproduces on the
 installed vLLM, 0 once fixed, 2 when the reproduction itself failed. The fast test runs them
-all through ``run_all.py --fork`` (vLLM imported once, one forked child per script, 2 at a
+all through ``run_all.py --fork`` (vLLM imported once, one forked child per script, 4 at a
 time: about a minute) and asserts exit 1 for each; the ``slow`` test runs each in a fresh
 interpreter, exactly as a vLLM developer would (10 to 30 s of import per script). A finding
 that stops reproducing fails here: move it to "fixed in" (see docs/vllm-findings/index.md).
@@ -43,7 +43,7 @@ def forked_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One ``run_all.py --fork`` over every script; {script name: outcome}."""
     out = tmp_path_factory.mktemp("findings") / "outcomes.json"
     proc = subprocess.run(
-        [sys.executable, str(RUNNER), "--fork", "--jobs", "2", "--timeout", str(TIMEOUT_S),
+        [sys.executable, str(RUNNER), "--fork", "--jobs", "4", "--timeout", str(TIMEOUT_S),
          "--json", str(out)],
         capture_output=True, text=True, timeout=TIMEOUT_S * 3,
     )
