@@ -1,10 +1,12 @@
 """The vLLM findings (docs/vllm-findings/): every runnable reproduction still reproduces.
 
 Each ``NNN-name.py`` there is a standalone script that exits 1 while its bug reproduces on the
-installed vLLM, 0 once fixed, 2 when the reproduction itself failed. The fast test runs them
-all through ``run_all.py --fork`` (vLLM imported once, one forked child per script, 4 at a
-time: about a minute) and asserts exit 1 for each; the ``slow`` test runs each in a fresh
-interpreter, exactly as a vLLM developer would (10 to 30 s of import per script). A finding
+installed vLLM, 0 once fixed, 2 when the reproduction itself failed. The fast tests import
+vLLM once in a subprocess that forks a child per script (``run_all.run_forked``, 4 at a time:
+about a minute) and assert exit 1 for each; and, for the findings in STAND_IN_FIXES, exit 0
+with a stand-in fix patched into vLLM in the child, so no script is wired to exit 1. The
+``slow`` test runs each script in a fresh interpreter, exactly as a vLLM developer would (10 to
+30 s of import per script). A finding
 that stops reproducing fails here: move it to "fixed in" (see docs/vllm-findings/index.md).
 The index and the reports are checked against the scripts without vLLM.
 """
@@ -38,23 +40,10 @@ def _ids(paths: list[Path]) -> list[str]:
     return [p.stem for p in paths]
 
 
-@pytest.fixture(scope="module")
-def forked_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """One ``run_all.py --fork`` over every script; {script name: outcome}."""
-    out = tmp_path_factory.mktemp("findings") / "outcomes.json"
-    proc = subprocess.run(
-        [sys.executable, str(RUNNER), "--fork", "--jobs", "4", "--timeout", str(TIMEOUT_S),
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=TIMEOUT_S * 3,
-    )
-    assert out.exists(), f"the runner wrote no outcomes:\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(out.read_text())
-
-
 @pytest.mark.vllm
 @pytest.mark.parametrize("script", SCRIPTS, ids=_ids(SCRIPTS))
-def test_reproduces_forked(forked_run: dict[str, Any], script: Path) -> None:
-    outcome = forked_run[script.name]
+def test_reproduces_forked(runs: dict[str, Any], script: Path) -> None:
+    outcome = runs["as is"][script.name]
     assert outcome["code"] == 1, (
         f"{script.name}: {outcome['verdict']} (exit {outcome['code']}, expected 1: the bug "
         f"reproduces). Exit 0 means the installed vLLM fixed it: record the version in "
@@ -112,3 +101,141 @@ def test_index_lists_every_finding() -> None:
             continue
         assert f"]({report.stem}.py)" in index or f"]({report.stem}.fixed.py)" in index, (
             f"index.md does not link {report.stem}.py")
+
+
+# --- each reproduction can also say "fixed" ------------------------------------------------
+# A stand-in fix for some findings, patched into vLLM in the forked child before the script
+# runs: the script must then exit 0. This proves the scripts are not wired to exit 1.
+
+_FIX_STRAY_REPLY = """
+from vllm.v1.engine import core_client
+_original = core_client._process_utility_output
+def _process_utility_output(output, utility_results):
+    if output.call_id in utility_results:  # a stray reply is dropped
+        _original(output, utility_results)
+core_client._process_utility_output = _process_utility_output
+"""
+
+_FIX_WAIT_UNTIL_READY = """
+from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+_original = MessageQueue.wait_until_ready
+def wait_until_ready(self, timeout=None):
+    if timeout is not None and self._is_writer:
+        if not self.local_socket.poll(int(timeout * 1000)):
+            raise TimeoutError("no reader subscribed")
+    return _original(self)
+MessageQueue.wait_until_ready = wait_until_ready
+"""
+
+_FIX_MM_FACTORY = """
+from vllm.v1.serial_utils import MsgpackDecoder
+_original = MsgpackDecoder._decode_mm_field_elem
+def _decode_mm_field_elem(self, obj):
+    if obj["field"][0] not in ("batched", "flat", "shared"):
+        raise ValueError(f"unknown multimodal field factory {obj['field'][0]!r}")
+    return _original(self, obj)
+MsgpackDecoder._decode_mm_field_elem = _decode_mm_field_elem
+"""
+
+_FIX_TENSOR_CHECKS = """
+import numpy as np
+import torch
+from vllm.v1.serial_utils import MsgpackDecoder
+_TORCH = {str(d).removeprefix("torch."): d for d in vars(torch).values()
+          if isinstance(d, torch.dtype)}
+def _check(self, arr, numpy):
+    dtype, shape, data = arr
+    if numpy:
+        try:
+            ok = isinstance(dtype, str) and np.dtype(dtype).str == dtype
+        except TypeError:
+            ok = False
+    else:
+        ok = dtype in _TORCH
+    if not ok:
+        raise ValueError(f"dtype {dtype!r}")
+    if not isinstance(shape, list) or any(type(d) is not int or d < 0 for d in shape):
+        raise ValueError(f"shape {shape!r}")
+    if type(data) is int:
+        if not 1 <= data < len(self.aux_buffers):
+            raise ValueError(f"index {data!r}")
+    elif not isinstance(data, (memoryview, dict)):
+        raise ValueError(f"data of type {type(data).__name__}")
+_tensor, _ndarray = MsgpackDecoder._decode_tensor, MsgpackDecoder._decode_ndarray
+def _decode_tensor(self, arr):
+    _check(self, arr, False)
+    return _tensor(self, arr)
+def _decode_ndarray(self, arr):
+    _check(self, arr, True)
+    return _ndarray(self, arr)
+MsgpackDecoder._decode_tensor, MsgpackDecoder._decode_ndarray = _decode_tensor, _decode_ndarray
+"""
+
+_FIX_UTILITY_TENSORS = """
+import torch
+from vllm.v1.engine.core_client import AsyncMPClient
+_original = AsyncMPClient._call_utility_async
+async def _call_utility_async(self, method, *args, engine):
+    if any(isinstance(arg, torch.Tensor) for arg in args):
+        raise TypeError("utility arguments cannot carry tensors")
+    return await _original(self, method, *args, engine=engine)
+AsyncMPClient._call_utility_async = _call_utility_async
+"""
+
+#: Finding number -> the source of a stand-in fix.
+STAND_IN_FIXES = {
+    "002": _FIX_STRAY_REPLY, "010": _FIX_WAIT_UNTIL_READY, "012": _FIX_MM_FACTORY,
+    "014": _FIX_TENSOR_CHECKS, "015": _FIX_TENSOR_CHECKS, "018": _FIX_TENSOR_CHECKS,
+    "020": _FIX_UTILITY_TENSORS,
+}
+
+_RUN = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+sys.path.insert(0, sys.argv[1])
+import run_all
+run_all.preload()
+scripts, fixes, timeout = json.loads(sys.argv[2]), json.loads(sys.argv[3]), float(sys.argv[4])
+jobs = [("as is", name, None) for name in scripts] + [
+    ("with a stand-in fix", name, source) for name, source in fixes.items()]
+
+def run(job):
+    kind, name, source = job
+    prepare = None if source is None else (lambda: exec(source, {}))
+    outcome = run_all.run_forked(run_all.HERE / name, timeout, prepare=prepare)
+    return kind, name, {"code": outcome.code, "verdict": outcome.verdict,
+                        "output": outcome.output}
+
+outcomes = {"as is": {}, "with a stand-in fix": {}}
+with ThreadPoolExecutor(max_workers=4) as pool:
+    for kind, name, outcome in pool.map(run, jobs):
+        outcomes[kind][name] = outcome
+print(json.dumps(outcomes))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Any]:
+    """Every script as is, and those with a stand-in fix patched into vLLM, in one process
+    that imports vLLM once and forks a child per run (4 at a time):
+    {"as is" | "with a stand-in fix": {script name: outcome}}."""
+    fixes = {script.name: STAND_IN_FIXES[script.name[:3]] for script in SCRIPTS
+             if script.name[:3] in STAND_IN_FIXES}
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN, str(FINDINGS), json.dumps([s.name for s in SCRIPTS]),
+         json.dumps(fixes), str(TIMEOUT_S)],
+        capture_output=True, text=True, timeout=TIMEOUT_S * 3,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("number", sorted(STAND_IN_FIXES))
+def test_reproduction_exits_0_on_a_fixed_vllm(runs: dict[str, Any], number: str) -> None:
+    fixed = runs["with a stand-in fix"]
+    [name] = [n for n in fixed if n.startswith(number)]
+    outcome = fixed[name]
+    assert outcome["code"] == 0, f"{name} with a stand-in fix: exit {outcome['code']}\n" + \
+        outcome["output"][-3000:]
+    assert re.search(r"^fixed: ", outcome["output"], re.MULTILINE), outcome["output"][-3000:]

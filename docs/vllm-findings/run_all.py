@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,8 +106,12 @@ def preload() -> None:
         importlib.import_module(name)
 
 
-def run_forked(script: Path, timeout: float) -> Outcome:
-    """Fork; the child runs ``script`` as ``__main__`` with stdout and stderr in a file."""
+def run_forked(script: Path, timeout: float,
+               prepare: Callable[[], None] | None = None) -> Outcome:
+    """Fork; the child runs ``script`` as ``__main__`` with stdout and stderr in a file.
+
+    ``prepare``, if given, runs in the child first (the tests use it to patch a fix into
+    vLLM and check that the script then exits 0)."""
     with tempfile.TemporaryFile() as log:
         start = time.monotonic()
         pid = os.fork()
@@ -117,6 +122,9 @@ def run_forked(script: Path, timeout: float) -> Outcome:
                 os.dup2(log.fileno(), 1)
                 os.dup2(log.fileno(), 2)
                 import runpy
+
+                if prepare is not None:
+                    prepare()
 
                 sys.argv = [str(script)]
                 runpy.run_path(str(script), run_name="__main__")
