@@ -6,7 +6,8 @@ which read one -1 entry as "infer this dimension": a shape that is not a list of
 non-negative sizes is accepted, and the shape no longer checks the data's length.
 
 This script edits an EngineCoreOutputs that vLLM's own MsgpackEncoder produced (a 16-byte
-float32 tensor and, separately, a 16-byte int32 ndarray, out of band) to carry shape [-1],
+float32 tensor and, separately, a 16-byte int32 ndarray, out of band) to carry shape [-1]
+(and the tensor a shape that is the int 4, not an array),
 and decodes it with vLLM's MsgpackDecoder(EngineCoreOutputs), as the front end does.
 
 Exit 1: a case was accepted (reproduces). Exit 0: every case rejected (fixed). Exit 2: the
@@ -39,6 +40,8 @@ def cases() -> dict[str, list[bytes]]:
         "tensor shape [-1]": edited(outputs_frames(), lambda t: t[0].__setitem__(1, [-1])),
         "ndarray shape [-1]": edited(outputs_frames(ndarray=True),
                                      lambda t: t[0].__setitem__(1, [-1])),
+        "tensor shape 4 (an int, not an array)":
+            edited(outputs_frames(), lambda t: t[0].__setitem__(1, 4)),
     }
 
 
