@@ -1,14 +1,14 @@
 """The vLLM findings (docs/vllm-findings/): every runnable reproduction still reproduces.
 
 Each ``NNN-name.py`` there is a standalone script that exits 1 while its bug reproduces on the
-installed vLLM, 0 once fixed, 2 when the reproduction itself failed. The fast tests import
-vLLM once in a subprocess that forks a child per script (``run_all.run_forked``, 4 at a time:
-about a minute) and assert exit 1 for each; and, for the findings in STAND_IN_FIXES, exit 0
-with a stand-in fix patched into vLLM in the child, so no script is wired to exit 1. Each
-script in a fresh interpreter, exactly as a vLLM developer runs it (10 to 30 s of import per
-script, too slow for the default suite), is ``bash scripts/vllm-findings.sh``, a step of CI. A finding
-that stops reproducing fails here: move it to "fixed in" (see docs/vllm-findings/index.md).
-The index and the reports are checked against the scripts without vLLM.
+installed vLLM, 0 once fixed, 2 when the reproduction itself failed. These tests import vLLM
+once in a subprocess that forks a child per script (``run_all.run_forked``, 4 at a time: about
+a minute) and assert exit 1 for each; and, for the findings in STAND_IN_FIXES, exit 0 with a
+stand-in fix patched into vLLM in the child, so no script is wired to exit 1. A finding that
+stops reproducing fails here: move it to "fixed in" (see docs/vllm-findings/index.md). Each
+script in a fresh interpreter, as a vLLM developer runs it (10 to 30 s of import per script,
+too slow for the default suite), is ``bash scripts/vllm-findings.sh``, a CI step. The index
+and the reports are checked against the scripts and the spec without vLLM.
 """
 
 from __future__ import annotations
