@@ -172,10 +172,50 @@ async def _call_utility_async(self, method, *args, engine):
 AsyncMPClient._call_utility_async = _call_utility_async
 """
 
+_FIX_DROP_BAD_OUTPUT = """
+from vllm.v1.engine import EngineCoreOutputs
+from vllm.v1.serial_utils import MsgpackDecoder
+_original = MsgpackDecoder.decode
+def decode(self, bufs):
+    try:
+        return _original(self, bufs)
+    except Exception:
+        if self.decoder.type is EngineCoreOutputs:
+            return EngineCoreOutputs()  # the bad message is dropped; the task goes on
+        raise
+MsgpackDecoder.decode = decode
+"""
+
+_FIX_FRAME_ACCOUNTING = """
+from vllm.v1.serial_utils import MsgpackDecoder
+_tensor, _ndarray, _decode = (MsgpackDecoder._decode_tensor, MsgpackDecoder._decode_ndarray,
+                              MsgpackDecoder.decode)
+def _note(self, arr):
+    if type(arr[2]) is int:
+        if arr[2] in self._used:
+            raise ValueError(f"frame {arr[2]} named twice")
+        self._used.append(arr[2])
+def _decode_tensor(self, arr):
+    _note(self, arr)
+    return _tensor(self, arr)
+def _decode_ndarray(self, arr):
+    _note(self, arr)
+    return _ndarray(self, arr)
+def decode(self, bufs):
+    self._used = []
+    value = _decode(self, bufs)
+    if isinstance(bufs, (list, tuple)) and sorted(self._used) != list(range(1, len(bufs))):
+        raise ValueError(f"frames {sorted(set(range(1, len(bufs))) - set(self._used))} unused")
+    return value
+MsgpackDecoder._decode_tensor, MsgpackDecoder._decode_ndarray = _decode_tensor, _decode_ndarray
+MsgpackDecoder.decode = decode
+"""
+
 #: Finding number -> the source of a stand-in fix.
 STAND_IN_FIXES = {
-    "002": _FIX_STRAY_REPLY, "010": _FIX_WAIT_UNTIL_READY, "012": _FIX_MM_FACTORY,
-    "014": _FIX_TENSOR_CHECKS, "015": _FIX_TENSOR_CHECKS, "018": _FIX_TENSOR_CHECKS,
+    "002": _FIX_STRAY_REPLY, "003": _FIX_DROP_BAD_OUTPUT, "010": _FIX_WAIT_UNTIL_READY,
+    "012": _FIX_MM_FACTORY, "014": _FIX_TENSOR_CHECKS, "015": _FIX_TENSOR_CHECKS,
+    "016": _FIX_FRAME_ACCOUNTING, "017": _FIX_FRAME_ACCOUNTING, "018": _FIX_TENSOR_CHECKS,
     "020": _FIX_UTILITY_TENSORS,
 }
 
