@@ -211,12 +211,27 @@ MsgpackDecoder._decode_tensor, MsgpackDecoder._decode_ndarray = _decode_tensor, 
 MsgpackDecoder.decode = decode
 """
 
+_FIX_DECODER_ASSERTS = """
+from vllm.v1.serial_utils import MsgpackDecoder
+_tensor, _nested = MsgpackDecoder._decode_tensor, MsgpackDecoder._decode_nested_tensors
+def _decode_tensor(self, arr):
+    if isinstance(arr[2], dict) and self.oob_tensor_provider is None:
+        raise ValueError("a tensor IPC handle, and this decoder has no tensor queue")
+    return _tensor(self, arr)
+def _decode_nested_tensors(self, obj):
+    if isinstance(obj, bool):
+        raise TypeError("a bool is not a nested_tensors value")
+    return _nested(self, obj)
+MsgpackDecoder._decode_tensor = _decode_tensor
+MsgpackDecoder._decode_nested_tensors = _decode_nested_tensors
+"""
+
 #: Finding number -> the source of a stand-in fix.
 STAND_IN_FIXES = {
     "002": _FIX_STRAY_REPLY, "003": _FIX_DROP_BAD_OUTPUT, "010": _FIX_WAIT_UNTIL_READY,
     "012": _FIX_MM_FACTORY, "014": _FIX_TENSOR_CHECKS, "015": _FIX_TENSOR_CHECKS,
     "016": _FIX_FRAME_ACCOUNTING, "017": _FIX_FRAME_ACCOUNTING, "018": _FIX_TENSOR_CHECKS,
-    "020": _FIX_UTILITY_TENSORS,
+    "020": _FIX_UTILITY_TENSORS, "024": _FIX_DECODER_ASSERTS,
 }
 
 _RUN = """
