@@ -284,3 +284,15 @@ def test_reproduction_exits_0_on_a_fixed_vllm(runs: dict[str, Any], number: str)
     assert outcome["code"] == 0, f"{name} with a stand-in fix: exit {outcome['code']}\n" + \
         outcome["output"][-3000:]
     assert re.search(r"^fixed: ", outcome["output"], re.MULTILINE), outcome["output"][-3000:]
+
+
+def test_index_explains_every_expected_vllm_failure() -> None:
+    """Each check vLLM 0.33.0 is expected to fail names the finding that explains it."""
+    expected = Path(__file__).resolve().parent.parent / "conformance" / "data" / "expected"
+    index = (FINDINGS / "index.md").read_text()
+    checks = [line.split("#")[0].strip()
+              for line in (expected / "vllm-0.33.0.txt").read_text().splitlines()]
+    checks = [check for check in checks if check]
+    assert len(checks) >= 20, checks
+    missing = [check for check in checks if f"`{check}`" not in index]
+    assert not missing, f"index.md names no finding for the expected failures {missing}"
