@@ -296,3 +296,32 @@ def test_index_explains_every_expected_vllm_failure() -> None:
     assert len(checks) >= 20, checks
     missing = [check for check in checks if f"`{check}`" not in index]
     assert not missing, f"index.md names no finding for the expected failures {missing}"
+
+
+def _runner_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_findings_run_all", RUNNER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("code", "status", "says"), [
+    (1, 0, "1 of 1 reproductions reproduce"),
+    (0, 1, "no longer reproduces on the installed vLLM: record that version"),
+    (2, 1, "BROKEN (exit 2)"),
+    (None, 1, "BROKEN (timed out)"),
+])
+def test_runner_passes_only_while_every_finding_reproduces(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        code: int | None, status: int, says: str) -> None:
+    """run_all.py's verdicts, with each script's exit status stood in (no vLLM needed)."""
+    run_all = _runner_module()
+    script = SCRIPTS[0]
+    monkeypatch.setattr(run_all, "run_fresh", lambda path, timeout: run_all.Outcome(
+        path, code, 0.1, "BUG: stood in\n" if code == 1 else "fixed: stood in\n"))
+    assert run_all.main([script.name[:3]]) == status
+    assert says in capsys.readouterr().out
