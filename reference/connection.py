@@ -170,6 +170,8 @@ def _one_payload_frame(frames: Sequence[Frame], what: str, expected: int) -> Non
 
 # --- engine ----------------------------------------------------------------------------------
 
+_ENGINE_SENDS = frozenset({"ready_response", "outputs", "utility_reply", "engine_core_dead"})
+
 
 class EngineConnection:
     """The engine core's side of the protocol: :class:`EngineSession` plus the codec.
@@ -264,6 +266,8 @@ class EngineConnection:
         if kind == "ready":
             [ready] = self.session.send_ready(value)
             return self.codec.encode("ready", ready.data)
+        if kind not in _ENGINE_SENDS:
+            raise ValueError(f"an engine core does not send {kind!r} messages")
         frames = self.codec.encode(kind, value)
         if kind == "ready_response":
             self.session.send_ready_response()
@@ -276,10 +280,8 @@ class EngineConnection:
         elif kind == "utility_reply":
             call_id = get_field(get_field(value, "utility_output"), "call_id")
             self.session.send_utility_reply(client_index, call_id)
-        elif kind == "engine_core_dead":
-            self.session.send_dead()
         else:
-            raise ValueError(f"an engine core does not send {kind!r} messages")
+            self.session.send_dead()
         return frames
 
 
