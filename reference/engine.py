@@ -279,6 +279,8 @@ class ReferenceEngine:
 
     def run(self) -> int:
         """Start up, serve until stopped or dead; returns EXIT_CLEAN or EXIT_DIED."""
+        if self._stop.is_set():  # asked to stop before it started: connect nothing
+            return EXIT_CLEAN
         self._ctx = zmq.Context()
         try:
             try:
