@@ -1,4 +1,5 @@
-"""A scripted reference engine core over ZMQ, on top of :class:`EngineSession` and the codec.
+"""A scripted reference engine core over ZMQ: a thin loop over an
+:class:`~enginewire.reference.connection.EngineConnection` (the codec and the session).
 
 It connects like vLLM's engine core: a handshake DEALER with its 2-byte identity (HELLO, init,
 READY), then one input DEALER per front-end client and one output PUSH per client, sending its
@@ -19,12 +20,18 @@ What it serves:
   failure message (handshake.session.unknown-method-fails-call).
 - START_DP_WAVE: accepted, nothing to do.
 - Garbage (unknown type byte, wrong frame count, undecodable payload, an event its state does
-  not allow): logged with the clause it breaks, and the engine keeps serving.
+  not allow): logged with the clause it breaks, counted in :attr:`ReferenceEngine.violations`
+  (counts per clause, the recent ones kept with their messages cut), and the engine keeps
+  serving.
 
-Signals (when run by :func:`main` / ``enginewire serve-engine``): SIGTERM and SIGINT stop it
-cleanly (exit 0, no sentinel, as vLLM's shutdown); SIGUSR1 makes it die (ENGINE_CORE_DEAD,
-exit 1). It also exits when its parent process goes away (``parent_pid``), so a test that
-crashes leaves no orphan behind.
+Work per message is bounded: a request's tokens are computed one per step (a max_tokens of
+2**31-1 allocates nothing up front). An unexpected error while serving is fatal: the engine
+sends ENGINE_CORE_DEAD on every output (if it got that far) and stops with EXIT_DIED.
+
+Signals (when run by :func:`main` / ``enginewire serve-engine``; handled from before the engine
+is built): SIGTERM and SIGINT stop it cleanly (exit 0, no sentinel, as vLLM's shutdown);
+SIGUSR1 makes it die (ENGINE_CORE_DEAD, exit 1). It also exits when its parent process goes
+away (``parent_pid``), so a test that crashes leaves no orphan behind.
 """
 
 from __future__ import annotations
