@@ -62,7 +62,7 @@ from .connection import (
     RequestsAborted,
     UtilityCalled,
 )
-from .errors import PayloadError, ProtocolError, ProtocolTimeout
+from .errors import ProtocolError, ProtocolTimeout
 from .session import EngineSession, get_field
 from .transport import ChannelSocket, open_socket
 
@@ -529,16 +529,6 @@ class ReferenceEngine:
             result = structs.UtilityResult(None, function(*args))
         except Exception as error:  # every failure becomes the call's answer
             failure = f"Call to {method} method failed: {error}"
-        if not 0 <= client_index < len(self._outputs):
-            self._violation(
-                PayloadError(
-                    "transport.one-socket-pair-per-client",
-                    "a utility call from a client this engine has no output socket for",
-                    expected=f"0..{len(self._outputs) - 1}", got=client_index,
-                ),
-                "utility call",
-            )
-            return
         outputs = structs.EngineCoreOutputs(
             engine_index=self.options.rank,
             utility_output=structs.UtilityOutput(

@@ -732,6 +732,14 @@ class EngineSession:
                     expected="tuple[int, int, str, tuple]", got=payload,
                 )
             client_index, call_id = payload[0], payload[1]
+            clients = len(get_field(self.addresses, "outputs") or ())
+            if not 0 <= client_index < clients:
+                # Checked before the call is recorded: it could never be answered.
+                raise PayloadError(
+                    "transport.one-socket-pair-per-client",
+                    "a utility call from a client this engine has no output socket for",
+                    expected=f"0..{clients - 1}", got=client_index,
+                )
             if (client_index, call_id) in self.pending_calls:
                 raise StateError(
                     "frames.utility-call-id",

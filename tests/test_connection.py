@@ -284,3 +284,14 @@ def test_engine_send_errors() -> None:
     with pytest.raises(ValueError):
         engine.receive("output", [b"x"])
     assert engine.state == engine.session.machine.table.initial
+
+
+def test_utility_from_a_client_without_output_socket_is_not_recorded() -> None:
+    """The call could never be answered: it is rejected before it is recorded, so a stream of
+    them leaves no pending calls behind."""
+    front, engine = connected()
+    for call_id in range(1, 4):
+        with pytest.raises(PayloadError) as caught:
+            engine.receive("input", encode("utility", (5, call_id, "echo", ())))
+        assert caught.value.clause == "transport.one-socket-pair-per-client"
+    assert engine.session.pending_calls == set()
