@@ -159,8 +159,9 @@ def _check_channel(channel: str, allowed: Iterable[str], side: str) -> None:
         )
 
 
-def _one_payload_frame(frames: Sequence[Frame], what: str, expected: int) -> None:
-    """A handshake-channel message is exactly ``expected`` frames at its socket."""
+def _handshake_frame_count(frames: Sequence[Frame], what: str, expected: int) -> None:
+    """A handshake-channel message (init at the DEALER, HELLO/READY/ready response at a
+    ROUTER with the identity first) is exactly ``expected`` frames at its socket."""
     if len(frames) != expected:
         raise HandshakeError(
             "frames.frame-count", f"{what} is {expected} frame(s) at this socket",
@@ -214,7 +215,7 @@ class EngineConnection:
         DEALERs receive none). Raises the ProtocolError of a message that breaks the spec."""
         _check_channel(channel, ("handshake", "input"), "engine")
         if channel == "handshake":
-            _one_payload_frame(frames, "the init message", 1)
+            _handshake_frame_count(frames, "the init message", 1)
             metadata = self.codec.decode("init", frames)
             [connect] = self.session.receive_init(metadata)
             return [InitReceived(metadata, connect.data)]
@@ -329,7 +330,7 @@ class FrontendConnection:
         if channel == "output":
             return self._receive_output(frames)
         what = "a handshake message" if channel == "handshake" else "a ready response"
-        _one_payload_frame(frames, f"{what} at the ROUTER ([identity, payload])", 2)
+        _handshake_frame_count(frames, f"{what} at the ROUTER ([identity, payload])", 2)
         rank = self.codec.decode_identity(frames[0])
         if channel == "handshake":
             message = self.codec.decode_message("handshake", frames[1:], sender="engine").value
