@@ -1,4 +1,5 @@
-"""A scripted reference engine core over ZMQ, on top of :class:`EngineSession` and the codec.
+"""A scripted reference engine core over ZMQ: a thin loop over an
+:class:`~enginewire.reference.connection.EngineConnection` (the codec and the session).
 
 It connects like vLLM's engine core: a handshake DEALER with its 2-byte identity (HELLO, init,
 READY), then one input DEALER per front-end client and one output PUSH per client, sending its
@@ -19,12 +20,18 @@ What it serves:
   failure message (handshake.session.unknown-method-fails-call).
 - START_DP_WAVE: accepted, nothing to do.
 - Garbage (unknown type byte, wrong frame count, undecodable payload, an event its state does
-  not allow): logged with the clause it breaks, and the engine keeps serving.
+  not allow): logged with the clause it breaks, counted in :attr:`ReferenceEngine.violations`
+  (counts per clause, the recent ones kept with their messages cut), and the engine keeps
+  serving.
 
-Signals (when run by :func:`main` / ``enginewire serve-engine``): SIGTERM and SIGINT stop it
-cleanly (exit 0, no sentinel, as vLLM's shutdown); SIGUSR1 makes it die (ENGINE_CORE_DEAD,
-exit 1). It also exits when its parent process goes away (``parent_pid``), so a test that
-crashes leaves no orphan behind.
+Work per message is bounded: a request's tokens are computed one per step (a max_tokens of
+2**31-1 allocates nothing up front). An unexpected error while serving is fatal: the engine
+sends ENGINE_CORE_DEAD on every output (if it got that far) and stops with EXIT_DIED.
+
+Signals (when run by :func:`main` / ``enginewire serve-engine``; handled from before the engine
+is built): SIGTERM and SIGINT stop it cleanly (exit 0, no sentinel, as vLLM's shutdown);
+SIGUSR1 makes it die (ENGINE_CORE_DEAD, exit 1). It also exits when its parent process goes
+away (``parent_pid``), so a test that crashes leaves no orphan behind.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +53,16 @@ import zmq
 
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
-from . import codec, structs
-from .errors import HandshakeError, PayloadError, ProtocolError, ProtocolTimeout
+from . import structs
+from .connection import (
+    EngineConnection,
+    Event,
+    InitReceived,
+    RequestAdded,
+    RequestsAborted,
+    UtilityCalled,
+)
+from .errors import ProtocolError, ProtocolTimeout
 from .session import EngineSession, get_field
 from .transport import ChannelSocket, open_socket
 
@@ -58,16 +74,24 @@ EXIT_CLEAN, EXIT_DIED, EXIT_STARTUP_FAILED = 0, 1, 2
 DEFAULT_VOCAB_SIZE = 32000
 
 
+def scripted_token(
+    prompt_token_ids: Sequence[int] | None, k: int, vocab_size: int = DEFAULT_VOCAB_SIZE
+) -> int:
+    """Token ``k`` the reference engine generates for a prompt:
+    ``(prompt[k % len(prompt)] + k + 1) % vocab_size`` (``(k + 1) % vocab_size`` without a
+    prompt). Computed when it is sent: a request's tokens never exist as a list."""
+    if not prompt_token_ids:
+        return (k + 1) % vocab_size
+    return (prompt_token_ids[k % len(prompt_token_ids)] + k + 1) % vocab_size
+
+
 def scripted_tokens(
     prompt_token_ids: Sequence[int] | None, count: int, vocab_size: int = DEFAULT_VOCAB_SIZE
 ) -> list[int]:
-    """The tokens the reference engine generates for a prompt: token k is
-    ``(prompt[k % len(prompt)] + k + 1) % vocab_size`` (``(k + 1) % vocab_size`` without a
-    prompt)."""
+    """The first ``count`` tokens the reference engine generates for a prompt
+    (:func:`scripted_token`)."""
     prompt = list(prompt_token_ids or ())
-    if not prompt:
-        return [(k + 1) % vocab_size for k in range(count)]
-    return [(prompt[k % len(prompt)] + k + 1) % vocab_size for k in range(count)]
+    return [scripted_token(prompt, k, vocab_size) for k in range(count)]
 
 
 def generation_request(
@@ -93,12 +117,21 @@ def generation_request(
     return structs.EngineCoreRequest(**values)
 
 
-def expected_generation(request: Any, default_tokens: int) -> tuple[list[int], int]:
-    """The tokens and the FinishReason value the reference engine produces for ``request``."""
+def generation_plan(request: Any, default_tokens: int) -> tuple[int, int]:
+    """How many tokens the reference engine generates for ``request``, and the FinishReason
+    value it finishes with: ``sampling_params.max_tokens`` and LENGTH, or ``default_tokens``
+    and STOP when the request sets no max_tokens."""
     max_tokens = get_field(get_field(request, "sampling_params"), "max_tokens")
     count = default_tokens if max_tokens is None else int(max_tokens)
     reason = structs.FinishReason.STOP if max_tokens is None else structs.FinishReason.LENGTH
-    return scripted_tokens(get_field(request, "prompt_token_ids"), count), int(reason)
+    return count, int(reason)
+
+
+def expected_generation(request: Any, default_tokens: int) -> tuple[list[int], int]:
+    """The tokens and the FinishReason value the reference engine produces for ``request``
+    (for tests: this builds the whole list)."""
+    count, reason = generation_plan(request, default_tokens)
+    return scripted_tokens(get_field(request, "prompt_token_ids"), count), reason
 
 
 def parallel_config_hash(dp_size: int) -> str:
@@ -114,9 +147,58 @@ def parallel_config_hash(dp_size: int) -> str:
 class _Running:
     request_id: str
     client_index: int
-    tokens: list[int]
+    prompt: Sequence[int]
+    #: Tokens to generate in all, and how many went out.
+    count: int
     finish_reason: int
     sent: int = 0
+
+
+#: Bound on the rejected messages an engine keeps (the counts per clause are unbounded in
+#: time but bounded in size: one per clause), and on the length of each kept message.
+VIOLATIONS_KEPT = 100
+VIOLATION_MESSAGE_CHARS = 200
+
+
+class Violations:
+    """The messages an engine rejected and survived: counts per clause, and the most recent
+    :data:`VIOLATIONS_KEPT` as ``(clause, message)`` with the message cut to
+    :data:`VIOLATION_MESSAGE_CHARS` characters (a rejected value can be megabytes).
+
+    Iterating yields the kept ``(clause, message)`` pairs, oldest first; ``len`` is their
+    number; :attr:`total` counts every rejection.
+    """
+
+    def __init__(self, keep: int = VIOLATIONS_KEPT,
+                 message_chars: int = VIOLATION_MESSAGE_CHARS) -> None:
+        self.counts: Counter[str] = Counter()
+        self.recent: deque[tuple[str, str]] = deque(maxlen=keep)
+        self.message_chars = message_chars
+
+    def record(self, clause: str, message: str) -> str:
+        """Count one rejection; returns the (possibly cut) message kept for it."""
+        if len(message) > self.message_chars:
+            message = message[:self.message_chars] + f"... ({len(message)} chars)"
+        self.counts[clause] += 1
+        self.recent.append((clause, message))
+        return message
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def clauses(self) -> set[str]:
+        """Every clause rejected at least once."""
+        return set(self.counts)
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self.recent)
+
+    def __len__(self) -> int:
+        return len(self.recent)
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
 
 
 @dataclass
@@ -144,11 +226,25 @@ class EngineOptions:
     parent_pid: int | None = None
 
 
+#: Most messages read from one input socket per poll, so a flood on one socket cannot hold off
+#: the generation step, the other sockets, or a stop or death request.
+MAX_MESSAGES_PER_POLL = 256
+
+
 class ReferenceEngine:
     """One scripted engine core. :meth:`run` blocks until it stops or dies.
 
+    A thin loop over an :class:`~enginewire.reference.connection.EngineConnection`: one
+    ``zmq.Poller.poll`` per batch of ready input sockets, each message handed to
+    ``connection.receive``, each event acted on, each answer encoded by ``connection.send`` and
+    written to its socket. Work per message is bounded: tokens are computed one per step
+    (:func:`scripted_token`), never as a list of ``max_tokens``; the record of rejected
+    messages (:attr:`violations`, a :class:`Violations`) is counted and sampled.
+
     Thread-safe controls: :meth:`request_stop` (clean exit) and :meth:`request_death`
     (ENGINE_CORE_DEAD, then exit). Everything else runs on the thread that called :meth:`run`.
+    An unexpected error while serving is fatal: the engine sends ENGINE_CORE_DEAD on every
+    output it has (frames.engine-core-dead-fatal) and :meth:`run` returns EXIT_DIED.
     """
 
     def __init__(self, options: EngineOptions) -> None:
@@ -156,7 +252,7 @@ class ReferenceEngine:
         handshake = options.handshake_address is not None
         if not handshake and not options.input_addresses:
             raise ValueError("an engine needs a handshake address or input/output addresses")
-        self.session = EngineSession(
+        self.connection = EngineConnection(
             options.rank, local=options.local, headless=options.headless, handshake=handshake
         )
         self._stop = threading.Event()
@@ -166,12 +262,17 @@ class ReferenceEngine:
         self._outputs: list[ChannelSocket] = []
         self._running: dict[str, _Running] = {}
         self._next_step = 0.0
-        #: The violations the engine logged and survived, as (clause, message).
-        self.violations: list[tuple[str, str]] = []
+        #: The violations the engine logged and survived (counted per clause, recent sampled).
+        self.violations = Violations()
         self._utilities: dict[str, Callable[..., Any]] = {
             "echo": lambda *args: args,
             "get_supported_tasks": lambda: ["generate"],
         }
+
+    @property
+    def session(self) -> EngineSession:
+        """The connection's session state machine."""
+        return self.connection.session
 
     # --- controls ------------------------------------------------------------------------
 
@@ -185,17 +286,37 @@ class ReferenceEngine:
 
     def run(self) -> int:
         """Start up, serve until stopped or dead; returns EXIT_CLEAN or EXIT_DIED."""
+        if self._stop.is_set():  # asked to stop before it started: connect nothing
+            return EXIT_CLEAN
         self._ctx = zmq.Context()
         try:
-            addresses = self._start_up()
+            try:
+                addresses = self._start_up()
+            except Exception:
+                self._report_fatal()
+                raise
             if addresses is None:
                 return EXIT_CLEAN
-            return self._serve()
+            try:
+                return self._serve()
+            except Exception as error:  # anything unexpected: die, telling the front end
+                log.exception("engine %d: fatal error: %s", self.options.rank, error)
+                self._report_fatal()
+                return EXIT_DIED
         finally:
             for sock in (*self._inputs, *self._outputs):
                 sock.close()
             self._ctx.term()
             self._ctx = None
+
+    def _report_fatal(self) -> None:
+        """Send ENGINE_CORE_DEAD if the outputs are connected and the state allows it."""
+        if self._outputs and self.session.machine.can("send_dead"):
+            try:
+                self._send_dead()
+            except Exception as error:  # noqa: BLE001 - nothing more can be reported
+                log.error("engine %d: could not send ENGINE_CORE_DEAD: %s",
+                          self.options.rank, error)
 
     def _start_up(self) -> Any:
         opts = self.options
@@ -203,19 +324,18 @@ class ReferenceEngine:
             addresses = structs.EngineZmqAddresses(
                 inputs=list(opts.input_addresses), outputs=list(opts.output_addresses)
             )
-            self.session.use_addresses(addresses)
+            self.connection.use_addresses(addresses)
             self._connect(addresses)
             self._send_ready_responses()
-            self.session.begin_serving()
+            self.connection.begin_serving()
             return addresses
         assert self._ctx is not None
         handshake = open_socket(
             self._ctx, "handshake", "engine", opts.handshake_address,
-            identity=self.session.identity,
+            identity=self.connection.identity,
         )
         try:
-            [hello] = self.session.start()
-            handshake.socket.send_multipart(codec.encode("hello", hello.data))
+            handshake.socket.send_multipart(self.connection.send("hello"))
             deadline = time.monotonic() + opts.handshake_timeout
             while not handshake.socket.poll(50):
                 if self._stop.is_set() or self._parent_gone():
@@ -225,23 +345,16 @@ class ReferenceEngine:
                         "handshake.engine-init-timeout",
                         f"no init message within {opts.handshake_timeout} s of HELLO",
                     )
-            frames = handshake.socket.recv_multipart()
-            if len(frames) != 1:
-                raise HandshakeError(
-                    "frames.frame-count", "init is one frame at the engine's DEALER",
-                    expected=1, got=len(frames),
-                )
-            metadata = codec.decode("init", frames)
-            [connect] = self.session.receive_init(metadata)
-            self._connect(connect.data)
+            [init] = self.connection.receive("handshake", handshake.socket.recv_multipart())
+            assert isinstance(init, InitReceived)
+            self._connect(init.addresses)
             self._send_ready_responses()
             extra = dict(opts.ready_extra)
             if opts.dp_size > 1:
                 # Clause handshake.ready-optional-keys: DP > 1 engines send their config hash.
                 extra.setdefault("parallel_config_hash", parallel_config_hash(opts.dp_size))
-            [ready] = self.session.send_ready(extra or None)
-            handshake.socket.send_multipart(codec.encode("ready", ready.data))
-            return connect.data
+            handshake.socket.send_multipart(self.connection.send("ready", extra or None))
+            return init.addresses
         finally:
             handshake.close()
 
@@ -250,7 +363,7 @@ class ReferenceEngine:
         for address in get_field(addresses, "inputs"):
             self._inputs.append(
                 open_socket(self._ctx, "input", "engine", address,
-                            identity=self.session.identity)
+                            identity=self.connection.identity)
             )
         for address in get_field(addresses, "outputs"):
             self._outputs.append(open_socket(self._ctx, "output", "engine", address))
@@ -278,8 +391,7 @@ class ReferenceEngine:
         )
 
     def _send_ready_responses(self) -> None:
-        self.session.send_ready_response()
-        frames = codec.encode("ready_response", self._ready_response())
+        frames = self.connection.send("ready_response", self._ready_response())
         for sock in self._inputs:
             sock.socket.send_multipart(frames)
 
@@ -296,13 +408,23 @@ class ReferenceEngine:
             wait_ms = 50
             if self._running:
                 wait_ms = max(0, int((self._next_step - time.monotonic()) * 1000))
+            # One poll per batch: read what each ready socket holds (bounded), so a burst of
+            # requests joins one step.
             for sock, _ in poller.poll(wait_ms):
-                # Drain what is there, so a burst of requests joins one step.
-                while sock.poll(0) and not self._die.is_set():
-                    self._handle(sock.recv_multipart())
+                self._drain(sock)
             if self._running and time.monotonic() >= self._next_step and not self._die.is_set():
                 self._step()
                 self._next_step = time.monotonic() + self.options.step_delay
+
+    def _drain(self, sock: zmq.Socket[Any]) -> None:
+        for _ in range(MAX_MESSAGES_PER_POLL):
+            if self._die.is_set() or self._stop.is_set():
+                return
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._handle(frames)
 
     def _parent_gone(self) -> bool:
         parent = self.options.parent_pid
@@ -312,37 +434,26 @@ class ReferenceEngine:
 
     def _violation(self, error: BaseException, what: str) -> None:
         clause = getattr(error, "clause", "frames.payload-msgpack-first")
-        self.violations.append((clause, str(error)))
-        log.warning("engine %d: %s rejected [%s]: %s", self.options.rank, what, clause, error)
+        message = self.violations.record(clause, str(error))
+        log.warning("engine %d: %s rejected [%s]: %s", self.options.rank, what, clause, message)
 
     def _handle(self, frames: list[bytes]) -> None:
-        if len(frames) < 2:
-            self._violation(
-                PayloadError(
-                    "frames.frame-count",
-                    "an input message is a type frame followed by its payload frames",
-                    expected=">= 2 frames", got=len(frames),
-                ),
-                "message",
-            )
-            return
+        """One message from an input DEALER: a rejected one is logged and survived."""
         try:
-            name, kind = self.session.request_event(frames[0])
-            value = codec.decode(kind, frames)
-            actions = self.session.receive_request(frames[0], value)
-        except ProtocolError as error:
+            events = self.connection.receive("input", frames)
+        except Exception as error:  # a ProtocolError, or a codec bug: the engine goes on
             self._violation(error, "message")
             return
-        except Exception as error:  # a codec bug must not stop the engine either
-            self._violation(error, "message")
-            return
-        for action in actions:
-            if action.name == "accept_request":
-                self._add(action.data)
-            elif action.name == "abort_requests":
-                self._abort(action.data)
-            elif action.name == "accept_call":
-                self._call(*action.data)
+        for event in events:
+            self._act(event)
+
+    def _act(self, event: Event) -> None:
+        if isinstance(event, RequestAdded):
+            self._add(event.request)
+        elif isinstance(event, RequestsAborted):
+            self._abort(event.request_ids)
+        elif isinstance(event, UtilityCalled):
+            self._call(event.client_index, event.call_id, event.method, event.args)
 
     def _bad_content(self, request: Any) -> str | None:
         sampling = get_field(request, "sampling_params")
@@ -375,9 +486,10 @@ class ReferenceEngine:
             if request_id not in self._running:
                 self._finish_now([request_id], client_index, structs.FinishReason.ERROR)
             return
-        tokens, reason = expected_generation(request, self.options.tokens)
+        count, reason = generation_plan(request, self.options.tokens)
         self._running[request_id] = _Running(
-            request_id, get_field(request, "client_index", 0) or 0, tokens, reason
+            request_id, get_field(request, "client_index", 0) or 0,
+            get_field(request, "prompt_token_ids") or (), count, reason,
         )
         if len(self._running) == 1:
             self._next_step = time.monotonic() + self.options.step_delay
@@ -401,8 +513,9 @@ class ReferenceEngine:
             finished_requests=list(request_ids),
             timestamp=time.monotonic(),
         )
-        self.session.send_outputs(finished=request_ids)
-        self._outputs[client_index].socket.send_multipart(codec.encode("outputs", outputs))
+        self._outputs[client_index].socket.send_multipart(
+            self.connection.send("outputs", outputs)
+        )
 
     def _call(self, client_index: int, call_id: int, method: str, args: Sequence[Any]) -> None:
         if method == "die":
@@ -416,17 +529,6 @@ class ReferenceEngine:
             result = structs.UtilityResult(None, function(*args))
         except Exception as error:  # every failure becomes the call's answer
             failure = f"Call to {method} method failed: {error}"
-        if not 0 <= client_index < len(self._outputs):
-            self._violation(
-                PayloadError(
-                    "transport.one-socket-pair-per-client",
-                    "a utility call from a client this engine has no output socket for",
-                    expected=f"0..{len(self._outputs) - 1}", got=client_index,
-                ),
-                "utility call",
-            )
-            return
-        self.session.send_utility_reply(client_index, call_id)
         outputs = structs.EngineCoreOutputs(
             engine_index=self.options.rank,
             utility_output=structs.UtilityOutput(
@@ -434,17 +536,18 @@ class ReferenceEngine:
             ),
             timestamp=time.monotonic(),
         )
-        self._outputs[client_index].socket.send_multipart(codec.encode("utility_reply", outputs))
+        frames = self.connection.send("utility_reply", outputs, client_index=client_index)
+        self._outputs[client_index].socket.send_multipart(frames)
 
     # --- output --------------------------------------------------------------------------
 
     def _step(self) -> None:
         by_client: dict[int, list[Any]] = {}
-        finished: dict[int, list[str]] = {}
         for request_id, running in list(self._running.items()):
-            token = running.tokens[running.sent] if running.sent < len(running.tokens) else None
+            token = (scripted_token(running.prompt, running.sent)
+                     if running.sent < running.count else None)
             running.sent += 1
-            done = running.sent >= len(running.tokens)
+            done = running.sent >= running.count
             by_client.setdefault(running.client_index, []).append(
                 structs.EngineCoreOutput(
                     request_id=request_id,
@@ -453,22 +556,21 @@ class ReferenceEngine:
                 )
             )
             if done:
-                finished.setdefault(running.client_index, []).append(request_id)
                 del self._running[request_id]
         for client_index, outputs in by_client.items():
-            done_ids = finished.get(client_index, [])
+            done_ids = [o.request_id for o in outputs if o.finish_reason is not None]
             message = structs.EngineCoreOutputs(
                 engine_index=self.options.rank,
                 outputs=outputs,
                 finished_requests=done_ids or None,
                 timestamp=time.monotonic(),
             )
-            self.session.send_outputs(finished=done_ids)
-            self._outputs[client_index].socket.send_multipart(codec.encode("outputs", message))
+            self._outputs[client_index].socket.send_multipart(
+                self.connection.send("outputs", message)
+            )
 
     def _send_dead(self) -> None:
-        [dead] = self.session.send_dead()
-        frames = codec.encode("engine_core_dead", None)
+        frames = self.connection.send("engine_core_dead")
         for sock in self._outputs:
             sock.socket.send_multipart(frames)
         log.warning("engine %d: sent ENGINE_CORE_DEAD", self.options.rank)
@@ -477,16 +579,34 @@ class ReferenceEngine:
 # --- process ---------------------------------------------------------------------------------
 
 
+_SIGNAL_CONTROLS = {
+    signal.SIGTERM: ReferenceEngine.request_stop,
+    signal.SIGINT: ReferenceEngine.request_stop,
+    signal.SIGUSR1: ReferenceEngine.request_death,
+}
+
+
 def main(options: EngineOptions) -> int:
     """Run an engine in this process with SIGTERM/SIGINT (stop) and SIGUSR1 (die) handlers;
-    returns the exit status (EXIT_CLEAN, EXIT_DIED or EXIT_STARTUP_FAILED)."""
-    engine = ReferenceEngine(options)
-    previous = {
-        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: engine.request_stop()),
-        signal.SIGINT: signal.signal(signal.SIGINT, lambda *_: engine.request_stop()),
-        signal.SIGUSR1: signal.signal(signal.SIGUSR1, lambda *_: engine.request_death()),
-    }
+    returns the exit status (EXIT_CLEAN, EXIT_DIED or EXIT_STARTUP_FAILED).
+
+    The handlers are in place before the engine is built: a signal that comes while it loads
+    its spec is kept and acted on as soon as the engine exists.
+    """
+    engine: ReferenceEngine | None = None
+    early: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if engine is None:
+            early.append(signum)
+        else:
+            _SIGNAL_CONTROLS[signal.Signals(signum)](engine)
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in _SIGNAL_CONTROLS}
     try:
+        engine = ReferenceEngine(options)
+        for signum in early:
+            _SIGNAL_CONTROLS[signal.Signals(signum)](engine)
         return engine.run()
     except ProtocolError as error:
         log.error("engine %d failed to start: %s", options.rank, error)

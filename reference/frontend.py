@@ -1,4 +1,5 @@
-"""A reference front end over ZMQ, on top of :class:`FrontendSession` and the codec.
+"""A reference front end over ZMQ: a thin loop over a
+:class:`~enginewire.reference.connection.FrontendConnection` (the codec and the session).
 
 It binds what vLLM's front end binds (the handshake ROUTER, the input ROUTER, the output PULL),
 runs the handshake with ``engine_count`` engines (ranks 0..N-1), waits for one ready response
@@ -25,9 +26,16 @@ from typing import Any
 
 import zmq
 
-from . import codec, structs
+from . import structs
 from .addresses import ipc_address
-from .errors import EngineDeadError, HandshakeError, ProtocolError, ProtocolTimeout
+from .connection import (
+    EngineDied,
+    FrontendConnection,
+    HelloReceived,
+    OutputsReceived,
+    UtilityReplied,
+)
+from .errors import EngineDeadError, ProtocolError, ProtocolTimeout
 from .session import FrontendSession, get_field
 from .transport import ChannelSocket, open_socket
 
@@ -66,7 +74,7 @@ class ReferenceFrontend:
     ) -> None:
         self.engine_count = engine_count
         self.client_index = client_index
-        self.session = FrontendSession(
+        self.connection = FrontendConnection(
             range(engine_count), local=local, remote_headless=remote_headless,
             handshake=handshake,
         )
@@ -105,8 +113,13 @@ class ReferenceFrontend:
         return self._output.address
 
     @property
+    def session(self) -> FrontendSession:
+        """The connection's session state machines."""
+        return self.connection.session
+
+    @property
     def dead(self) -> bool:
-        return self.session.dead
+        return self.connection.dead
 
     # --- start-up ------------------------------------------------------------------------
 
@@ -125,31 +138,14 @@ class ReferenceFrontend:
         while self.session.awaiting_handshake():
             assert self._handshake is not None
             frames = self._recv(self._handshake, deadline, "HELLO/READY from every engine")
-            if len(frames) != 2:
-                raise HandshakeError(
-                    "frames.frame-count",
-                    "a handshake message at the ROUTER is [identity, payload]",
-                    expected=2, got=len(frames),
-                )
-            identity, payload = frames
-            message = codec.decode_message("handshake", [payload], sender="engine").value
-            for action in self.session.receive_handshake(identity, message):
-                if action.name == "send_init":
+            for event in self.connection.receive("handshake", frames):
+                if isinstance(event, HelloReceived):
                     self._handshake.socket.send_multipart(
-                        [action.data, *codec.encode("init", metadata)]
+                        self.connection.send("init", metadata, rank=event.rank)
                     )
         while self.session.awaiting_ready_response():
             frames = self._recv(self._input, deadline, "a ready response from every engine")
-            if len(frames) != 2:
-                raise HandshakeError(
-                    "frames.frame-count",
-                    "a ready response at the ROUTER is [identity, payload]",
-                    expected=2, got=len(frames),
-                )
-            identity, payload = frames
-            codec.decode_identity(identity)
-            response = codec.decode("ready_response", [payload])
-            self.session.receive_ready_response(identity, response)
+            self.connection.receive("input", frames)
 
     def _recv(self, sock: ChannelSocket, deadline: float, what: str) -> list[bytes]:
         remaining = deadline - time.monotonic()
@@ -168,14 +164,14 @@ class ReferenceFrontend:
 
     def _send(self, rank: int, kind: str, value: Any) -> None:
         self._input.socket.send_multipart(
-            [self.session.link(rank).identity, *codec.encode(kind, value)], copy=False
+            self.connection.send(kind, value, rank=rank), copy=False
         )
 
     def send_raw(self, engine_index: int, frames: Sequence[Any]) -> None:
         """Send ``frames`` as they are to engine ``engine_index``'s identity on the input
         channel, bypassing the codec and the session (for robustness tests and fuzzing)."""
         self._input.socket.send_multipart(
-            [self.session.link(engine_index).identity, *frames], copy=False
+            [self.connection.identity(engine_index), *frames], copy=False
         )
 
     def add_request(self, request: Any, engine_index: int | None = None) -> int:
@@ -189,7 +185,6 @@ class ReferenceFrontend:
         if engine_index is None:
             engine_index = next(self._round_robin)
         request.client_index = self.client_index
-        self.session.send_add(engine_index, request.request_id)
         self._send(engine_index, "add", request)
         return engine_index
 
@@ -204,7 +199,6 @@ class ReferenceFrontend:
             )
             groups.setdefault(0 if rank is None else rank, []).append(request_id)
         for rank, ids in groups.items():
-            self.session.send_abort(rank, ids)
             self._send(rank, "abort", list(ids))
 
     def call_utility_async(
@@ -212,14 +206,10 @@ class ReferenceFrontend:
     ) -> Future[Any]:
         """Send a UTILITY call; the future resolves while outputs are read (see :meth:`pump`)
         with the result, a :class:`UtilityCallError`, or an :class:`EngineDeadError`."""
-        call_id = self.session.send_utility(engine_index)
+        call_id = self.connection.free_call_id()
+        self._send(engine_index, "utility", (self.client_index, call_id, method, tuple(args)))
         future: Future[Any] = Future()
         self._calls[call_id] = (method, future)
-        try:
-            self._send(engine_index, "utility", (self.client_index, call_id, method, tuple(args)))
-        except BaseException:
-            self._calls.pop(call_id, None)
-            raise
         return future
 
     def call_utility(
@@ -250,21 +240,19 @@ class ReferenceFrontend:
         if not self._output.socket.poll(max(0, int(timeout * 1000))):
             return False
         frames = self._output.socket.recv_multipart(copy=False)
-        message = codec.decode_message("output", frames, sender="engine")
-        if message.kind == "engine_core_dead":
-            for action in self.session.receive_engine_dead():
-                for call_id in action.data:
-                    method, future = self._calls.pop(call_id)
-                    future.set_exception(EngineDeadError(
-                        "handshake.session.dead-is-final",
-                        f"engine {action.rank} died before answering {method!r}",
-                    ))
-            return True
-        for action in self.session.receive_outputs(message.value):
-            if action.name == "resolve_call":
-                self._resolve(action.data)
-            elif action.name == "deliver_outputs":
-                self._outputs.append(action.data)
+        for event in self.connection.receive("output", frames):
+            if isinstance(event, EngineDied):
+                for rank, call_ids in event.failed_calls.items():
+                    for call_id in call_ids:
+                        method, future = self._calls.pop(call_id)
+                        future.set_exception(EngineDeadError(
+                            "handshake.session.dead-is-final",
+                            f"engine {rank} died before answering {method!r}",
+                        ))
+            elif isinstance(event, UtilityReplied):
+                self._resolve(event.utility_output)
+            elif isinstance(event, OutputsReceived):
+                self._outputs.append(event.outputs)
         return True
 
     def _resolve(self, utility: Any) -> None:

@@ -3,14 +3,15 @@
 Both machines are built from the ``machines`` table of the handshake surface
 (``spec/data/handshake.toml``): the states, the transitions, the action each transition asks
 for and the clause an illegal event breaks all come from the spec, never from this file. What
-this file adds is the bookkeeping the table cannot express (which engine an identity belongs to,
-which utility calls are pending, which requests are in flight) and the checks of message
-content (HELLO/READY keys against the spec's ``messages`` table, request type bytes against the
+this file adds is the bookkeeping the table cannot express (which engines are managed, which
+utility calls are pending, which requests are in flight) and the checks of message content
+(HELLO/READY keys against the spec's ``messages`` table, request type bytes against the
 request_types surface).
 
-No sockets, no codec: the ZMQ peers (:mod:`enginewire.reference.frontend`,
-:mod:`enginewire.reference.engine`) decode frames, feed the decoded values in here, and carry
-out the :class:`Action` objects that come back. Every violation raises a
+No sockets, no codec, no frames: engines are named by rank, messages are decoded values. The
+connections of :mod:`enginewire.reference.connection` own the codec (frames, routing
+identities, payloads), feed the decoded values in here, and turn the :class:`Action` objects
+that come back into events. Every violation raises a
 :class:`~enginewire.reference.errors.ProtocolError` subclass naming the clause it breaks:
 
 - :class:`HandshakeError` for an illegal event during start-up (a state before the machine's
@@ -34,7 +35,6 @@ from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import HandshakeMessage, StateMachine, Transition
 
-from .codec import encode_identity
 from .errors import EngineDeadError, FramingError, HandshakeError, PayloadError, StateError
 
 #: call_ids the engine uses for notifications that answer no call (vLLM's
@@ -211,7 +211,6 @@ class EngineLink:
     """What a front end knows about one engine it manages."""
 
     rank: int
-    identity: bytes
     local: bool
     machine: Machine
     #: Request ids sent to this engine and not finished or aborted.
@@ -254,7 +253,6 @@ class FrontendSession:
         self.pending_calls: dict[int, int] = {}
         self._next_call_id = 1
         self.engines: dict[int, EngineLink] = {}
-        self._by_identity: dict[bytes, EngineLink] = {}
         surface = self.spec.surface("handshake")
         # status value -> the message spec that carries it (HELLO, READY).
         self._engine_messages = {
@@ -265,18 +263,15 @@ class FrontendSession:
         self._common_keys = _common_required_keys(list(self._engine_messages.values()))
         for rank in ranks:
             is_local = local if isinstance(local, bool) else bool(local[rank])
-            identity = encode_identity(rank)
             where = "local" if is_local else "remote"
             link = EngineLink(
                 rank=rank,
-                identity=identity,
                 local=is_local,
                 machine=Machine(
                     self.table, subject=f"for {where} engine {rank}", actions=FRONTEND_ACTIONS
                 ),
             )
             self.engines[rank] = link
-            self._by_identity[identity] = link
         if not self.engines:
             raise ValueError("a front end session needs at least one engine rank")
         if not handshake:
@@ -321,28 +316,27 @@ class FrontendSession:
 
     # --- handshake channel -----------------------------------------------------------------
 
-    def _link_for_identity(self, identity: bytes, clause: str) -> EngineLink:
-        identity = bytes(identity)
-        link = self._by_identity.get(identity)
+    def _link_for_rank(self, rank: int, clause: str) -> EngineLink:
+        link = self.engines.get(rank)
         if link is None:
             raise HandshakeError(
                 clause,
-                "message from an engine identity this front end does not manage",
-                expected=sorted(link.identity.hex() for link in self.engines.values()),
-                got=identity.hex(),
+                "message from an engine (routing identity) this front end does not manage",
+                expected=sorted(self.engines), got=rank,
             )
         return link
 
-    def receive_handshake(self, identity: bytes, message: Any) -> list[Action]:
-        """A decoded HELLO or READY map from ``identity`` on the handshake ROUTER.
+    def receive_handshake(self, rank: int, message: Any) -> list[Action]:
+        """A decoded HELLO or READY map from engine ``rank`` (its routing identity, decoded)
+        on the handshake ROUTER.
 
-        Checks in vLLM's order: the identity, the common keys, ``local``, ``headless``, then
+        Checks in vLLM's order: the rank, the common keys, ``local``, ``headless``, then
         the status against the engine's state. Returns ``[Action("send_init", rank,
-        identity)]`` for a HELLO (send the init message to that identity) and
+        message)]`` for a HELLO (send the init message to that engine) and
         ``[Action("await_ready_response", rank, message)]`` for a READY.
         """
         self._check_alive()
-        link = self._link_for_identity(identity, "identity.known-rank")
+        link = self._link_for_rank(rank, "identity.known-rank")
         _check_keys(self._common_keys, message, "handshake.message-keys")
         status = message["status"]
         where = "local" if link.local else "remote"
@@ -379,19 +373,18 @@ class FrontendSession:
                     expected=self.config_hash, got=got_hash,
                 )
         transition = link.machine.fire(event, what=f"{status} message")
-        data = link.identity if transition.action == "send_init" else message
-        return _action(transition, link.rank, data)
+        return _action(transition, link.rank, message)
 
     # --- input channel ---------------------------------------------------------------------
 
-    def receive_ready_response(self, identity: bytes, response: Any) -> list[Action]:
-        """The decoded ready response from ``identity`` (None for an empty payload).
+    def receive_ready_response(self, rank: int, response: Any) -> list[Action]:
+        """The decoded ready response from engine ``rank`` (None for an empty payload).
 
         Returns ``[Action("engine_ready", rank, response)]``; the engine may now be sent
         requests.
         """
         self._check_alive()
-        link = self._link_for_identity(identity, "handshake.ready-response-per-identity")
+        link = self._link_for_rank(rank, "handshake.ready-response-per-identity")
         if link.machine.can("send_add"):
             raise HandshakeError(
                 "handshake.ready-response-per-identity",
@@ -424,6 +417,14 @@ class FrontendSession:
         link = self._send(rank, "send_abort", "ABORT")
         link.requests.difference_update(request_ids)
 
+    def free_call_id(self) -> int:
+        """A call_id no pending call uses (the next one in turn); records nothing."""
+        while self._next_call_id in self.pending_calls:
+            self._next_call_id += 1
+        call_id = self._next_call_id
+        self._next_call_id += 1
+        return call_id
+
     def send_utility(self, rank: int, call_id: int | None = None) -> int:
         """Record a UTILITY call about to go to engine ``rank``; returns its call_id.
 
@@ -431,10 +432,7 @@ class FrontendSession:
         non-negative (negative ones are reserved) and not pending.
         """
         if call_id is None:
-            while self._next_call_id in self.pending_calls:
-                self._next_call_id += 1
-            call_id = self._next_call_id
-            self._next_call_id += 1
+            call_id = self.free_call_id()
         elif call_id in self.pending_calls or call_id < 0:
             raise StateError(
                 "frames.utility-call-id",
@@ -537,7 +535,6 @@ class EngineSession:
     ) -> None:
         self.spec = spec or load()
         self.rank = rank
-        self.identity = encode_identity(rank)
         self.local = local
         self.headless = headless
         self.handshake = handshake
@@ -684,15 +681,19 @@ class EngineSession:
             )
         return name, message
 
-    def receive_request(self, type_frame: bytes | int, payload: Any) -> list[Action]:
-        """A request from the input channel: its type frame and decoded payload.
+    def receive_request(self, type_frame: bytes | int | str, payload: Any) -> list[Action]:
+        """A request from the input channel: its type frame (or the message kind
+        :meth:`request_event` already read from it) and decoded payload.
 
         Returns ``[Action("accept_request", rank, request)]`` for ADD,
         ``[Action("abort_requests", rank, ids_in_flight)]`` for ABORT (only the ids that were
         in flight), ``[Action("accept_call", rank, (client_index, call_id, method, args))]``
         for UTILITY and nothing for START_DP_WAVE.
         """
-        name, event = self.request_event(type_frame)
+        if isinstance(type_frame, str):
+            name, event = type_frame.upper(), type_frame
+        else:
+            name, event = self.request_event(type_frame)
         if not self.machine.can(event):
             self.machine.fire(event, what=f"{name} request")
         if event == "add":
@@ -731,6 +732,14 @@ class EngineSession:
                     expected="tuple[int, int, str, tuple]", got=payload,
                 )
             client_index, call_id = payload[0], payload[1]
+            clients = len(get_field(self.addresses, "outputs") or ())
+            if not 0 <= client_index < clients:
+                # Checked before the call is recorded: it could never be answered.
+                raise PayloadError(
+                    "transport.one-socket-pair-per-client",
+                    "a utility call from a client this engine has no output socket for",
+                    expected=f"0..{clients - 1}", got=client_index,
+                )
             if (client_index, call_id) in self.pending_calls:
                 raise StateError(
                     "frames.utility-call-id",

@@ -39,10 +39,10 @@ def _last_line(text: str) -> str:
 
 
 def _big_endian_target() -> Target:
-    import enginewire.reference.session as session_module
+    import enginewire.reference.connection as connection_module
 
     engines = ReferenceEngines()
-    original = session_module.EngineSession.__init__
+    original = connection_module.EngineConnection.__init__
 
     class Engines:
         def start_engine(self, launch: Any) -> Any:
@@ -50,11 +50,11 @@ def _big_endian_target() -> Target:
                 original(self_, rank, *args, **kwargs)
                 self_.identity = rank.to_bytes(2, "big")
 
-            session_module.EngineSession.__init__ = patched  # type: ignore[method-assign]
+            connection_module.EngineConnection.__init__ = patched  # type: ignore[method-assign]
             try:
                 return engines.start_engine(launch)
             finally:
-                session_module.EngineSession.__init__ = original  # type: ignore[method-assign]
+                connection_module.EngineConnection.__init__ = original  # type: ignore[method-assign]
 
     return Target(name="big-endian-identity", engine=Engines())
 

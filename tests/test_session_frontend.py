@@ -10,7 +10,8 @@ from enginewire.reference.codec import encode_identity
 from enginewire.reference.errors import EngineDeadError, HandshakeError, StateError
 from enginewire.reference.session import Action, FrontendSession
 
-ID0, ID1 = encode_identity(0), encode_identity(1)
+#: Engines are named by rank: the connection decodes their routing identities.
+R0, R1 = 0, 1
 
 
 def hello(local: bool = True, headless: bool = False) -> dict:
@@ -24,10 +25,9 @@ def ready(local: bool = True, headless: bool = False, **extra) -> dict:
 def running(ranks=(0,)) -> FrontendSession:
     session = FrontendSession(ranks)
     for rank in ranks:
-        identity = encode_identity(rank)
-        session.receive_handshake(identity, hello())
-        session.receive_handshake(identity, ready())
-        session.receive_ready_response(identity, None)
+        session.receive_handshake(rank, hello())
+        session.receive_handshake(rank, ready())
+        session.receive_ready_response(rank, None)
     return session
 
 
@@ -50,19 +50,19 @@ def test_identity_is_two_bytes_little_endian() -> None:
 def test_full_handshake_two_engines() -> None:
     session = FrontendSession([0, 1])
     assert session.awaiting_handshake() == [0, 1]
-    assert session.receive_handshake(ID1, hello()) == [Action("send_init", 1, ID1)]
+    assert session.receive_handshake(R1, hello()) == [Action("send_init", 1, hello())]
     assert session.states() == {0: "NEW", 1: "CONNECTED"}
-    assert session.receive_handshake(ID1, ready()) == [
+    assert session.receive_handshake(R1, ready()) == [
         Action("await_ready_response", 1, ready())
     ]
-    session.receive_handshake(ID0, hello())
-    session.receive_handshake(ID0, ready())
+    session.receive_handshake(R0, hello())
+    session.receive_handshake(R0, ready())
     assert session.awaiting_ready_response() == [0, 1]
     assert not session.running
     response = {"max_model_len": 64}
-    assert session.receive_ready_response(ID0, response) == [Action("engine_ready", 0, response)]
+    assert session.receive_ready_response(R0, response) == [Action("engine_ready", 0, response)]
     assert not session.running
-    session.receive_ready_response(ID1, None)
+    session.receive_ready_response(R1, None)
     assert session.running
     assert session.engines[0].ready_response == response
 
@@ -70,9 +70,9 @@ def test_full_handshake_two_engines() -> None:
 def test_unknown_identity_rejected() -> None:
     session = FrontendSession([0])
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(b"\x05\x00", hello())
+        session.receive_handshake(5, hello())
     assert caught.value.clause == "identity.known-rank"
-    assert caught.value.got == "0500"
+    assert caught.value.got == 5
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_unknown_identity_rejected() -> None:
 def test_malformed_handshake_message(message) -> None:
     session = FrontendSession([0])
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID0, message)
+        session.receive_handshake(R0, message)
     assert caught.value.clause == "handshake.message-keys"
     assert session.states() == {0: "NEW"}
 
@@ -96,7 +96,7 @@ def test_malformed_handshake_message(message) -> None:
 def test_unexpected_status_names_state() -> None:
     session = FrontendSession([0])
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID0, {"status": "BOGUS", "local": True, "headless": False})
+        session.receive_handshake(R0, {"status": "BOGUS", "local": True, "headless": False})
     assert caught.value.clause == "handshake.frontend.unexpected-event"
     assert str(caught.value).startswith(
         "[handshake.frontend.unexpected-event] Unexpected BOGUS message for local engine 0 in "
@@ -111,9 +111,9 @@ def test_unexpected_status_names_state() -> None:
 def test_out_of_order_handshake(first, second, state) -> None:
     session = FrontendSession([0])
     if first is not None:
-        session.receive_handshake(ID0, first)
+        session.receive_handshake(R0, first)
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID0, second)
+        session.receive_handshake(R0, second)
     assert caught.value.clause == "handshake.frontend.unexpected-event"
     assert f"in {state} state" in str(caught.value)
     assert session.states() == {0: state}
@@ -122,11 +122,11 @@ def test_out_of_order_handshake(first, second, state) -> None:
 def test_local_must_match_on_hello_and_ready() -> None:
     session = FrontendSession([0])
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID0, hello(local=False, headless=True))
+        session.receive_handshake(R0, hello(local=False, headless=True))
     assert caught.value.clause == "handshake.local-must-match"
-    session.receive_handshake(ID0, hello())
+    session.receive_handshake(R0, hello())
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID0, ready(local=False, headless=True))
+        session.receive_handshake(R0, ready(local=False, headless=True))
     assert caught.value.clause == "handshake.local-must-match"
 
 
@@ -134,47 +134,47 @@ def test_local_must_match_on_hello_and_ready() -> None:
 def test_headless_rule_for_remote_engines(remote_headless: bool) -> None:
     session = FrontendSession([0, 1], local={0: True, 1: False}, remote_headless=remote_headless)
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID1, hello(local=False, headless=not remote_headless))
+        session.receive_handshake(R1, hello(local=False, headless=not remote_headless))
     assert caught.value.clause == "handshake.headless-rule"
-    session.receive_handshake(ID1, hello(local=False, headless=remote_headless))
+    session.receive_handshake(R1, hello(local=False, headless=remote_headless))
     # The rule is for remote engines only: a local one may say either.
-    session.receive_handshake(ID0, hello(local=True, headless=not remote_headless))
+    session.receive_handshake(R0, hello(local=True, headless=not remote_headless))
     assert session.states() == {0: "CONNECTED", 1: "CONNECTED"}
 
 
 def test_config_hash_checked_on_ready() -> None:
     session = FrontendSession([0], config_hash="abc")
-    session.receive_handshake(ID0, hello())
+    session.receive_handshake(R0, hello())
     for wrong in ({}, {"parallel_config_hash": "xyz"}):
         with pytest.raises(HandshakeError) as caught:
-            session.receive_handshake(ID0, ready(**wrong))
+            session.receive_handshake(R0, ready(**wrong))
         assert caught.value.clause == "handshake.config-hash-match"
-    session.receive_handshake(ID0, ready(parallel_config_hash="abc"))
+    session.receive_handshake(R0, ready(parallel_config_hash="abc"))
     assert session.states() == {0: "READY"}
 
 
 def test_ready_optional_keys_typed() -> None:
     session = FrontendSession([0])
-    session.receive_handshake(ID0, hello())
+    session.receive_handshake(R0, hello())
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID0, ready(coord_store_port="1234"))
+        session.receive_handshake(R0, ready(coord_store_port="1234"))
     assert caught.value.clause == "handshake.message-keys"
-    session.receive_handshake(ID0, ready(coord_store_port=1234, num_redundant_experts=0))
+    session.receive_handshake(R0, ready(coord_store_port=1234, num_redundant_experts=0))
 
 
 def test_ready_response_rules() -> None:
     session = FrontendSession([0])
     with pytest.raises(HandshakeError) as caught:
-        session.receive_ready_response(ID0, None)
+        session.receive_ready_response(R0, None)
     assert caught.value.clause == "handshake.frontend.unexpected-event"
-    session.receive_handshake(ID0, hello())
-    session.receive_handshake(ID0, ready())
+    session.receive_handshake(R0, hello())
+    session.receive_handshake(R0, ready())
     with pytest.raises(HandshakeError) as caught:
-        session.receive_ready_response(ID1, None)
+        session.receive_ready_response(R1, None)
     assert caught.value.clause == "handshake.ready-response-per-identity"
-    session.receive_ready_response(ID0, None)
+    session.receive_ready_response(R0, None)
     with pytest.raises(HandshakeError) as caught:
-        session.receive_ready_response(ID0, None)
+        session.receive_ready_response(R0, None)
     assert caught.value.clause == "handshake.ready-response-per-identity"
 
 
@@ -182,17 +182,17 @@ def test_without_handshake_starts_waiting_for_ready_response() -> None:
     session = FrontendSession([0, 1], handshake=False)
     assert session.states() == {0: "READY", 1: "READY"}
     with pytest.raises(HandshakeError) as caught:
-        session.receive_handshake(ID0, hello())
+        session.receive_handshake(R0, hello())
     assert caught.value.clause == "handshake.frontend.unexpected-event"
-    session.receive_ready_response(ID0, None)
-    session.receive_ready_response(ID1, None)
+    session.receive_ready_response(R0, None)
+    session.receive_ready_response(R1, None)
     assert session.running
 
 
 def test_no_send_before_ready_response() -> None:
     session = FrontendSession([0])
-    session.receive_handshake(ID0, hello())
-    session.receive_handshake(ID0, ready())
+    session.receive_handshake(R0, hello())
+    session.receive_handshake(R0, ready())
     for send in (
         lambda: session.send_add(0, "r"),
         lambda: session.send_abort(0, ["r"]),
@@ -237,7 +237,7 @@ def test_outputs_from_unmanaged_engine_index() -> None:
 
 def test_outputs_before_running_rejected() -> None:
     session = FrontendSession([0])
-    session.receive_handshake(ID0, hello())
+    session.receive_handshake(R0, hello())
     with pytest.raises(HandshakeError) as caught:
         session.receive_outputs(outputs())
     assert caught.value.clause == "handshake.frontend.unexpected-event"
@@ -295,7 +295,7 @@ def test_engine_dead_fails_pending_calls_and_ends_session() -> None:
         lambda: session.send_utility(1),
         lambda: session.receive_outputs(outputs()),
         session.receive_engine_dead,
-        lambda: session.receive_handshake(ID0, hello()),
+        lambda: session.receive_handshake(R0, hello()),
     ):
         with pytest.raises(EngineDeadError) as caught:
             after()
@@ -313,7 +313,7 @@ def test_engine_dead_before_any_engine_connected() -> None:
 
 def test_engine_dead_marks_only_engines_that_could_have_sent_it() -> None:
     session = FrontendSession([0, 1])
-    session.receive_handshake(ID0, hello())
+    session.receive_handshake(R0, hello())
     session.receive_engine_dead()
     assert session.states() == {0: "DEAD", 1: "NEW"}
     assert session.dead

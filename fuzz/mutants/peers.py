@@ -25,7 +25,7 @@ class BigEndianIdentity(ReferenceEngine):
 
     def __init__(self, options: EngineOptions) -> None:
         super().__init__(options)
-        self.session.identity = options.rank.to_bytes(2, "big")
+        self.connection.identity = options.rank.to_bytes(2, "big")
 
 
 class _ReusedArenaSocket:
