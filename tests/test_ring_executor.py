@@ -249,6 +249,20 @@ def test_a_timed_out_call_raises_and_stops_the_executor() -> None:
         assert refused.value.clause == "ring.executor.timeout"
 
 
+def test_a_malformed_reply_raises_and_stops_the_executor() -> None:
+    objects = [Calls(0)]
+    with Executor(1, max_chunk_bytes=CHUNK, max_chunks=CHUNKS) as executor, \
+            serving(executor.broadcast_handle, objects) as workers:
+        executor.connect([w.response_handle for w in workers], READY)
+        # An int where the status belongs, written past the reply codec.
+        workers[0].responses.enqueue_buffers([pickle.dumps((1, "x"), protocol=5)], READY)
+        with pytest.raises(ExecutorError) as caught:
+            executor.collective_rpc("echo", timeout=READY)
+        assert caught.value.clause == "ring.executor.response"
+        with pytest.raises(StateError, match="out of step"):
+            executor.collective_rpc("echo", timeout=READY)
+
+
 def test_a_worker_answers_a_malformed_request_with_a_failure() -> None:
     with reference_pair(1) as (executor, objects):
         executor.broadcast.enqueue(["echo", (), {}, None], timeout=READY)

@@ -31,7 +31,8 @@ Where this differs from vLLM (no wire difference): every wait is bounded (``time
 means :data:`DEFAULT_RPC_TIMEOUT_S`, vLLM waits for ever); after a FAILURE reply the executor
 still reads the other ranks' replies to the same call before it raises, so the next call does
 not read a stale reply; after a timed-out call the replies may be out of step with the
-requests, and the executor refuses further calls. No fault tolerance, no ``non_block``
+requests, and the executor refuses further calls (so after any call that ended before every
+reply was read). No fault tolerance, no ``non_block``
 futures, no readers on other nodes.
 """
 
@@ -137,8 +138,8 @@ class Executor:
                                  "connect() the executor to its workers before calling them")
             if self._out_of_step is not None:
                 raise StateError("ring.executor.timeout", "the executor takes no more calls: "
-                                 f"{self._out_of_step} timed out, so replies may be out of step "
-                                 "with requests")
+                                 f"{self._out_of_step}, so replies may be out of step with "
+                                 "requests")
             try:
                 self.broadcast.enqueue(request, timeout=_remaining(deadline))
             except TimeoutError as exc:
@@ -146,20 +147,22 @@ class Executor:
             ranks = range(self.world_size) if unique_reply_rank is None else [unique_reply_rank]
             values: list[Any] = []
             first_failure: WorkerFailure | None = None
-            for rank in ranks:
-                try:
-                    reply = self.responses[rank].dequeue(timeout=_remaining(deadline))
-                except TimeoutError as exc:
-                    if first_failure is not None:
-                        self._out_of_step = f"a reply after worker {first_failure.rank}'s failure"
-                        raise first_failure from None
-                    self._out_of_step = f"the call to {method}"
-                    raise rpc_timeout(method) from exc
-                status, value = parse_reply(reply, rank)
-                error = reply_error(status, value, rank)
-                if error is not None and first_failure is None:
-                    first_failure = error
-                values.append(value)
+            try:
+                for rank in ranks:
+                    try:
+                        reply = self.responses[rank].dequeue(timeout=_remaining(deadline))
+                    except TimeoutError as exc:
+                        if first_failure is not None:
+                            raise first_failure from None
+                        raise rpc_timeout(method) from exc
+                    status, value = parse_reply(reply, rank)
+                    error = reply_error(status, value, rank)
+                    if error is not None and first_failure is None:
+                        first_failure = error
+                    values.append(value)
+            finally:
+                if len(values) < len(ranks):
+                    self._out_of_step = f"the call to {method} ended before every reply came"
             if first_failure is not None:
                 raise first_failure
         return values[0] if unique_reply_rank is not None else values
