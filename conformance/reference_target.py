@@ -205,10 +205,11 @@ class ReferenceWorkerPeer:
             self.error = exc
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close both rings; a thread still inside a worker method after
+        ``timeout`` finds them closed (its reply raises ``QueueClosed``)."""
         self.worker.stop()
         self.thread.join(timeout)
-        if not self.thread.is_alive():
-            self.worker.close()
+        self.worker.close()
 
     def alive(self) -> bool:
         return self.thread.is_alive()

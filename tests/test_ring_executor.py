@@ -189,9 +189,9 @@ def serving(broadcast: Any, objects: list[Calls], **options: Any) -> Iterator[li
             worker.stop()
         for thread in threads:
             thread.join(READY)
-        assert not any(t.is_alive() for t in threads)
         for worker in workers:
             worker.close()
+    assert not any(t.is_alive() for t in threads)
 
 
 @contextmanager
