@@ -13,11 +13,14 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from ring_helpers import readers
 
 from enginewire.reference.errors import ExecutorError, ProtocolTimeout, StateError, WorkerFailure
 from enginewire.reference.ring import Executor, ResponseStatus, Worker, rpc
 from enginewire.reference.ring import executor as executor_module
 from enginewire.reference.ring.rpc import ReplyCodec
+
+__all__ = ["readers"]  # a fixture used by name
 
 CHUNK = 65536
 CHUNKS = 4
@@ -290,6 +293,30 @@ def test_closing_removes_every_segment() -> None:
         names += [q.handle.buffer_handle[3] for q in executor.responses]  # type: ignore[index]
         assert all(os.path.exists(f"/dev/shm/{n}") for n in names)
     assert not any(os.path.exists(f"/dev/shm/{n}") for n in names)
+
+
+def test_workers_in_processes_of_their_own(readers: Any) -> None:
+    """Two reference worker processes (spawned) serve the reference executor of this one."""
+    import os
+
+    from ring_helpers import STEP_TIMEOUT, reference_worker
+
+    with Executor(2, max_chunk_bytes=CHUNK, max_chunks=CHUNKS) as executor:
+        conns = [readers.start(reference_worker, executor.broadcast_handle, rank, CHUNK)
+                 for rank in range(2)]
+        handles = []
+        for conn in conns:
+            assert conn.poll(STEP_TIMEOUT * 3), "a worker process sent no response handle"
+            handles.append(conn.recv())
+        executor.connect(handles, STEP_TIMEOUT)
+        replies = executor.collective_rpc("echo", ("x",), timeout=STEP_TIMEOUT)
+        assert [(r[0], r[2]) for r in replies] == [(0, ("x",)), (1, ("x",))]
+        assert len({os.getpid(), *(r[1] for r in replies)}) == 3
+        with pytest.raises(WorkerFailure, match="'far away'"):
+            executor.collective_rpc("fail", ("far away",), unique_reply_rank=1,
+                                    timeout=STEP_TIMEOUT)
+        assert executor.collective_rpc("stop_serving", timeout=STEP_TIMEOUT) == ["stopping"] * 2
+        assert readers.reports() == [{"error": None}] * 2
 
 
 # --- against vLLM's own executor and worker code -------------------------------------------------
