@@ -27,13 +27,19 @@ Worker (one per rank, usually in a process of its own)::
         worker.wait_until_ready(timeout=30)
         worker.serve(stop_event)
 
-Where this differs from vLLM (no wire difference): every wait is bounded (``timeout`` None
-means :data:`DEFAULT_RPC_TIMEOUT_S`, vLLM waits for ever); after a FAILURE reply the executor
-still reads the other ranks' replies to the same call before it raises, so the next call does
-not read a stale reply; after a timed-out call the replies may be out of step with the
-requests, and the executor refuses further calls (so after any call that ended before every
-reply was read). No fault tolerance, no ``non_block``
-futures, no readers on other nodes.
+Where this differs from vLLM (nothing another process can see on the rings):
+
+- every wait is bounded: a call given no ``timeout`` gets :data:`DEFAULT_RPC_TIMEOUT_S`
+  (vLLM waits for ever), and the worker's waits are bounded or end when it is stopped;
+- after a FAILURE reply the executor still reads the other ranks' replies to the same call
+  before it raises (vLLM raises at once and the next call reads the stale replies);
+- a call that ends before every reply was read (a timeout, a malformed reply) leaves the
+  replies out of step with the requests: the executor refuses every later call;
+- errors name their clause (:class:`.errors.WorkerFailure`, a ``RuntimeError``;
+  :class:`.errors.ProtocolTimeout`, a ``TimeoutError``), with vLLM's text as ``message``.
+
+Not implemented: fault tolerance (collecting failures into "One or more workers failed"),
+``non_block`` futures, KV connector output aggregation, workers on other nodes.
 """
 
 from __future__ import annotations
