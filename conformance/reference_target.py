@@ -6,7 +6,8 @@ that does not exist (yet) is reported NOT IMPLEMENTED by the checks, never passe
 - ``codec``: ``enginewire.reference.codec.Codec`` (``threshold``, ``allow_insecure``); neutral
   values become the classes of ``enginewire.reference.structs`` through the spec's payload
   types.
-- ``ring``: ``enginewire.reference.ring`` (``MessageQueue``).
+- ``ring``: ``enginewire.reference.ring`` (``MessageQueue``; ``Executor`` and ``Worker`` for
+  the executor RPC, capabilities ``ring.executor`` and ``ring.worker``).
 - ``engine`` / ``frontend``: ``enginewire.reference.engine`` / ``enginewire.reference.frontend``.
 """
 
@@ -129,18 +130,19 @@ class ReferenceRing:
         return [(channel, sock) for channel, sock in found if sock is not None]
 
     def attach_reader(self, handle: RingHandle, rank: int) -> Any:
-        from enginewire.reference.ring import Handle, MessageQueue
+        from enginewire.reference.ring import MessageQueue
 
-        ranks = list(handle.reader_ranks or range(handle.n_reader))
-        native = Handle(
-            local_reader_ranks=ranks,
-            buffer_handle=(handle.n_reader, handle.max_chunk_bytes, handle.max_chunks,
-                           handle.shm_name),
-            local_subscribe_addr=handle.subscribe_address,
-            local_notify_addr=handle.notify_address,
-            tensor_arena_handle=handle.tensor_arena_handle,
-        )
-        return _ReferenceRingEnd(MessageQueue.create_from_handle(native, ranks[rank]))
+        native = _native_handle(handle)
+        return _ReferenceRingEnd(MessageQueue.create_from_handle(
+            native, native.local_reader_ranks[rank]))
+
+    def start_worker(self, broadcast: RingHandle, rank: int, worker: Any) -> Any:
+        """A reference worker, reader ``rank`` of the suite's broadcast ring."""
+        return ReferenceWorkerPeer(broadcast, rank, worker)
+
+    def create_executor(self, *, world_size: int, max_chunk_bytes: int,
+                        max_chunks: int) -> Any:
+        return ReferenceExecutorEnd(world_size, max_chunk_bytes, max_chunks)
 
     def memory_writer(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int) -> Any:
@@ -180,6 +182,92 @@ class ReferenceRing:
         return _Reader()
 
 
+class ReferenceWorkerPeer:
+    """``enginewire.reference.ring.Worker`` serving on a thread of this process."""
+
+    def __init__(self, broadcast: RingHandle, rank: int, worker: Any) -> None:
+        import threading
+
+        from enginewire.reference.ring import Worker
+
+        self.worker = Worker(_native_handle(broadcast), rank, worker)
+        self.response_handle = ring_handle(self.worker.response_handle, 1)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True,
+                                       name=f"reference worker {rank}")
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.worker.wait_until_ready(timeout=30.0)
+            self.worker.serve()
+        except BaseException as exc:  # noqa: BLE001 - kept for the check's report
+            self.error = exc
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close both rings; a thread still inside a worker method after
+        ``timeout`` finds them closed (its reply raises ``QueueClosed``)."""
+        self.worker.stop()
+        self.thread.join(timeout)
+        self.worker.close()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+
+class ReferenceExecutorEnd:
+    """``enginewire.reference.ring.Executor`` behind the target contract.
+
+    The reference raises its own typed errors, subclasses of what vLLM's executor raises that
+    name the clause (``WorkerFailure``, a ``RuntimeError``; ``ProtocolTimeout``, a
+    ``TimeoutError``); the contract asks for vLLM's exact type, so they are re-raised as that
+    type with the reference's own text (``.message``) and the same cause.
+    """
+
+    def __init__(self, world_size: int, max_chunk_bytes: int, max_chunks: int) -> None:
+        from enginewire.reference.ring import Executor
+
+        self.executor = Executor(world_size, max_chunk_bytes=max_chunk_bytes,
+                                 max_chunks=max_chunks)
+        self.broadcast_handle = ring_handle(self.executor.broadcast_handle, world_size)
+
+    def connect(self, response_handles: list[RingHandle], timeout: float) -> None:
+        self.executor.connect([_native_handle(h) for h in response_handles], timeout)
+
+    def collective_rpc(self, method: Any, args: tuple[Any, ...] = (),
+                       kwargs: dict[str, Any] | None = None,
+                       unique_reply_rank: int | None = None,
+                       timeout: float | None = None) -> Any:
+        from enginewire.reference.errors import ProtocolTimeout, WorkerFailure
+
+        try:
+            return self.executor.collective_rpc(method, args, kwargs, unique_reply_rank,
+                                                timeout)
+        except WorkerFailure as exc:
+            raise RuntimeError(exc.message) from exc
+        except ProtocolTimeout as exc:
+            raise TimeoutError(exc.message) from exc.__cause__
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+def _native_handle(handle: RingHandle) -> Any:
+    """The suite's neutral RingHandle as the reference ring's ``Handle``."""
+    from enginewire.reference.ring import Handle
+
+    return Handle(
+        local_reader_ranks=list(handle.reader_ranks or range(handle.n_reader)),
+        buffer_handle=(handle.n_reader, handle.max_chunk_bytes, handle.max_chunks,
+                       handle.shm_name),
+        local_subscribe_addr=handle.subscribe_address,
+        local_notify_addr=handle.notify_address,
+        remote_subscribe_addr=handle.remote_subscribe_address,
+        remote_addr_ipv6=handle.remote_ipv6,
+        tensor_arena_handle=handle.tensor_arena_handle,
+    )
+
+
 class _Collect(logging.Handler):
     """Keeps the reference peers' log records (instead of the last-resort stderr print)."""
 
@@ -194,6 +282,8 @@ class _Collect(logging.Handler):
 
 _ENGINE_LOG = _Collect()
 logging.getLogger("enginewire.engine").addHandler(_ENGINE_LOG)
+#: The reference worker logs every exception a worker method raises; checks raise some.
+logging.getLogger("enginewire.executor").addHandler(_ENGINE_LOG)
 
 
 class ReferenceEnginePeer:

@@ -298,11 +298,16 @@ def _close_queue(queue: Any) -> None:
         context.term()
     buffer = getattr(queue, "buffer", None)
     if buffer is not None and getattr(buffer, "is_creator", False):
+        # Unlink first: close() raises BufferError while a view of the segment is still alive
+        # (a frame or a traceback may keep one), and the name must go all the same.
+        try:
+            buffer.shared_memory.unlink()
+        except FileNotFoundError:
+            pass
         try:
             buffer.shared_memory.close()
-            buffer.shared_memory.unlink()
-        except (FileNotFoundError, BufferError):
-            pass
+        except BufferError:
+            pass  # unmapped when the last view goes
         buffer.is_creator = False
     if queue._is_writer:
         for address in (queue.handle.local_subscribe_addr, queue.handle.local_notify_addr):

@@ -62,3 +62,25 @@ class ProtocolTimeout(ProtocolError, TimeoutError):
 class EngineDeadError(StateError, ConnectionError):
     """The engine sent ENGINE_CORE_DEAD (or the session already saw it): nothing more is
     sent to it or accepted from it."""
+
+
+class ExecutorError(ProtocolError):
+    """A request or reply of the executor RPC over the ring breaks a ``ring.executor.*``
+    clause (a request that is not ``(method, args, kwargs, output_rank)``, a reply that is not
+    ``(status, value)``)."""
+
+
+class WorkerFailure(ExecutorError, RuntimeError):
+    """A worker answered a call with FAILURE or FAILURE_WITH_KV_OUTPUT (clause
+    ``ring.executor.failure``).
+
+    A ``RuntimeError`` as vLLM's executor raises; ``message`` is vLLM's exact text,
+    ``rank`` the worker that failed, ``status`` its reply status and ``value`` what it sent
+    (the exception text, or the KV connector output).
+    """
+
+    def __init__(self, message: str, *, rank: int, status: Any, value: Any) -> None:
+        super().__init__("ring.executor.failure", message)
+        self.rank = rank
+        self.status = status
+        self.value = value

@@ -173,6 +173,47 @@ def tensor_round_trip(conn: Connection) -> None:
     conn.close()
 
 
+class RankedWorker:
+    """The object a worker process serves: ``echo`` returns ``(rank, pid, args)``, ``fail``
+    raises, ``stop_serving`` ends the serving loop after its reply."""
+
+    def __init__(self, rank: int) -> None:
+        import threading
+
+        self.rank = rank
+        self.stopping = threading.Event()
+
+    def echo(self, *args: Any) -> tuple[int, int, tuple[Any, ...]]:
+        import os
+
+        return (self.rank, os.getpid(), args)
+
+    def fail(self, message: str) -> None:
+        raise ValueError(message)
+
+    def stop_serving(self) -> str:
+        self.stopping.set()
+        return "stopping"
+
+
+def reference_worker(conn: Connection, handle: Any, rank: int, max_chunk_bytes: int) -> None:
+    """Serve as reference worker ``rank`` of the broadcast ring ``handle``: send the response
+    ring's handle, serve until ``stop_serving``, close, then send a report."""
+    from enginewire.reference.ring import Worker
+
+    report: dict[str, Any] = {"error": None}
+    try:
+        obj = RankedWorker(rank)
+        with Worker(handle, rank, obj, max_chunk_bytes=max_chunk_bytes, max_chunks=4) as worker:
+            conn.send(worker.response_handle)
+            worker.wait_until_ready(timeout=STEP_TIMEOUT)
+            worker.serve(obj.stopping)
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    conn.send(report)
+    conn.close()
+
+
 class Readers:
     """Reader processes of one test; :meth:`stop` (run by the fixture) leaves none behind."""
 

@@ -8,16 +8,20 @@ Read it in this order:
 - :mod:`.shm`: the real shared-memory segment behind that memory;
 - :mod:`.wait`: how the ends wait between two failed checks;
 - :mod:`.payload`: the pickle (vLLM-compatible) and msgspec payload codecs;
-- :mod:`.queue`: ``MessageQueue``, sockets and all.
+- :mod:`.queue`: ``MessageQueue``, sockets and all;
+- :mod:`.rpc`: the executor RPC's request and reply messages (sans-IO);
+- :mod:`.executor`: vLLM's executor and worker ends of that RPC over ``MessageQueue``.
 
 The spec of all of it is ``spec/data/ring.toml`` (``enginewire spec show ring.<clause>``).
 """
 
+from .executor import Executor, Worker
 from .framing import DecodedChunk, decode_chunk, encode_chunk, framed_size, needs_overflow
 from .layout import RingLayout
 from .payload import MsgspecCodec, PayloadCodec, PickleCodec
 from .protocol import BytearrayMemory, ChunkState, RingMemory, RingReader, RingWriter, classify
 from .queue import Handle, MessageQueue, QueueClosed
+from .rpc import ReplyCodec, ResponseStatus
 from .shm import ShmMemory, ShmSegment, memory_fence
 from .wait import Backoff, WaitPolicy
 
@@ -26,12 +30,15 @@ __all__ = [
     "BytearrayMemory",
     "ChunkState",
     "DecodedChunk",
+    "Executor",
     "Handle",
     "MessageQueue",
     "MsgspecCodec",
     "PayloadCodec",
     "PickleCodec",
     "QueueClosed",
+    "ReplyCodec",
+    "ResponseStatus",
     "RingLayout",
     "RingMemory",
     "RingReader",
@@ -39,6 +46,7 @@ __all__ = [
     "ShmMemory",
     "ShmSegment",
     "WaitPolicy",
+    "Worker",
     "classify",
     "decode_chunk",
     "encode_chunk",
