@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from enginewire.conformance.executor_peer import ResponseStatus, dumps_reply, loads_reply
-from enginewire.conformance.reference_target import ReferenceRing, ReferenceRingWriter
-from enginewire.conformance.registry import all_checks, select
-from enginewire.conformance.runner import FAILED, PASSED, run
-from enginewire.conformance.targets import RingHandle, Target
+from enginewire.conformance.framework.outcomes import FAILED, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.peers.executor_peer import ResponseStatus, dumps_reply, loads_reply
+from enginewire.conformance.targets.contract import RingHandle, Target
+from enginewire.conformance.targets.reference import ReferenceRing, ReferenceRingWriter
 from enginewire.spec import load
 
 WORKER_CHECKS = ["ring.worker.named-method", "ring.worker.pickled-callable",
@@ -193,7 +194,7 @@ def test_an_executor_with_its_own_failure_messages_is_caught(spec: Any) -> None:
 def test_a_ring_that_turns_tuples_into_lists_is_caught(spec: Any) -> None:
     """The msgspec payload codec (enginewire peers only) carries an executor request as a
     list: the request checks of plain rings fail on it, and pass on pickle."""
-    from enginewire.conformance.reference_target import _ReferenceRingEnd, ring_handle
+    from enginewire.conformance.targets.reference import _ReferenceRingEnd, ring_handle
     from enginewire.reference.ring import Handle, MessageQueue
 
     class MsgspecRing(ReferenceRing):

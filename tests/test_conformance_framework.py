@@ -13,18 +13,9 @@ import msgspec
 import pytest
 
 from enginewire.cli import main
-from enginewire.conformance import reports
-from enginewire.conformance.expected import ExpectedFailures, ExpectedFileError
-from enginewire.conformance.reference_target import ReferenceCodec
-from enginewire.conformance.registry import (
-    Check,
-    CheckFailure,
-    Reproduction,
-    all_checks,
-    check,
-    select,
-)
-from enginewire.conformance.runner import (
+from enginewire.conformance.framework import reports
+from enginewire.conformance.framework.expected import ExpectedFailures, ExpectedFileError
+from enginewire.conformance.framework.outcomes import (
     CHANGED_FAILURE,
     EXPECTED_FAILURE,
     FAILED,
@@ -33,10 +24,19 @@ from enginewire.conformance.runner import (
     PASSED,
     UNEXPECTED_FAILURE,
     UNEXPECTED_PASS,
-    run,
-    run_check,
 )
-from enginewire.conformance.targets import Target, TargetError, load_target
+from enginewire.conformance.framework.registry import (
+    Check,
+    CheckFailure,
+    Reproduction,
+    all_checks,
+    check,
+    select,
+)
+from enginewire.conformance.framework.runner import run, run_check
+from enginewire.conformance.targets.contract import Target, TargetError
+from enginewire.conformance.targets.reference import ReferenceCodec
+from enginewire.conformance.targets.resolve import load_target
 from enginewire.spec import load
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,16 +9,17 @@ from typing import Any
 import pytest
 import zmq
 
-from enginewire.conformance.reference_target import (
+from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.targets.contract import Target
+from enginewire.conformance.targets.reference import (
     ReferenceCodec,
     ReferenceEngines,
     ReferenceFrontendClient,
     ReferenceFrontends,
     ReferenceRing,
 )
-from enginewire.conformance.registry import all_checks, select
-from enginewire.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, run
-from enginewire.conformance.targets import Target
 from enginewire.spec import load
 
 
@@ -293,7 +294,7 @@ def test_a_segment_open_to_everyone_is_caught(spec: Any) -> None:
 
 
 def test_not_applicable_is_reported_apart(spec: Any) -> None:
-    from enginewire.conformance import reports
+    from enginewire.conformance.framework import reports
 
     checks = select(all_checks(), patterns=["frontend.handshake.init-answers-hello",
                                             "frontend.handshake.second-hello"])

@@ -11,19 +11,20 @@ from typing import Any
 import pytest
 
 from enginewire.cli import main
-from enginewire.conformance.reference_target import (
+from enginewire.conformance.framework.outcomes import FAILED, NOT_IMPLEMENTED, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.targets.contract import Target
+from enginewire.conformance.targets.reference import (
     ReferenceEngines,
     ReferenceRing,
     reference_target,
 )
-from enginewire.conformance.registry import all_checks, select
-from enginewire.conformance.runner import FAILED, NOT_IMPLEMENTED, PASSED, run
-from enginewire.conformance.targets import Target
 from enginewire.spec import load
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_EXPECTED = REPO / "conformance" / "data" / "expected" / "reference.txt"
-ADAPTER = f"{sys.executable} -m enginewire.conformance.command_adapter"
+ADAPTER = f"{sys.executable} -m enginewire.conformance.targets.command_server"
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +194,7 @@ def test_plugin_turns_checks_into_items(tmp_path: Path) -> None:
 def test_plugin_runs_checks_and_reports_failures(tmp_path: Path) -> None:
     broken = tmp_path / "broken_target.py"
     broken.write_text(
-        "from enginewire.conformance.reference_target import ReferenceCodec\n"
+        "from enginewire.conformance.targets.reference import ReferenceCodec\n"
         "class Inclusive(ReferenceCodec):\n"
         "    def __init__(self, threshold=None, insecure=False):\n"
         "        super().__init__((256 if threshold is None else threshold) + 1, insecure)\n"

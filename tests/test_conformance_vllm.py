@@ -12,9 +12,10 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 from enginewire.cli import main  # noqa: E402
-from enginewire.conformance.registry import all_checks, select  # noqa: E402
-from enginewire.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, run  # noqa: E402
-from enginewire.conformance.targets import load_target  # noqa: E402
+from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, PASSED  # noqa: E402
+from enginewire.conformance.framework.registry import all_checks, select  # noqa: E402
+from enginewire.conformance.framework.runner import run  # noqa: E402
+from enginewire.conformance.targets.resolve import load_target  # noqa: E402
 from enginewire.spec import load  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

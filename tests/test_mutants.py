@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from enginewire.cli import main
-from enginewire.conformance.targets import load_target
+from enginewire.conformance.targets.resolve import load_target
 from enginewire.fuzz.explore import replay
 from enginewire.fuzz.mutants import EXPLORER, MUTANTS
 from enginewire.fuzz.mutants.matrix import BOUNDED, _Baselines, run_explorer
@@ -103,7 +103,7 @@ def test_explorer_finds_flag_order_in_a_dozen_steps_and_replays_it() -> None:
 
 def test_reference_flag_protocol_is_not_what_the_explorer_reports() -> None:
     from enginewire.fuzz.explore import RingConfig, explore
-    from enginewire.fuzz.explore.targets import ReferenceTarget
+    from enginewire.fuzz.explore.ring_targets import ReferenceTarget
 
     for mutant in (MUTANTS["flag-order"], MUTANTS["missing-fence"]):
         honest = explore(ReferenceTarget(), RingConfig(*mutant.explorer_config),

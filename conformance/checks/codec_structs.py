@@ -1,7 +1,7 @@
 """Struct layout checks, generated from ``spec/data/structs/*.toml``.
 
 For every struct the spec defines (except those that only travel inside vLLM's multimodal
-encoding, :data:`~enginewire.conformance.samples.CONTEXTUAL`) the suite registers:
+encoding, :data:`~enginewire.conformance.oracle.samples.CONTEXTUAL`) the suite registers:
 
 - ``codec.struct.<name>.layout``: a value with every field set encodes to the spec's wire form
   (array: every field in spec order; map: by name, defaults omitted when the struct omits
@@ -24,15 +24,20 @@ from typing import Any
 
 import msgspec
 
-from enginewire.conformance.registry import CheckFailure, Reproduction, check
-from enginewire.conformance.samples import CONTEXTUAL, Sampler
-from enginewire.conformance.values import default_of, neutral
-from enginewire.conformance.wire import expected_wire, raw_decode
+from enginewire.conformance.checks._helpers import (
+    decode,
+    encode,
+    expect_rejection,
+    expect_value,
+    expect_wire,
+)
+from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
+from enginewire.conformance.oracle.samples import CONTEXTUAL, Sampler
+from enginewire.conformance.oracle.values import default_of, neutral
+from enginewire.conformance.oracle.wire import expected_wire, raw_decode
 from enginewire.spec import load
 from enginewire.spec.schema import StructSpec
 from enginewire.spec.types import parse_type
-
-from ._helpers import decode, encode, expect_rejection, expect_value, expect_wire
 
 #: Structs that are a whole message payload (frame 0 of a message kind).
 PAYLOADS = (

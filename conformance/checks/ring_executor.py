@@ -4,7 +4,7 @@
   executor: it writes the broadcast ring, reads the worker's response ring, and checks every
   reply ``(status, value)`` and on which ranks one comes.
 - ``ring.executor.*`` (capability ``ring.executor``): the target is the executor; the suite plays
-  its workers (:class:`~enginewire.conformance.executor_peer.SuiteWorker`): it reads every
+  its workers (:class:`~enginewire.conformance.peers.executor_peer.SuiteWorker`): it reads every
   request ``(method, args, kwargs, output_rank)`` and answers, or fails, or stays silent.
 - ``ring.reader.executor-request-carried`` / ``ring.writer.executor-request-carried``: any ring
   carries an executor request intact (a tuple stays a tuple, bytes stay bytes).
@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from enginewire.conformance.checks._helpers import Background
-from enginewire.conformance.executor_peer import (
+from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction, check
+from enginewire.conformance.peers.executor_peer import (
     ConformanceWorker,
     ResponseStatus,
     SuiteWorker,
@@ -30,8 +31,7 @@ from enginewire.conformance.executor_peer import (
     method_bytes,
     names_response_status,
 )
-from enginewire.conformance.registry import CheckFailure, CheckSkip, Reproduction, check
-from enginewire.conformance.ring_peer import SuiteRingReader, SuiteRingWriter, pickle_buffers
+from enginewire.conformance.peers.ring_peer import SuiteRingReader, SuiteRingWriter, pickle_buffers
 
 RING_TIMEOUT = 25.0
 CHUNK = 65536

@@ -1,11 +1,19 @@
 """The mutant catalogue: deliberately broken variants of the reference, one change each.
 
 Every mutant is modelled on a real failure and cites it. ``MUTANTS`` maps a name to a
-:class:`Mutant`; calling one returns a conformance :class:`~enginewire.conformance.targets.Target`
-(so ``enginewire check --target mutant:NAME`` works), and a flag-protocol mutant also gives the
-schedule explorer a ring target (:meth:`Mutant.explorer_target`). ``enginewire mutants`` runs
-the checks that apply to each and prints which of them kill it (:mod:`.matrix`).
+:class:`Mutant`; calling one returns a conformance
+:class:`~enginewire.conformance.targets.contract.Target` (so ``enginewire check --target
+mutant:NAME`` works), and a flag-protocol mutant also gives the schedule explorer a ring target
+(:meth:`Mutant.explorer_target`). ``enginewire mutants`` runs the checks that apply to each and
+prints which of them kill it (:mod:`.matrix`).
+
+Modules: :mod:`.codec_mutants`, :mod:`.ring_mutants`, :mod:`.peer_mutants` (the broken
+surfaces), :mod:`.matrix` (the kill matrix). Importing this package registers the ``mutant``
+target provider (:func:`enginewire.conformance.targets.resolve.register_provider`).
 See ``docs/mutants.md``.
+
+This package may import ``enginewire.spec``, ``enginewire.reference``,
+``enginewire.conformance`` and the rest of ``enginewire.fuzz``, never bench or the command line.
 """
 
 from __future__ import annotations
@@ -14,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from enginewire.conformance.targets import Target
-
-from . import codec, peers, ring
+from enginewire.conformance.targets.contract import Target, TargetError
+from enginewire.conformance.targets.resolve import register_provider
+from enginewire.fuzz.mutants import codec_mutants as codec
+from enginewire.fuzz.mutants import peer_mutants as peers
+from enginewire.fuzz.mutants import ring_mutants as ring
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ class Mutant:
 
     def explorer_target(self) -> Any:
         """The explorer's ring target running this mutant's writer and reader classes."""
-        from enginewire.fuzz.explore.targets import ReferenceTarget
+        from enginewire.fuzz.explore.ring_targets import ReferenceTarget
         from enginewire.reference.ring.protocol import RingReader, RingWriter
 
         return ReferenceTarget(writer_cls=self.writer_cls or RingWriter,
@@ -155,6 +165,19 @@ _CATALOGUE = [
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _CATALOGUE}
 
 
+def mutant_target(name: str) -> Target:
+    """The conformance target of mutant ``name`` (the ``mutant:NAME`` target provider)."""
+    mutant = MUTANTS.get(name)
+    if mutant is None:
+        known = ", ".join(sorted(MUTANTS))
+        raise TargetError(f"mutant:{name}: no such mutant (known: {known})")
+    return mutant()
+
+
+# Importing the catalogue makes ``--target mutant:NAME`` resolve (the suite itself never
+# imports this layer; the ``enginewire`` command line imports this package).
+register_provider("mutant", mutant_target, "mutant:NAME (enginewire.fuzz.mutants)")
+
 
 class _ExplorerTargets:
     """Attribute NAME is the explorer ring target of flag-protocol mutant NAME, so the
@@ -170,4 +193,4 @@ class _ExplorerTargets:
 
 EXPLORER = _ExplorerTargets()
 
-__all__ = ["EXPLORER", "MUTANTS", "Mutant"]
+__all__ = ["EXPLORER", "MUTANTS", "Mutant", "mutant_target"]

@@ -11,6 +11,8 @@ Read it in this order:
 - :mod:`.queue`: ``MessageQueue``, sockets and all.
 
 The spec of all of it is ``spec/data/ring.toml`` (``enginewire spec show ring.<clause>``).
+
+This package may import ``enginewire.spec`` and the rest of ``enginewire.reference``.
 """
 
 from .framing import DecodedChunk, decode_chunk, encode_chunk, framed_size, needs_overflow
