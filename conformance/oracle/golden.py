@@ -48,7 +48,7 @@ from enginewire.conformance.oracle.values import (
 from enginewire.spec import load
 
 FORMAT = "enginewire-golden/1"
-GOLDEN_DIR = Path(__file__).parent / "data" / "golden"
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "data" / "golden"
 
 
 @dataclass(frozen=True)
