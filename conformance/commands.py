@@ -71,6 +71,12 @@ def main(args: argparse.Namespace) -> int:
     from enginewire.conformance.targets.resolve import load_target
     from enginewire.spec import load
 
+    dotted = [pattern for pattern in args.select if "." in pattern]
+    if dotted:
+        print(f"enginewire check: -k {dotted[0]!r} can match no check: check IDs separate "
+              f"their parts with '/' (try {dotted[0].replace('.', '/')!r}); dots are for "
+              "clause IDs", file=sys.stderr)
+        return 2
     spec = load()
     checks = select(all_checks(), surfaces=args.surface, patterns=args.select)
 

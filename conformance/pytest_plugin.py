@@ -5,7 +5,7 @@ Registered through the ``pytest11`` entry point ``enginewire``. Without
 unaffected. With it, every check becomes an item whose node ID carries the check ID and its
 primary clause (``-k`` selects on both)::
 
-    enginewire-conformance::codec::codec.tensor.inline-threshold-exact[tensors.tensor-inline-below-threshold]
+    enginewire-conformance::codec::codec/tensor/inline-threshold-exact[tensors.tensor-inline-below-threshold]
 
 Options:
 

@@ -15,8 +15,8 @@ from enginewire.conformance.targets.reference import ReferenceRing
 from enginewire.reference.ring import protocol
 from enginewire.spec import load
 
-CLAIM_FENCE = "ring.memory.fence-after-claim"
-OWN_FLAG_FIRST = "ring.memory.reader-loads-own-flag-first"
+CLAIM_FENCE = "ring/memory/fence-after-claim"
+OWN_FLAG_FIRST = "ring/memory/reader-loads-own-flag-first"
 
 
 def _status(check_id: str) -> Any:

@@ -79,13 +79,13 @@ def test_explorer_alone_kills_the_ordering_mutants(matrix: dict[str, Any]) -> No
 
 def test_codec_mutants_are_killed_by_the_checks_made_for_them(matrix: dict[str, Any]) -> None:
     kills = {row["name"]: row["columns"] for row in matrix["mutants"]}
-    assert "codec.tensor.inline-threshold-exact" in \
+    assert "codec/tensor/inline-threshold-exact" in \
         kills["inline-threshold-inclusive"]["conformance"]["kills"]
-    assert "codec.tensor.index-negative-rejected" in \
+    assert "codec/tensor/index-negative-rejected" in \
         kills["negative-buffer-index"]["conformance"]["kills"]
     assert any("untyped-error" in k for k in kills["untyped-decode-errors"]["fuzz"]["kills"])
-    assert "engine.identity.rank-258" in kills["identity-big-endian"]["conformance"]["kills"]
-    assert "engine.serve.many-requests-intact" in \
+    assert "engine/identity/rank-258" in kills["identity-big-endian"]["conformance"]["kills"]
+    assert "engine/serve/many-requests-intact" in \
         kills["frame-buffer-reused"]["conformance"]["kills"]
 
 
@@ -115,7 +115,7 @@ def test_reference_flag_protocol_is_not_what_the_explorer_reports() -> None:
 
 def test_check_command_fails_a_codec_mutant(capsys: Any) -> None:
     status = main(["check", "--target", "mutant:negative-buffer-index",
-                   "-k", "codec.tensor.index-negative-rejected", "--no-progress"])
+                   "-k", "codec/tensor/index-negative-rejected", "--no-progress"])
     assert status == 1
     assert "index-negative-rejected" in capsys.readouterr().out
     target = load_target("mutant:negative-buffer-index")

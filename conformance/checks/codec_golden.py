@@ -77,9 +77,9 @@ def _configured(codec: Any, ctx: Any, threshold: int) -> Any:
 
 def _register(vector: Any, spec: Any) -> None:
     clauses = _clauses(spec, vector.kind, vector.value)
-    base = f"codec.golden.{vector.name.replace('_', '-').lower()}"
+    base = f"codec/golden/{vector.name.replace('_', '-').lower()}"
 
-    @check(f"{base}.encode", clauses=clauses, surface="codec",
+    @check(f"{base}/encode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (encode, byte-exact)")
     def _encode(codec: Any, ctx: Any) -> None:
         configured = _configured(codec, ctx, vector.threshold)
@@ -106,7 +106,7 @@ def _register(vector: Any, spec: Any) -> None:
                              notes={"problems": problems, "threshold": vector.threshold}),
             )
 
-    @check(f"{base}.decode", clauses=clauses, surface="codec",
+    @check(f"{base}/decode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (decode)")
     def _decode(codec: Any, ctx: Any) -> None:
         try:
@@ -158,7 +158,7 @@ def _register_all() -> None:
         reason = "conformance/data/golden/ holds no vectors"
     if not vectors:
 
-        @check("codec.golden.vectors-present", clauses=["frames.payload-msgpack-first"],
+        @check("codec/golden/vectors-present", clauses=["frames.payload-msgpack-first"],
                surface="codec", description="golden vectors are installed")
         def _absent(codec: Any, ctx: Any) -> None:
             raise CheckSkip(reason)

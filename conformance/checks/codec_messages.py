@@ -155,7 +155,7 @@ def _register_threshold_checks() -> None:
                                        Reproduction(received=frames))
 
             check(
-                f"codec.{family}.inline-threshold-{label}",
+                f"codec/{family}/inline-threshold-{label}",
                 clauses=[clause],
                 surface="codec",
                 description=f"a {family} of threshold{delta:+d} bytes goes "
@@ -175,7 +175,7 @@ def _register_threshold_checks() -> None:
                                   threshold=_t, rule="inline iff nbytes < threshold")
 
             check(
-                f"codec.{family}.threshold-{label}",
+                f"codec/{family}/threshold-{label}",
                 clauses=[clause, "tensors.threshold-configurable"],
                 surface="codec",
                 requires=["codec.threshold"],
@@ -187,7 +187,7 @@ def _register_threshold_checks() -> None:
 _register_threshold_checks()
 
 
-@check("codec.tensor.zero-dim-by-size", clauses=["tensors.tensor-inline-below-threshold"],
+@check("codec/tensor/zero-dim-by-size", clauses=["tensors.tensor-inline-below-threshold"],
        surface="codec", requires=["codec.threshold"])
 def _tensor_zero_dim(codec: Any, ctx: Any) -> None:
     """A 0-d tensor follows the size rule: 8 bytes with threshold 4 go out of band."""
@@ -199,7 +199,7 @@ def _tensor_zero_dim(codec: Any, ctx: Any) -> None:
                       threshold=4, rule="0-d tensors are placed by size")
 
 
-@check("codec.ndarray.zero-dim-always-inline", clauses=["tensors.ndarray-inline-below-threshold"],
+@check("codec/ndarray/zero-dim-always-inline", clauses=["tensors.ndarray-inline-below-threshold"],
        surface="codec", requires=["codec.threshold"])
 def _ndarray_zero_dim(codec: Any, ctx: Any) -> None:
     """A 0-d ndarray goes inline whatever the threshold (8 bytes with threshold 1)."""
@@ -211,7 +211,7 @@ def _ndarray_zero_dim(codec: Any, ctx: Any) -> None:
                       threshold=1, rule="a 0-d ndarray is always inline")
 
 
-@check("codec.tensor.non-cpu-out-of-band", clauses=["tensors.non-cpu-out-of-band"],
+@check("codec/tensor/non-cpu-out-of-band", clauses=["tensors.non-cpu-out-of-band"],
        surface="codec")
 def _non_cpu(codec: Any, ctx: Any) -> None:
     """A tensor on an accelerator goes out of band whatever its size, as CPU bytes."""
@@ -228,7 +228,7 @@ def _non_cpu(codec: Any, ctx: Any) -> None:
 # --- the tuple and its parts ---------------------------------------------------------------
 
 
-@check("codec.tensor.tuple-layout", clauses=["tensors.tuple-layout", "structs.tensor-fields"],
+@check("codec/tensor/tuple-layout", clauses=["tensors.tuple-layout", "structs.tensor-fields"],
        surface="codec")
 def _tuple_layout(codec: Any, ctx: Any) -> None:
     """A tensor field travels as [dtype, shape, data]: three elements in that order."""
@@ -245,7 +245,7 @@ def _tuple_layout(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("codec.tensor.type-from-schema", clauses=["tensors.type-from-schema"], surface="codec")
+@check("codec/tensor/type-from-schema", clauses=["tensors.type-from-schema"], surface="codec")
 def _type_from_schema(codec: Any, ctx: Any) -> None:
     """A tensor field decodes to a tensor, an ndarray field to an array, an untyped one stays
     a plain [dtype, shape, bytes] array."""
@@ -311,7 +311,7 @@ def _register_dtype_checks() -> None:
                 raise CheckFailure(f"torch.{_name} round trip gave {decoded!r}",
                                    Reproduction(received=frames))
 
-        check(f"codec.tensor.dtype.{name}", clauses=["tensors.torch-dtype-name"],
+        check(f"codec/tensor/dtype/{name}", clauses=["tensors.torch-dtype-name"],
               surface="codec", description=f"a torch.{name} tensor travels as dtype "
               f"{name!r} and decodes to the same bytes")(run)
 
@@ -337,7 +337,7 @@ def _register_dtype_checks() -> None:
                                    Reproduction(received=frames))
 
         slug = text.replace("<", "le-").replace(">", "be-").replace("|", "")
-        check(f"codec.ndarray.dtype.{slug}", clauses=["tensors.numpy-dtype-str"],
+        check(f"codec/ndarray/dtype/{slug}", clauses=["tensors.numpy-dtype-str"],
               surface="codec", description=f"an ndarray of {text} travels as dtype "
               f"{text!r} and decodes to the same bytes")(run_np)
 
@@ -354,66 +354,66 @@ _FOUR_FLOATS = bytes(16)
 
 _MALFORMED: list[tuple[str, list[str], str, Any, tuple, str]] = [
     # id suffix, clauses, description, tuple, oob frames, field
-    ("tensor.dtype-alias-rejected", ["tensors.torch-dtype-name"],
+    ("tensor/dtype-alias-rejected", ["tensors.torch-dtype-name"],
      "the torch alias 'half' as dtype", ["half", [2], Ext(RAW_VIEW, bytes(4))], (),
      "pooling_output"),
-    ("tensor.dtype-prefixed-rejected", ["tensors.torch-dtype-name"],
+    ("tensor/dtype-prefixed-rejected", ["tensors.torch-dtype-name"],
      "the dtype 'torch.float32' (prefixed)",
      ["torch.float32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
-    ("tensor.dtype-unknown-rejected", ["tensors.torch-dtype-name"],
+    ("tensor/dtype-unknown-rejected", ["tensors.torch-dtype-name"],
      "an unknown dtype name (float33)", ["float33", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (),
      "pooling_output"),
-    ("ndarray.dtype-spelling-rejected", ["tensors.numpy-dtype-str"],
+    ("ndarray/dtype-spelling-rejected", ["tensors.numpy-dtype-str"],
      "the dtype spelling 'int32' (not a dtype.str)",
      ["int32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "routed_experts"),
-    ("ndarray.dtype-object-rejected", ["tensors.numpy-dtype-str", "tensors.no-object-arrays"],
+    ("ndarray/dtype-object-rejected", ["tensors.numpy-dtype-str", "tensors.no-object-arrays"],
      "the object dtype '|O'", ["|O", [2], Ext(RAW_VIEW, bytes(16))], (),
      "routed_experts"),
-    ("tensor.shape-negative-rejected", ["tensors.shape-non-negative"],
+    ("tensor/shape-negative-rejected", ["tensors.shape-non-negative"],
      "a shape of [-1]", ["float32", [-1], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
-    ("tensor.shape-bool-rejected", ["tensors.shape-non-negative"],
+    ("tensor/shape-bool-rejected", ["tensors.shape-non-negative"],
      "a shape of [true]", ["uint8", [True], Ext(RAW_VIEW, b"\x01")], (), "pooling_output"),
-    ("tensor.shape-float-rejected", ["tensors.shape-non-negative"],
+    ("tensor/shape-float-rejected", ["tensors.shape-non-negative"],
      "a shape of [4.0]", ["float32", [4.0], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
-    ("tensor.shape-not-array-rejected", ["tensors.shape-non-negative"],
+    ("tensor/shape-not-array-rejected", ["tensors.shape-non-negative"],
      "a shape that is an int", ["float32", 4, Ext(RAW_VIEW, _FOUR_FLOATS)], (),
      "pooling_output"),
-    ("tensor.bytes-short-rejected", ["tensors.byte-length-matches-shape"],
+    ("tensor/bytes-short-rejected", ["tensors.byte-length-matches-shape"],
      "12 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(12))], (), "pooling_output"),
-    ("tensor.bytes-long-rejected", ["tensors.byte-length-matches-shape"],
+    ("tensor/bytes-long-rejected", ["tensors.byte-length-matches-shape"],
      "20 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(20))], (), "pooling_output"),
-    ("ndarray.bytes-short-rejected", ["tensors.byte-length-matches-shape"],
+    ("ndarray/bytes-short-rejected", ["tensors.byte-length-matches-shape"],
      "12 bytes for 2 <i8", ["<i8", [2], Ext(RAW_VIEW, bytes(12))], (), "routed_experts"),
-    ("tensor.bytes-oob-short-rejected", ["tensors.byte-length-matches-shape"],
+    ("tensor/bytes-oob-short-rejected", ["tensors.byte-length-matches-shape"],
      "an out-of-band frame of 12 bytes for 4 float32", ["float32", [4], 1], (bytes(12),),
      "pooling_output"),
-    ("tensor.data-bin-rejected", ["tensors.data-form"],
+    ("tensor/data-bin-rejected", ["tensors.data-form"],
      "data as msgpack bin instead of Ext 3", ["float32", [4], _FOUR_FLOATS], (),
      "pooling_output"),
-    ("tensor.data-bool-rejected", ["tensors.data-form"],
+    ("tensor/data-bool-rejected", ["tensors.data-form"],
      "data true (not an index)", ["float32", [4], True], (_FOUR_FLOATS,), "pooling_output"),
-    ("tensor.data-str-rejected", ["tensors.data-form"],
+    ("tensor/data-str-rejected", ["tensors.data-form"],
      "data as a string", ["float32", [4], "abcdabcdabcdabcd"], (), "pooling_output"),
-    ("tensor.data-float-rejected", ["tensors.data-form"],
+    ("tensor/data-float-rejected", ["tensors.data-form"],
      "data as a float", ["float32", [4], 1.0], (_FOUR_FLOATS,), "pooling_output"),
-    ("tensor.tuple-short-rejected", ["tensors.tuple-layout"],
+    ("tensor/tuple-short-rejected", ["tensors.tuple-layout"],
      "a two-element tuple", ["float32", [4]], (), "pooling_output"),
-    ("tensor.tuple-long-rejected", ["tensors.tuple-layout"],
+    ("tensor/tuple-long-rejected", ["tensors.tuple-layout"],
      "a four-element tuple", ["float32", [4], Ext(RAW_VIEW, _FOUR_FLOATS), 0], (),
      "pooling_output"),
-    ("tensor.index-negative-rejected", ["tensors.index-in-range"],
+    ("tensor/index-negative-rejected", ["tensors.index-in-range"],
      "index -1", ["float32", [4], -1], (_FOUR_FLOATS,), "pooling_output"),
-    ("tensor.index-past-end-rejected", ["tensors.index-in-range", "frames.oob-count-matches"],
+    ("tensor/index-past-end-rejected", ["tensors.index-in-range", "frames.oob-count-matches"],
      "index 2 with one out-of-band frame", ["float32", [4], 2], (_FOUR_FLOATS,),
      "pooling_output"),
-    ("tensor.index-missing-frame-rejected", ["frames.oob-count-matches",
+    ("tensor/index-missing-frame-rejected", ["frames.oob-count-matches",
                                              "tensors.index-in-range"],
      "index 1 with no out-of-band frame", ["float32", [4], 1], (), "pooling_output"),
-    ("tensor.ipc-handle-rejected", ["tensors.ipc-handle-needs-side-channel"],
+    ("tensor/ipc-handle-rejected", ["tensors.ipc-handle-needs-side-channel"],
      "an IPC handle map without a side channel",
      ["float32", [4], {"sender_id": "s", "message_id": 1, "tensor_id": 0}], (),
      "pooling_output"),
-    ("ext.pickle-rejected", ["tensors.ext-pickle-opt-in"],
+    ("ext/pickle-rejected", ["tensors.ext-pickle-opt-in"],
      "Ext 1 (pickle) without the opt-in", ["float32", [1], Ext(1, pickle.dumps(4))], (),
      "pooling_output"),
 ]
@@ -427,14 +427,14 @@ def _register_malformed() -> None:
             frames = _bad_tensor(ctx, _entry, list(_oob), _field)
             expect_rejection(codec, OUTPUT, frames, _clauses, f"{_field} with {_what}")
 
-        check(f"codec.{suffix}", clauses=clauses, surface="codec",
+        check(f"codec/{suffix}", clauses=clauses, surface="codec",
               description=f"a decoder rejects {what}")(run)
 
 
 _register_malformed()
 
 
-@check("codec.tensor.index-zero-rejected", clauses=["tensors.index-in-range"], surface="codec")
+@check("codec/tensor/index-zero-rejected", clauses=["tensors.index-in-range"], surface="codec")
 def _index_zero(codec: Any, ctx: Any) -> None:
     """Index 0 (the msgpack frame itself) is rejected, even when its length fits the shape."""
     length = 64
@@ -447,7 +447,7 @@ def _index_zero(codec: Any, ctx: Any) -> None:
                      f"pooling_output with index 0 and shape [{length}] (frame 0's length)")
 
 
-@check("codec.tensor.index-shared-rejected", clauses=["tensors.index-used-once"],
+@check("codec/tensor/index-shared-rejected", clauses=["tensors.index-used-once"],
        surface="codec")
 def _index_shared(codec: Any, ctx: Any) -> None:
     """Two values naming the same out-of-band frame are rejected."""
@@ -459,7 +459,7 @@ def _index_shared(codec: Any, ctx: Any) -> None:
                      "two tensors naming out-of-band frame 1")
 
 
-@check("codec.tensor.unreferenced-frame-rejected", clauses=["frames.oob-count-matches"],
+@check("codec/tensor/unreferenced-frame-rejected", clauses=["frames.oob-count-matches"],
        surface="codec")
 def _unreferenced_frame(codec: Any, ctx: Any) -> None:
     """A payload with an out-of-band frame nothing refers to is rejected."""
@@ -468,7 +468,7 @@ def _unreferenced_frame(codec: Any, ctx: Any) -> None:
                      "an out-of-band frame no value names")
 
 
-@check("codec.ext.unknown-code-rejected", clauses=["tensors.ext-codes-known"], surface="codec")
+@check("codec/ext/unknown-code-rejected", clauses=["tensors.ext-codes-known"], surface="codec")
 def _unknown_ext(codec: Any, ctx: Any) -> None:
     """An extension type other than 1, 2 and 3 is rejected (in an untyped position)."""
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
@@ -477,7 +477,7 @@ def _unknown_ext(codec: Any, ctx: Any) -> None:
                      "Ext 9 in kv_transfer_params")
 
 
-@check("codec.ext.pickle-in-any-rejected", clauses=["tensors.ext-pickle-opt-in"],
+@check("codec/ext/pickle-in-any-rejected", clauses=["tensors.ext-pickle-opt-in"],
        surface="codec")
 def _pickle_any(codec: Any, ctx: Any) -> None:
     """Ext 1 (pickle) and Ext 2 (cloudpickle) in an untyped field are rejected without opt-in."""
@@ -488,7 +488,7 @@ def _pickle_any(codec: Any, ctx: Any) -> None:
                          "tensors.ext-pickle-opt-in", f"Ext {code} in kv_transfer_params")
 
 
-@check("codec.ext.insecure-function-cloudpickle", clauses=["tensors.insecure-function-cloudpickle"],
+@check("codec/ext/insecure-function-cloudpickle", clauses=["tensors.insecure-function-cloudpickle"],
        surface="codec", requires=["codec.insecure"])
 def _insecure_encoding(codec: Any, ctx: Any) -> None:
     """With the opt-in, a function goes as Ext 2 and another object as Ext 1 (pickle)."""
@@ -516,7 +516,7 @@ def _insecure_encoding(codec: Any, ctx: Any) -> None:
 # --- tensors: encoder duties ---------------------------------------------------------------
 
 
-@check("codec.tensor.non-contiguous-c-order", clauses=["tensors.c-order-bytes"], surface="codec")
+@check("codec/tensor/non-contiguous-c-order", clauses=["tensors.c-order-bytes"], surface="codec")
 def _non_contiguous(codec: Any, ctx: Any) -> None:
     """A transposed (non-contiguous) tensor travels as its elements in C order."""
     import torch
@@ -535,7 +535,7 @@ def _non_contiguous(codec: Any, ctx: Any) -> None:
             Reproduction(received=frames))
 
 
-@check("codec.ndarray.non-contiguous-c-order", clauses=["tensors.c-order-bytes"],
+@check("codec/ndarray/non-contiguous-c-order", clauses=["tensors.c-order-bytes"],
        surface="codec")
 def _non_contiguous_array(codec: Any, ctx: Any) -> None:
     """A transposed ndarray travels as its elements in C order."""
@@ -551,7 +551,7 @@ def _non_contiguous_array(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("codec.tensor.empty", clauses=["tensors.empty"], surface="codec")
+@check("codec/tensor/empty", clauses=["tensors.empty"], surface="codec")
 def _empty(codec: Any, ctx: Any) -> None:
     """A tensor with a zero in its shape carries no bytes and decodes to the empty tensor."""
     import torch
@@ -571,7 +571,7 @@ def _empty(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("codec.tensor.decoder-accepts-large-inline", clauses=["tensors.decoder-accepts-both-forms"],
+@check("codec/tensor/decoder-accepts-large-inline", clauses=["tensors.decoder-accepts-both-forms"],
        surface="codec")
 def _large_inline(codec: Any, ctx: Any) -> None:
     """A decoder takes 4 KiB of tensor data sent inline (a peer with a higher threshold)."""
@@ -582,7 +582,7 @@ def _large_inline(codec: Any, ctx: Any) -> None:
         raise CheckFailure(f"decoded {decoded!r}", Reproduction(sent=frames))
 
 
-@check("codec.tensor.decoder-accepts-small-out-of-band",
+@check("codec/tensor/decoder-accepts-small-out-of-band",
        clauses=["tensors.decoder-accepts-both-forms"], surface="codec")
 def _small_oob(codec: Any, ctx: Any) -> None:
     """A decoder takes 4 bytes of tensor data sent out of band (a peer with a lower threshold)."""
@@ -599,7 +599,7 @@ def _feature(data: Any) -> dict[str, Any]:
             "mm_position": {"offset": 0, "length": 1, "is_embed": None}, "mm_hash": None}
 
 
-@check("codec.tensor.nested-tensors", clauses=["tensors.nested-tensors"], surface="codec")
+@check("codec/tensor/nested-tensors", clauses=["tensors.nested-tensors"], surface="codec")
 def _nested_tensors(codec: Any, ctx: Any) -> None:
     """A multimodal field's data [small, [big, 2, 0.5], []] travels as a tensor tuple inline,
     an array holding a tuple out of band and two numbers, and an empty array; it decodes with
@@ -627,7 +627,7 @@ def _nested_tensors(codec: Any, ctx: Any) -> None:
                          ["tensors.nested-tensors", GENERAL], f"nested tensors {bad!r}")
 
 
-@check("codec.tensor.index-order", clauses=["tensors.index-base-one",
+@check("codec/tensor/index-order", clauses=["tensors.index-base-one",
                                             "frames.payload-msgpack-first"], surface="codec")
 def _index_order(codec: Any, ctx: Any) -> None:
     """Out-of-band values are numbered 1, 2, 3 in the order they are written."""
@@ -645,7 +645,7 @@ def _index_order(codec: Any, ctx: Any) -> None:
                 what="three out-of-band tensors")
 
 
-@check("codec.tensor.round-trip-request-embeds", clauses=["structs.tensor-fields",
+@check("codec/tensor/round-trip-request-embeds", clauses=["structs.tensor-fields",
                                                           "frames.payload-msgpack-first"],
        surface="codec")
 def _prompt_embeds(codec: Any, ctx: Any) -> None:
@@ -660,7 +660,7 @@ def _prompt_embeds(codec: Any, ctx: Any) -> None:
                  sent=frames, fields=["request_id", "prompt_embeds", "prompt_token_ids"])
 
 
-@check("codec.ndarray.object-refused", clauses=["tensors.no-object-arrays",
+@check("codec/ndarray/object-refused", clauses=["tensors.no-object-arrays",
                                                 "structs.no-implicit-pickle"], surface="codec")
 def _object_array(codec: Any, ctx: Any) -> None:
     """An encoder refuses an object ndarray (it is not wire data)."""
@@ -682,7 +682,7 @@ def _expect_encode_refused(codec: Any, kind: str, value: Any, what: str) -> None
 # --- structs beyond layout -----------------------------------------------------------------
 
 
-@check("codec.struct.private-fields-travel", clauses=["structs.map.private-fields-travel"],
+@check("codec/struct/private-fields-travel", clauses=["structs.map.private-fields-travel"],
        surface="codec")
 def _private_fields(codec: Any, ctx: Any) -> None:
     """SamplingParams._all_stop_token_ids is written and read like any field."""
@@ -698,7 +698,7 @@ def _private_fields(codec: Any, ctx: Any) -> None:
         raise CheckFailure(f"_all_stop_token_ids decoded as {got!r}", Reproduction(sent=frames))
 
 
-@check("codec.struct.declared-fields-only", clauses=["structs.map.declared-fields-only"],
+@check("codec/struct/declared-fields-only", clauses=["structs.map.declared-fields-only"],
        surface="codec")
 def _declared_only(codec: Any, ctx: Any) -> None:
     """Only declared fields of SamplingParams and StructuredOutputsParams reach the wire."""
@@ -715,7 +715,7 @@ def _declared_only(codec: Any, ctx: Any) -> None:
         raise CheckFailure("; ".join(problems))
 
 
-@check("codec.enum.value-on-wire", clauses=["structs.enum.value"], surface="codec")
+@check("codec/enum/value-on-wire", clauses=["structs.enum.value"], surface="codec")
 def _enum_value(codec: Any, ctx: Any) -> None:
     """finish_reason LENGTH travels as the int 1, an event type as its int."""
     value = _output(finish_reason=1, events=[{"type": 3, "timestamp": 2.5}])
@@ -726,7 +726,7 @@ def _enum_value(codec: Any, ctx: Any) -> None:
                  fields=["finish_reason", "events"])
 
 
-@check("codec.enum.unknown-value-rejected", clauses=["structs.enum.value"], surface="codec")
+@check("codec/enum/unknown-value-rejected", clauses=["structs.enum.value"], surface="codec")
 def _enum_unknown(codec: Any, ctx: Any) -> None:
     """A finish_reason that is not a member (9) is rejected."""
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
@@ -735,7 +735,7 @@ def _enum_unknown(codec: Any, ctx: Any) -> None:
                      ["structs.enum.value", GENERAL], "finish_reason 9")
 
 
-@check("codec.enum.name-rejected", clauses=["structs.enum.value"], surface="codec")
+@check("codec/enum/name-rejected", clauses=["structs.enum.value"], surface="codec")
 def _enum_name(codec: Any, ctx: Any) -> None:
     """A finish_reason sent by name ("LENGTH") is rejected. A str where the array-encoded
     EngineCoreOutput has an int field also breaks structs.array.type-checked."""
@@ -746,7 +746,7 @@ def _enum_name(codec: Any, ctx: Any) -> None:
                      "finish_reason 'LENGTH'")
 
 
-@check("codec.dict.int-keys", clauses=["structs.enum.dict-keys"], surface="codec")
+@check("codec/dict/int-keys", clauses=["structs.enum.dict-keys"], surface="codec")
 def _int_keys(codec: Any, ctx: Any) -> None:
     """SamplingParams.logit_bias keys travel as msgpack ints, never strings."""
     value = {"logit_bias": {5: 0.5, 70000: -1.0}}
@@ -761,7 +761,7 @@ def _int_keys(codec: Any, ctx: Any) -> None:
         raise CheckFailure("logit_bias did not round trip", Reproduction(sent=frames))
 
 
-@check("codec.dict.enum-keys", clauses=["structs.enum.dict-keys"], surface="codec")
+@check("codec/dict/enum-keys", clauses=["structs.enum.dict-keys"], surface="codec")
 def _enum_keys(codec: Any, ctx: Any) -> None:
     """PrefixCacheStats.hits_by_source keys travel as the enum's values ("device")."""
     value = {"hits_by_source": {"device": 3, "disk": 1}}
@@ -773,7 +773,7 @@ def _enum_keys(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("codec.set.array", clauses=["structs.set.array"], surface="codec")
+@check("codec/set/array", clauses=["structs.set.array"], surface="codec")
 def _set_array(codec: Any, ctx: Any) -> None:
     """finished_requests (a set) travels as an array and decodes to the same set."""
     value = {"finished_requests": {"a", "b", "c"}, "timestamp": 1.5}
@@ -785,7 +785,7 @@ def _set_array(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("codec.set.duplicates-collapse", clauses=["structs.set.array"], surface="codec")
+@check("codec/set/duplicates-collapse", clauses=["structs.set.array"], surface="codec")
 def _set_duplicates(codec: Any, ctx: Any) -> None:
     """A set arriving with a repeated element decodes to one element."""
     wire = list(expected_wire({"timestamp": 1.5}, "EngineCoreOutputs", ctx.spec).value)
@@ -797,7 +797,7 @@ def _set_duplicates(codec: Any, ctx: Any) -> None:
         raise CheckFailure(f"expected {{'a', 'b'}}, got {got!r}", Reproduction(sent=frames))
 
 
-@check("codec.float.float64-on-wire", clauses=["structs.float.float64"], surface="codec")
+@check("codec/float/float64-on-wire", clauses=["structs.float.float64"], surface="codec")
 def _float64(codec: Any, ctx: Any) -> None:
     """A float field (arrival_time 0.5) is written as msgpack float64 (0xcb)."""
     frames = encode(codec, "EngineCoreRequest", minimal_request(arrival_time=0.5))
@@ -806,7 +806,7 @@ def _float64(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("codec.float.accepts-float32-and-int", clauses=["structs.float.float64"],
+@check("codec/float/accepts-float32-and-int", clauses=["structs.float.float64"],
        surface="codec")
 def _float_forms(codec: Any, ctx: Any) -> None:
     """A decoder takes float32 (0xca) and an integer for a float field."""
@@ -825,7 +825,7 @@ def _float_forms(codec: Any, ctx: Any) -> None:
                                Reproduction(sent=[frame]))
 
 
-@check("codec.none.nil", clauses=["structs.none.nil"], surface="codec")
+@check("codec/none/nil", clauses=["structs.none.nil"], surface="codec")
 def _nil(codec: Any, ctx: Any) -> None:
     """A None field travels as nil; nil for a non-nullable field (request_id) is rejected."""
     frames = encode(codec, "EngineCoreRequest", minimal_request())
@@ -840,7 +840,7 @@ def _nil(codec: Any, ctx: Any) -> None:
                      "request_id nil")
 
 
-@check("codec.utility-result.pair", clauses=["structs.utility-result.pair",
+@check("codec/utility-result/pair", clauses=["structs.utility-result.pair",
                                              "frames.utility-reply"], surface="codec")
 def _utility_pair(codec: Any, ctx: Any) -> None:
     """A utility result travels as [null, value] inside UtilityOutput."""
@@ -858,7 +858,7 @@ def _utility_pair(codec: Any, ctx: Any) -> None:
         raise CheckFailure(f"utility_output decoded as {out!r}", Reproduction(sent=frames))
 
 
-@check("codec.utility-result.type-info-rejected",
+@check("codec/utility-result/type-info-rejected",
        clauses=["structs.utility-result.type-info-insecure-only"], surface="codec")
 def _utility_type_info(codec: Any, ctx: Any) -> None:
     """A UtilityResult whose type_info is not nil is rejected without the opt-in."""
@@ -870,7 +870,7 @@ def _utility_type_info(codec: Any, ctx: Any) -> None:
                      "type_info ['builtins', 'int']")
 
 
-@check("codec.no-implicit-pickle", clauses=["structs.no-implicit-pickle"], surface="codec")
+@check("codec/no-implicit-pickle", clauses=["structs.no-implicit-pickle"], surface="codec")
 def _no_pickle(codec: Any, ctx: Any) -> None:
     """An encoder fails on a value the spec does not describe (a Fraction in utility args)."""
     _expect_encode_refused(codec, "utility", [0, 1, "m", [fractions.Fraction(1, 3)]],
@@ -891,7 +891,7 @@ def _mm_request(spec: Any, factory: str, kwargs: dict[str, Any]) -> list[bytes]:
     return [b"\x00", msgspec.msgpack.encode(wire)]
 
 
-@check("codec.mm.item-map", clauses=["structs.mm-item.map"], surface="codec")
+@check("codec/mm/item-map", clauses=["structs.mm-item.map"], surface="codec")
 def _mm_item(codec: Any, ctx: Any) -> None:
     """An ADD with one multimodal item ({data, field: ['batched', kwargs]}) decodes."""
     frames = _mm_request(ctx.spec, "batched", {"keep_on_cpu": False})
@@ -902,7 +902,7 @@ def _mm_item(codec: Any, ctx: Any) -> None:
                            Reproduction(sent=frames))
 
 
-@check("codec.mm.unknown-factory-rejected", clauses=["structs.mm-item.known-factories-only"],
+@check("codec/mm/unknown-factory-rejected", clauses=["structs.mm-item.known-factories-only"],
        surface="codec")
 def _mm_factory(codec: Any, ctx: Any) -> None:
     """A multimodal field naming a factory other than batched, flat, shared is rejected."""
@@ -912,7 +912,7 @@ def _mm_factory(codec: Any, ctx: Any) -> None:
                      "factory 'flat_from_sizes'")
 
 
-@check("codec.mm.slice-triple", clauses=["structs.slice.triple"], surface="codec")
+@check("codec/mm/slice-triple", clauses=["structs.slice.triple"], surface="codec")
 def _slices(codec: Any, ctx: Any) -> None:
     """A flat multimodal field's slices travel as [start, stop, step] triples and decode."""
     frames = _mm_request(ctx.spec, "flat", {"keep_on_cpu": False, "slices": [[0, 2, None]],
@@ -1035,7 +1035,7 @@ def _register_message_checks() -> None:
                                    Reproduction(received=frames, notes={"value": value,
                                                                         "problems": problems}))
 
-        check(f"codec.message.{slug}.frames", clauses=clauses, surface="codec",
+        check(f"codec/message/{slug}/frames", clauses=clauses, surface="codec",
               description=f"{kind} encodes to the frames the spec lists")(run)
 
         if MESSAGE_SAMPLES.get(kind, 0) is None:
@@ -1050,14 +1050,14 @@ def _register_message_checks() -> None:
             expect_value(decoded, value, payload, ctx.spec, what=f"{_kind} round trip",
                          sent=frames)
 
-        check(f"codec.message.{slug}.round-trip", clauses=[clauses[0]], surface="codec",
+        check(f"codec/message/{slug}/round-trip", clauses=[clauses[0]], surface="codec",
               description=f"{kind} decodes back to the value it was encoded from")(run_trip)
 
 
 _register_message_checks()
 
 
-@check("codec.message.untyped-payload-no-oob", clauses=["frames.untyped-payload-no-oob"],
+@check("codec/message/untyped-payload-no-oob", clauses=["frames.untyped-payload-no-oob"],
        surface="codec")
 def _untyped_oob(codec: Any, ctx: Any) -> None:
     """A utility call whose args hold a large tensor is refused, not sent with a buffer."""
@@ -1071,7 +1071,7 @@ def _untyped_oob(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("codec.message.control-no-extensions", clauses=["frames.plain-msgpack-control"],
+@check("codec/message/control-no-extensions", clauses=["frames.plain-msgpack-control"],
        surface="codec")
 def _control_plain(codec: Any, ctx: Any) -> None:
     """Handshake messages and the ready response are one frame of plain msgpack."""
@@ -1161,14 +1161,14 @@ def _register_bad_input() -> None:
             frames = [bytes(f) for f in _make(_payload_of(codec, _kind, ctx.spec))]
             expect_rejection(codec, _kind, frames, _clauses, f"{_kind}: {_what}")
 
-        check(f"codec.reject.{suffix}", clauses=clauses, surface="codec",
+        check(f"codec/reject/{suffix}", clauses=clauses, surface="codec",
               description=f"decoding {kind} rejects {what}")(run)
 
 
 _register_bad_input()
 
 
-@check("codec.spec.array-structs-append-only", clauses=["structs.array.append-only"],
+@check("codec/spec/array-structs-append-only", clauses=["structs.array.append-only"],
        surface="codec")
 def _append_only(codec: Any, ctx: Any) -> None:
     """(Spec structure, any target) Every array-encoded struct only ever grew at its end:

@@ -81,7 +81,7 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
 # --- handshake -----------------------------------------------------------------------------
 
 
-@check("engine.handshake.hello-first", clauses=["handshake.hello-first", "handshake.message-keys",
+@check("engine/handshake/hello-first", clauses=["handshake.hello-first", "handshake.message-keys",
                                                 "frames.routed-identity-first"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _hello(engine: Any, ctx: Any) -> None:
@@ -114,7 +114,7 @@ def _identity_check(engine: Any, ctx: Any, rank: int) -> None:
                            Reproduction(received=frames))
 
 
-@check("engine.identity.rank-3", clauses=["identity.little-endian-rank",
+@check("engine/identity/rank-3", clauses=["identity.little-endian-rank",
                                           "identity.width-two-bytes",
                                           "transport.identity-before-connect"],
        surface="engine", timeout=PEER_TIMEOUT)
@@ -123,7 +123,7 @@ def _identity_3(engine: Any, ctx: Any) -> None:
     _identity_check(engine, ctx, 3)
 
 
-@check("engine.identity.rank-258", clauses=["identity.little-endian-rank",
+@check("engine/identity/rank-258", clauses=["identity.little-endian-rank",
                                             "identity.width-two-bytes"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _identity_258(engine: Any, ctx: Any) -> None:
@@ -131,7 +131,7 @@ def _identity_258(engine: Any, ctx: Any) -> None:
     _identity_check(engine, ctx, 258)
 
 
-@check("engine.identity.same-on-input", clauses=["identity.same-on-handshake-and-input",
+@check("engine/identity/same-on-input", clauses=["identity.same-on-handshake-and-input",
                                                  "frames.ready-response-first"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _same_identity(engine: Any, ctx: Any) -> None:
@@ -146,7 +146,7 @@ def _same_identity(engine: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
 
 
-@check("engine.handshake.ready-response-map", clauses=["frames.ready-response-first",
+@check("engine/handshake/ready-response-map", clauses=["frames.ready-response-first",
                                                        "frames.plain-msgpack-control"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_response(engine: Any, ctx: Any) -> None:
@@ -165,7 +165,7 @@ def _ready_response(engine: Any, ctx: Any) -> None:
                            f"{value['data_parallel_rank']}", Reproduction(received=frames))
 
 
-@check("engine.handshake.ready-keys", clauses=["handshake.message-keys",
+@check("engine/handshake/ready-keys", clauses=["handshake.message-keys",
                                                "handshake.ready-optional-keys",
                                                "transport.handshake-dealer-linger"],
        surface="engine", timeout=PEER_TIMEOUT)
@@ -182,7 +182,7 @@ def _ready_keys(engine: Any, ctx: Any) -> None:
         raise CheckFailure(f"READY of a DP=1 engine without elastic EP carries {sorted(extra)}")
 
 
-@check("engine.handshake.ready-hash-with-dp", clauses=["handshake.ready-optional-keys"],
+@check("engine/handshake/ready-hash-with-dp", clauses=["handshake.ready-optional-keys"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_hash(engine: Any, ctx: Any) -> None:
     """READY of an engine with data_parallel_size 2 carries parallel_config_hash."""
@@ -192,7 +192,7 @@ def _ready_hash(engine: Any, ctx: Any) -> None:
                            f"{handshake.ready!r}")
 
 
-@check("engine.handshake.flags-follow-launch", clauses=["handshake.local-must-match",
+@check("engine/handshake/flags-follow-launch", clauses=["handshake.local-must-match",
                                                         "handshake.headless-rule"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _flags(engine: Any, ctx: Any) -> None:
@@ -205,7 +205,7 @@ def _flags(engine: Any, ctx: Any) -> None:
                                "and headless")
 
 
-@check("engine.handshake.two-clients", clauses=["transport.one-socket-pair-per-client",
+@check("engine/handshake/two-clients", clauses=["transport.one-socket-pair-per-client",
                                                 "handshake.init-addresses",
                                                 "transport.engine-connects"],
        surface="engine", timeout=PEER_TIMEOUT)
@@ -224,7 +224,7 @@ def _two_clients(engine: Any, ctx: Any) -> None:
                            Reproduction(received=front.output_sockets[0].recv_multipart()))
 
 
-@check("engine.handshake.tcp-addresses", clauses=["transport.tcp-when-remote",
+@check("engine/handshake/tcp-addresses", clauses=["transport.tcp-when-remote",
                                                   "transport.engine-connects"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _tcp(engine: Any, ctx: Any) -> None:
@@ -235,7 +235,7 @@ def _tcp(engine: Any, ctx: Any) -> None:
     _still_serving(front, ctx, handshake.identity, "a tcp handshake")
 
 
-@check("engine.handshake.ipv6-addresses", clauses=["transport.ipv6-brackets"],
+@check("engine/handshake/ipv6-addresses", clauses=["transport.ipv6-brackets"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ipv6(engine: Any, ctx: Any) -> None:
     """An engine connects to tcp://[::1]:port addresses (IPV6 option set before connect)."""
@@ -246,7 +246,7 @@ def _ipv6(engine: Any, ctx: Any) -> None:
     _still_serving(front, ctx, handshake.identity, "an IPv6 handshake")
 
 
-@check("engine.handshake.init-timeout", clauses=["handshake.engine-init-timeout"],
+@check("engine/handshake/init-timeout", clauses=["handshake.engine-init-timeout"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _init_timeout(engine: Any, ctx: Any) -> None:
     """An engine that gets no init gives up after its init timeout (1 s here)."""
@@ -261,7 +261,7 @@ def _init_timeout(engine: Any, ctx: Any) -> None:
                            "init_timeout=1")
 
 
-@check("engine.handshake.garbage-init", clauses=["handshake.engine.unexpected-event",
+@check("engine/handshake/garbage-init", clauses=["handshake.engine.unexpected-event",
                                                  "frames.payload-matches-type"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _garbage_init(engine: Any, ctx: Any) -> None:
@@ -282,7 +282,7 @@ def _garbage_init(engine: Any, ctx: Any) -> None:
                                Reproduction(sent=sent, received=got))
 
 
-@check("engine.handshake.ready-after-connect", clauses=["handshake.ready-after-connect"],
+@check("engine/handshake/ready-after-connect", clauses=["handshake.ready-after-connect"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_after_connect(engine: Any, ctx: Any) -> None:
     """When READY arrives the ready response is already on its way and the output channel is
@@ -307,7 +307,7 @@ def _ready_after_connect(engine: Any, ctx: Any) -> None:
 # --- serving -------------------------------------------------------------------------------
 
 
-@check("engine.serve.add-generates", clauses=["frames.outputs-payload",
+@check("engine/serve/add-generates", clauses=["frames.outputs-payload",
                                               "frames.type-byte-before-payload",
                                               "transport.output-has-no-identity"],
        surface="engine", timeout=PEER_TIMEOUT)
@@ -328,7 +328,7 @@ def _add(engine: Any, ctx: Any) -> None:
                            f"{sorted({o['_engine_index'] for o in seen})}")
 
 
-@check("engine.serve.timestamp-set", clauses=["structs.outputs.timestamp-set"],
+@check("engine/serve/timestamp-set", clauses=["structs.outputs.timestamp-set"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _timestamp(engine: Any, ctx: Any) -> None:
     """Outputs carry a non-zero timestamp."""
@@ -339,7 +339,7 @@ def _timestamp(engine: Any, ctx: Any) -> None:
         raise CheckFailure(f"EngineCoreOutputs.timestamp is {outputs.get('timestamp')!r}")
 
 
-@check("engine.serve.abort", clauses=["frames.abort-payload"], surface="engine",
+@check("engine/serve/abort", clauses=["frames.abort-payload"], surface="engine",
        timeout=PEER_TIMEOUT)
 def _abort(engine: Any, ctx: Any) -> None:
     """After ABORT a long request stops producing tokens, and the engine keeps serving."""
@@ -364,7 +364,7 @@ def _abort(engine: Any, ctx: Any) -> None:
     _still_serving(front, ctx, handshake.identity, "an ABORT")
 
 
-@check("engine.utility.unknown-method-fails",
+@check("engine/utility/unknown-method-fails",
        clauses=["handshake.session.unknown-method-fails-call", "frames.utility-reply"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _unknown_method(engine: Any, ctx: Any) -> None:
@@ -379,7 +379,7 @@ def _unknown_method(engine: Any, ctx: Any) -> None:
     _still_serving(front, ctx, handshake.identity, "a failed utility call")
 
 
-@check("engine.utility.call-ids-echoed", clauses=["frames.utility-reply",
+@check("engine/utility/call-ids-echoed", clauses=["frames.utility-reply",
                                                   "frames.utility-call-id"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _call_ids(engine: Any, ctx: Any) -> None:
@@ -410,33 +410,33 @@ def _add_payload(spec: Any, **fields: Any) -> list[bytes]:
 
 
 _garbage(lambda spec: [b"\x09", msgspec.msgpack.encode(["x"])], "type byte 0x09",
-         ["request_types.unknown-byte-rejected"], "engine.garbage.unknown-type-byte")
+         ["request_types.unknown-byte-rejected"], "engine/garbage/unknown-type-byte")
 _garbage(lambda spec: [b"\x04", b""], "type byte 0x04 (EXECUTOR_FAILED)",
-         ["request_types.sentinels-never-on-wire"], "engine.garbage.sentinel-executor-failed")
+         ["request_types.sentinels-never-on-wire"], "engine/garbage/sentinel-executor-failed")
 _garbage(lambda spec: [b"\x05", b""], "type byte 0x05 (WAKEUP)",
-         ["request_types.sentinels-never-on-wire"], "engine.garbage.sentinel-wakeup")
+         ["request_types.sentinels-never-on-wire"], "engine/garbage/sentinel-wakeup")
 _garbage(lambda spec: [b"\x00\x00", *_add_payload(spec)], "a two-byte type frame",
-         ["request_types.one-byte-frame"], "engine.garbage.two-byte-type")
+         ["request_types.one-byte-frame"], "engine/garbage/two-byte-type")
 _garbage(lambda spec: [b"\x00"], "an ADD without payload", ["frames.frame-count"],
-         "engine.garbage.add-without-payload")
+         "engine/garbage/add-without-payload")
 _garbage(lambda spec: [b"\x00", b"\xc1\xc1"], "an ADD with a payload that is not msgpack",
-         ["frames.payload-matches-type"], "engine.garbage.add-not-msgpack")
+         ["frames.payload-matches-type"], "engine/garbage/add-not-msgpack")
 _garbage(lambda spec: [b"\x00", msgspec.msgpack.encode({"request_id": "m"})],
          "an ADD whose payload is a map", ["frames.payload-matches-type",
                                            "structs.array.type-checked"],
-         "engine.garbage.add-wrong-shape")
+         "engine/garbage/add-wrong-shape")
 _garbage(lambda spec: [b"\x03", msgspec.msgpack.encode([0, 1])],
          "a UTILITY payload of two elements", ["frames.utility-payload",
                                                "frames.payload-matches-type"],
-         "engine.garbage.utility-short")
+         "engine/garbage/utility-short")
 _garbage(lambda spec: [b"\x01", msgspec.msgpack.encode(17)], "an ABORT payload that is an int",
-         ["frames.abort-payload"], "engine.garbage.abort-not-list")
+         ["frames.abort-payload"], "engine/garbage/abort-not-list")
 _garbage(lambda spec: [b"READY"], "a READY frame on the input channel",
-         ["frames.coordinator-subscribe-first"], "engine.garbage.ready-on-input")
+         ["frames.coordinator-subscribe-first"], "engine/garbage/ready-on-input")
 _garbage(lambda spec: [b"\x02", msgspec.msgpack.encode([1, 0])],
          "a START_DP_WAVE from the front end", ["frames.start-dp-wave-from-coordinator",
                                                 "frames.start-dp-wave-payload"],
-         "engine.garbage.start-dp-wave-on-input")
+         "engine/garbage/start-dp-wave-on-input")
 
 
 def _missing_oob(spec: Any) -> list[bytes]:
@@ -453,10 +453,10 @@ def _missing_oob(spec: Any) -> list[bytes]:
 
 
 _garbage(_missing_oob, "an ADD naming an out-of-band frame that is not there",
-         ["frames.oob-count-matches", "tensors.index-in-range"], "engine.garbage.missing-oob")
+         ["frames.oob-count-matches", "tensors.index-in-range"], "engine/garbage/missing-oob")
 
 
-@check("engine.garbage.request-still-served-after", clauses=["frames.payload-matches-type",
+@check("engine/garbage/request-still-served-after", clauses=["frames.payload-matches-type",
                                                             "request_types.unknown-byte-rejected"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _served_after(engine: Any, ctx: Any) -> None:
@@ -472,7 +472,7 @@ def _served_after(engine: Any, ctx: Any) -> None:
             from exc
 
 
-@check("engine.serve.many-requests-intact", clauses=["frames.tracked-buffer-reuse",
+@check("engine/serve/many-requests-intact", clauses=["frames.tracked-buffer-reuse",
                                                    "frames.oob-not-mutated-in-flight",
                                                    "frames.outputs-payload"],
        surface="engine", timeout=PEER_TIMEOUT + 10)
@@ -511,7 +511,7 @@ def _many(engine: Any, ctx: Any) -> None:
 # --- several engines, death -----------------------------------------------------------------
 
 
-@check("engine.dp.three-identities", clauses=["identity.little-endian-rank",
+@check("engine/dp/three-identities", clauses=["identity.little-endian-rank",
                                               "identity.known-rank",
                                               "transport.output-has-no-identity"],
        surface="engine", timeout=PEER_TIMEOUT + 10)
@@ -554,7 +554,7 @@ def _three(engine: Any, ctx: Any) -> None:
         raise CheckFailure(f"requests finished on engines {finished}, expected {want}")
 
 
-@check("engine.dead.sentinel-last", clauses=["frames.engine-core-dead-last",
+@check("engine/dead/sentinel-last", clauses=["frames.engine-core-dead-last",
                                              "frames.engine-core-dead-literal",
                                              "transport.output-push-linger"],
        surface="engine", requires=["engine.die"], timeout=PEER_TIMEOUT)
@@ -581,7 +581,7 @@ def _dies(engine: Any, ctx: Any) -> None:
 # --- transport -------------------------------------------------------------------------------
 
 
-@check("engine.transport.high-water-marks-zero", clauses=["transport.hwm-zero"],
+@check("engine/transport/high-water-marks-zero", clauses=["transport.hwm-zero"],
        surface="engine", requires=["engine.sockets"], timeout=PEER_TIMEOUT)
 def _hwm_options(engine: Any, ctx: Any) -> None:
     """After the handshake the engine's DEALERs and PUSHes have high-water marks of 0.

@@ -131,7 +131,7 @@ def _request(engine: SuiteEngine, ctx: Any, what: str) -> list[bytes]:
 # --- handshake -----------------------------------------------------------------------------
 
 
-@check("frontend.handshake.init-answers-hello", clauses=["handshake.init-answers-hello",
+@check("frontend/handshake/init-answers-hello", clauses=["handshake.init-answers-hello",
                                                          "handshake.init-addresses",
                                                          "transport.frontend-binds"],
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
@@ -160,7 +160,7 @@ def _init(frontend: Any, ctx: Any) -> None:
     waiter.join(ctx.wait(8.0))
 
 
-@check("frontend.handshake.parallel-config-empty", clauses=["handshake.init-parallel-config"],
+@check("frontend/handshake/parallel-config-empty", clauses=["handshake.init-parallel-config"],
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _parallel_config(frontend: Any, ctx: Any) -> None:
     """Without coordinated DP, init's parallel_config is an empty map."""
@@ -173,7 +173,7 @@ def _parallel_config(frontend: Any, ctx: Any) -> None:
         raise CheckFailure(f"parallel_config is {init['parallel_config']!r}, expected {{}}")
 
 
-@check("frontend.handshake.waits-for-ready-response",
+@check("frontend/handshake/waits-for-ready-response",
        clauses=["handshake.ready-response-per-identity", "frames.ready-response-first"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _waits_ready_response(frontend: Any, ctx: Any) -> None:
@@ -192,7 +192,7 @@ def _waits_ready_response(frontend: Any, ctx: Any) -> None:
     waiter.join(ctx.wait(8.0))
 
 
-@check("frontend.handshake.ready-response-empty",
+@check("frontend/handshake/ready-response-empty",
        clauses=["handshake.ready-response-empty-accepted"], surface="frontend",
        timeout=PEER_TIMEOUT)
 def _empty_ready_response(frontend: Any, ctx: Any) -> None:
@@ -205,7 +205,7 @@ def _empty_ready_response(frontend: Any, ctx: Any) -> None:
     waiter.join(ctx.wait(8.0))
 
 
-@check("frontend.handshake.every-engine-ready",
+@check("frontend/handshake/every-engine-ready",
        clauses=["handshake.ready-response-per-identity"], surface="frontend",
        timeout=PEER_TIMEOUT)
 def _every_engine(frontend: Any, ctx: Any) -> None:
@@ -237,31 +237,31 @@ def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
         _no_init(engine, what)
 
 
-_rejected_hello("frontend.handshake.unknown-rank-ignored", ["identity.known-rank"],
+_rejected_hello("frontend/handshake/unknown-rank-ignored", ["identity.known-rank"],
                 "a HELLO from rank 5 when it manages only rank 0", 5, lambda e: e.hello())
-_rejected_hello("frontend.handshake.local-mismatch", ["handshake.local-must-match"],
+_rejected_hello("frontend/handshake/local-mismatch", ["handshake.local-must-match"],
                 "a HELLO saying local=false from an engine it expects local", 0,
                 lambda e: e.hello(local=False, headless=True))
-_rejected_hello("frontend.handshake.missing-keys", ["handshake.message-keys"],
+_rejected_hello("frontend/handshake/missing-keys", ["handshake.message-keys"],
                 "a HELLO without headless", 0,
                 lambda e: e.handshake_socket.send(msgspec.msgpack.encode(
                     {"status": "HELLO", "local": True})))
-_rejected_hello("frontend.handshake.ready-before-hello", ["handshake.frontend.unexpected-event"],
+_rejected_hello("frontend/handshake/ready-before-hello", ["handshake.frontend.unexpected-event"],
                 "a READY before any HELLO", 0, lambda e: e.ready())
-_rejected_hello("frontend.handshake.unknown-status", ["handshake.frontend.unexpected-event"],
+_rejected_hello("frontend/handshake/unknown-status", ["handshake.frontend.unexpected-event"],
                 "a handshake message with status 'HOWDY'", 0,
                 lambda e: e.hello(status="HOWDY"))
-_rejected_hello("frontend.handshake.two-frame-hello", ["frames.frame-count"],
+_rejected_hello("frontend/handshake/two-frame-hello", ["frames.frame-count"],
                 "a HELLO sent as two frames", 0,
                 lambda e: e.handshake_socket.send_multipart([msgspec.msgpack.encode(
                     {"status": "HELLO", "local": True, "headless": False}), b"extra"]))
-_rejected_hello("frontend.handshake.garbage-hello", ["handshake.message-keys",
+_rejected_hello("frontend/handshake/garbage-hello", ["handshake.message-keys",
                                                      "frames.payload-matches-type"],
                 "a HELLO that is not msgpack", 0,
                 lambda e: e.handshake_socket.send(b"\xc1garbage"))
 
 
-@check("frontend.handshake.second-hello", clauses=["handshake.frontend.unexpected-event"],
+@check("frontend/handshake/second-hello", clauses=["handshake.frontend.unexpected-event"],
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _second_hello(frontend: Any, ctx: Any) -> None:
     """A second HELLO (the engine is already CONNECTED) gets no second init."""
@@ -277,7 +277,7 @@ def _second_hello(frontend: Any, ctx: Any) -> None:
 # --- requests --------------------------------------------------------------------------------
 
 
-@check("frontend.requests.add-frames", clauses=["frames.type-byte-before-payload",
+@check("frontend/requests/add-frames", clauses=["frames.type-byte-before-payload",
                                                 "frames.routed-identity-first",
                                                 "request_types.byte-table",
                                                 "structs.exclusive-params"],
@@ -300,7 +300,7 @@ def _add_frames(frontend: Any, ctx: Any) -> None:
                            "pooling_params", Reproduction(received=frames))
 
 
-@check("frontend.requests.routed-to-engine", clauses=["identity.little-endian-rank",
+@check("frontend/requests/routed-to-engine", clauses=["identity.little-endian-rank",
                                                       "frames.routed-identity-first"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _routed(frontend: Any, ctx: Any) -> None:
@@ -315,7 +315,7 @@ def _routed(frontend: Any, ctx: Any) -> None:
                            Reproduction(received=engines[0].inputs[0].recv_multipart()))
 
 
-@check("frontend.requests.abort-frames", clauses=["frames.abort-payload",
+@check("frontend/requests/abort-frames", clauses=["frames.abort-payload",
                                                   "request_types.byte-table"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _abort_frames(frontend: Any, ctx: Any) -> None:
@@ -329,7 +329,7 @@ def _abort_frames(frontend: Any, ctx: Any) -> None:
         raise CheckFailure("expected [01, ['req-x']]", Reproduction(received=frames))
 
 
-@check("frontend.requests.no-empty-abort", clauses=["frames.abort-not-empty"],
+@check("frontend/requests/no-empty-abort", clauses=["frames.abort-not-empty"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _empty_abort(frontend: Any, ctx: Any) -> None:
     """An abort of no request ids sends nothing."""
@@ -387,7 +387,7 @@ def _call_survives(client: Any, engine: SuiteEngine, ctx: Any, after: str,
                        f"{type(errors[-1]).__name__}: {errors[-1]}", Reproduction(sent=sent))
 
 
-@check("frontend.utility.call-and-reply", clauses=["frames.utility-payload",
+@check("frontend/utility/call-and-reply", clauses=["frames.utility-payload",
                                                    "frames.utility-call-id",
                                                    "structs.utility-result.pair"],
        surface="frontend", timeout=PEER_TIMEOUT)
@@ -404,7 +404,7 @@ def _call(frontend: Any, ctx: Any) -> None:
         raise CheckFailure(f"call_utility returned {outcome!r}, expected 42")
 
 
-@check("frontend.utility.failure-raises",
+@check("frontend/utility/failure-raises",
        clauses=["handshake.session.unknown-method-fails-call"], surface="frontend",
        timeout=PEER_TIMEOUT)
 def _failure(frontend: Any, ctx: Any) -> None:
@@ -415,7 +415,7 @@ def _failure(frontend: Any, ctx: Any) -> None:
         raise CheckFailure(f"call_utility returned {outcome.get('value')!r} for a failed call")
 
 
-@check("frontend.utility.stray-reply", clauses=["handshake.session.reply-known-call-id"],
+@check("frontend/utility/stray-reply", clauses=["handshake.session.reply-known-call-id"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _stray(frontend: Any, ctx: Any) -> None:
     """A reply to no pending call does not resolve a later call, nor break the front end."""
@@ -428,7 +428,7 @@ def _stray(frontend: Any, ctx: Any) -> None:
 # --- outputs ---------------------------------------------------------------------------------
 
 
-@check("frontend.outputs.delivered", clauses=["frames.outputs-payload"], surface="frontend",
+@check("frontend/outputs/delivered", clauses=["frames.outputs-payload"], surface="frontend",
        timeout=PEER_TIMEOUT)
 def _delivered(frontend: Any, ctx: Any) -> None:
     """Outputs pushed for a request come back from next_outputs."""
@@ -444,7 +444,7 @@ def _delivered(frontend: Any, ctx: Any) -> None:
         raise CheckFailure(f"next_outputs gave {got!r}"[:300])
 
 
-@check("frontend.outputs.unknown-request-ignored",
+@check("frontend/outputs/unknown-request-ignored",
        clauses=["handshake.session.outputs-for-unknown-requests-ignored"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _unknown_request(frontend: Any, ctx: Any) -> None:
@@ -466,7 +466,7 @@ def _unknown_request(frontend: Any, ctx: Any) -> None:
     raise CheckFailure("the outputs for req-real never came through")
 
 
-@check("frontend.outputs.garbage-survived", clauses=["frames.payload-matches-type"],
+@check("frontend/outputs/garbage-survived", clauses=["frames.payload-matches-type"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _garbage_output(frontend: Any, ctx: Any) -> None:
     """A malformed output message does not stop later outputs from being delivered."""
@@ -491,12 +491,12 @@ def _garbage_output(frontend: Any, ctx: Any) -> None:
                                                       "EngineCoreOutputs for req-g"}))
 
 
-@check("frontend.outputs.dead-near-miss", clauses=["frames.engine-core-dead-literal"],
+@check("frontend/outputs/dead-near-miss", clauses=["frames.engine-core-dead-literal"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _near_miss(frontend: Any, ctx: Any) -> None:
     """'ENGINE_CORE_DEAD' plus a second frame is not the sentinel: the engine is not dead.
 
-    Reading it may fail as a malformed message (see frontend.outputs.garbage-survived), but
+    Reading it may fail as a malformed message (see frontend/outputs/garbage-survived), but
     the front end's next request still reaches the engine."""
     client, (engine,) = _running(frontend, ctx)
     sent = engine.push_raw([ENGINE_CORE_DEAD, b""])
@@ -517,7 +517,7 @@ def _near_miss(frontend: Any, ctx: Any) -> None:
         raise CheckFailure("the engine got another request", Reproduction(received=frames))
 
 
-@check("frontend.outputs.dead-fails-pending-call", clauses=["frames.engine-core-dead-fatal"],
+@check("frontend/outputs/dead-fails-pending-call", clauses=["frames.engine-core-dead-fatal"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _dead_fails_call(frontend: Any, ctx: Any) -> None:
     """A utility call waiting when ENGINE_CORE_DEAD arrives fails at once.
@@ -549,7 +549,7 @@ def _dead_fails_call(frontend: Any, ctx: Any) -> None:
                            "ENGINE_CORE_DEAD", Reproduction(sent=sent))
 
 
-@check("frontend.outputs.engine-core-dead", clauses=["frames.engine-core-dead-fatal",
+@check("frontend/outputs/engine-core-dead", clauses=["frames.engine-core-dead-fatal",
                                                      "handshake.session.dead-is-final"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _dead(frontend: Any, ctx: Any) -> None:
@@ -577,7 +577,7 @@ def _dead(frontend: Any, ctx: Any) -> None:
                            Reproduction(received=engine.inputs[0].recv_multipart()))
 
 
-@check("frontend.requests.type-bytes-only-from-table",
+@check("frontend/requests/type-bytes-only-from-table",
        clauses=["request_types.sentinels-never-on-wire", "frames.start-dp-wave-from-coordinator",
                 "request_types.one-byte-frame"],
        surface="frontend", timeout=PEER_TIMEOUT)
@@ -602,7 +602,7 @@ def _type_bytes(frontend: Any, ctx: Any) -> None:
 HWM_BURST = 3000
 
 
-@check("frontend.transport.no-drop-at-high-water-mark", clauses=["transport.hwm-zero"],
+@check("frontend/transport/no-drop-at-high-water-mark", clauses=["transport.hwm-zero"],
        surface="frontend", timeout=60.0)
 def _no_drop(frontend: Any, ctx: Any) -> None:
     """3000 aborts sent while the engine does not read all arrive once it reads.
@@ -629,7 +629,7 @@ def _no_drop(frontend: Any, ctx: Any) -> None:
             Reproduction(notes={"first lost": missing[:5], "engine RCVHWM": 1}))
 
 
-@check("frontend.transport.high-water-marks-zero", clauses=["transport.hwm-zero"],
+@check("frontend/transport/high-water-marks-zero", clauses=["transport.hwm-zero"],
        surface="frontend", requires=["frontend.sockets"], timeout=PEER_TIMEOUT)
 def _hwm_options(frontend: Any, ctx: Any) -> None:
     """The front end's ROUTERs and PULL have SNDHWM/RCVHWM 0 (read with getsockopt)."""
@@ -637,7 +637,7 @@ def _hwm_options(frontend: Any, ctx: Any) -> None:
     check_high_water_marks(list(frontend.zmq_sockets(client)), "front end")
 
 
-@check("frontend.transport.duplicate-identity-ignored",
+@check("frontend/transport/duplicate-identity-ignored",
        clauses=["transport.identity-reuse-needs-old-connection-gone",
                 "transport.router-handover-elastic-only"],
        surface="frontend", timeout=PEER_TIMEOUT)
@@ -688,7 +688,7 @@ def _coordinated(frontend: Any, ctx: Any, config_hash: str) -> tuple[_Waiter, Su
     return waiter, engine
 
 
-@check("frontend.handshake.config-hash-checked", clauses=["handshake.config-hash-match"],
+@check("frontend/handshake/config-hash-checked", clauses=["handshake.config-hash-match"],
        surface="frontend", requires=["frontend.handshake", "frontend.coordinated"],
        timeout=40.0)
 def _config_hash(frontend: Any, ctx: Any) -> None:

@@ -2,14 +2,14 @@
 
 Three pairings:
 
-- target writer, suite readers (``ring.writer.*``, capability ``ring.writer``): the suite reads
+- target writer, suite readers (``ring/writer/*``, capability ``ring.writer``): the suite reads
   the target's segment and sockets with
   :class:`~enginewire.conformance.peers.ring_peer.SuiteRingReader`;
-- suite writer, target readers (``ring.reader.*``, capability ``ring.reader``): the suite writes
+- suite writer, target readers (``ring/reader/*``, capability ``ring.reader``): the suite writes
   with :class:`~enginewire.conformance.peers.ring_peer.SuiteRingWriter`, sometimes wrongly on
   purpose;
-- target writer and target readers (``ring.pair.*``);
-- over a recording memory (``ring.memory.*``, capability ``ring.memory``): the order of flag
+- target writer and target readers (``ring/pair/*``);
+- over a recording memory (``ring/memory/*``, capability ``ring.memory``): the order of flag
   stores, fences and data writes.
 """
 
@@ -118,7 +118,7 @@ def _payload_of_framed_size(target: int) -> bytes:
 # --- target writer, suite readers --------------------------------------------------------
 
 
-@check("ring.writer.handle-and-segment", clauses=["ring.handle.fields", "ring.layout.segment"],
+@check("ring/writer/handle-and-segment", clauses=["ring.handle.fields", "ring.layout.segment"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _handle(ring: Any, ctx: Any) -> None:
     """The handle names the segment and sizes asked for; the segment holds the whole layout."""
@@ -135,7 +135,7 @@ def _handle(ring: Any, ctx: Any) -> None:
                            f"layout needs {need}")
 
 
-@check("ring.writer.flags-zero-at-creation",
+@check("ring/writer/flags-zero-at-creation",
        clauses=["ring.layout.flags-zero-at-creation", "ring.layout.metadata-region"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _flags_zero(ring: Any, ctx: Any) -> None:
@@ -148,7 +148,7 @@ def _flags_zero(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[meta]))
 
 
-@check("ring.writer.ready-after-every-subscription",
+@check("ring/writer/ready-after-every-subscription",
        clauses=["ring.ready.subscriptions", "transport.xpub-verbose", "ring.ready.collective"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _ready_subscriptions(ring: Any, ctx: Any) -> None:
@@ -172,7 +172,7 @@ def _ready_subscriptions(ring: Any, ctx: Any) -> None:
     waiting.result(ctx.wait(5.0), "the writer's wait_until_ready")
 
 
-@check("ring.writer.chunk-framing",
+@check("ring/writer/chunk-framing",
        clauses=["ring.framing.overflow-byte", "ring.framing.buffer-count",
                 "ring.framing.length-prefix", "ring.layout.data-region",
                 "ring.payload.pickle-protocol-5"],
@@ -203,7 +203,7 @@ def _chunk_framing(ring: Any, ctx: Any) -> None:
         raise CheckFailure(f"chunk 0 holds {value!r}, expected {message!r}")
 
 
-@check("ring.writer.flags-after-write", clauses=["ring.state.flag-values",
+@check("ring/writer/flags-after-write", clauses=["ring.state.flag-values",
                                                  "ring.state.four-states",
                                                  "ring.writer.read-flags-cleared-before-written"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
@@ -225,7 +225,7 @@ def _flags_after_write(ring: Any, ctx: Any) -> None:
         raise CheckFailure(f"chunk 0 metadata after both reads is {row.hex()}, expected 010101")
 
 
-@check("ring.writer.notify-after-write", clauses=["ring.notify.after-write"], surface="ring",
+@check("ring/writer/notify-after-write", clauses=["ring.notify.after-write"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _notify(ring: Any, ctx: Any) -> None:
     """A write into an idle ring publishes a wake-up on the notify socket."""
@@ -239,7 +239,7 @@ def _notify(ring: Any, ctx: Any) -> None:
     reader.notify.recv()
 
 
-@check("ring.writer.waits-for-every-reader", clauses=["ring.writer.wait-writable",
+@check("ring/writer/waits-for-every-reader", clauses=["ring.writer.wait-writable",
                                                       "ring.writer.timeout"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _waits_for_readers(ring: Any, ctx: Any) -> None:
@@ -282,7 +282,7 @@ def _boundary(ring: Any, ctx: Any, framed: int, overflow: bool) -> None:
         raise CheckFailure("the message read back differs from the one written")
 
 
-@check("ring.writer.exact-fit-stays-in-ring",
+@check("ring/writer/exact-fit-stays-in-ring",
        clauses=["ring.framing.within-chunk", "ring.framing.overflow-condition"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _exact_fit(ring: Any, ctx: Any) -> None:
@@ -290,7 +290,7 @@ def _exact_fit(ring: Any, ctx: Any) -> None:
     _boundary(ring, ctx, SMALL_CHUNK, overflow=False)
 
 
-@check("ring.writer.one-byte-over-overflows",
+@check("ring/writer/one-byte-over-overflows",
        clauses=["ring.framing.overflow-condition", "ring.framing.overflow-byte"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _one_over(ring: Any, ctx: Any) -> None:
@@ -298,14 +298,14 @@ def _one_over(ring: Any, ctx: Any) -> None:
     _boundary(ring, ctx, SMALL_CHUNK + 1, overflow=True)
 
 
-@check("ring.writer.one-byte-under-stays-in-ring", clauses=["ring.framing.overflow-condition"],
+@check("ring/writer/one-byte-under-stays-in-ring", clauses=["ring.framing.overflow-condition"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _one_under(ring: Any, ctx: Any) -> None:
     """A message whose framing is max_chunk_bytes - 1 stays in the ring."""
     _boundary(ring, ctx, SMALL_CHUNK - 1, overflow=False)
 
 
-@check("ring.writer.overflow-message", clauses=["ring.framing.overflow-byte",
+@check("ring/writer/overflow-message", clauses=["ring.framing.overflow-byte",
                                                 "ring.framing.overflow-xpub"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _overflow_message(ring: Any, ctx: Any) -> None:
@@ -325,7 +325,7 @@ def _overflow_message(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[f[:64] for f in frames]))
 
 
-@check("ring.writer.large-buffer-out-of-band", clauses=["ring.payload.oob-threshold",
+@check("ring/writer/large-buffer-out-of-band", clauses=["ring.payload.oob-threshold",
                                                         "ring.framing.buffer-count"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _oob(ring: Any, ctx: Any) -> None:
@@ -379,7 +379,7 @@ def _stream_through(writer: Any, readers: list[Any], ctx: Any, messages: list[An
     sender.result(ctx.wait(5.0), "the writer")
 
 
-@check("ring.writer.fifo-one-reader-wrapping", clauses=["ring.writer.wait-writable",
+@check("ring/writer/fifo-one-reader-wrapping", clauses=["ring.writer.wait-writable",
                                                         "ring.writer.advance-modulo",
                                                         "ring.writer.single-writer",
                                                         "ring.reader.readable-iff"],
@@ -392,7 +392,7 @@ def _fifo_one(ring: Any, ctx: Any) -> None:
     _stream_through(writer, readers, ctx, _messages(60))
 
 
-@check("ring.writer.fifo-three-readers", clauses=["ring.writer.wait-writable",
+@check("ring/writer/fifo-three-readers", clauses=["ring.writer.wait-writable",
                                                   "ring.reader.readable-iff"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _fifo_three(ring: Any, ctx: Any) -> None:
@@ -403,7 +403,7 @@ def _fifo_three(ring: Any, ctx: Any) -> None:
     _stream_through(writer, readers, ctx, _messages(40))
 
 
-@check("ring.writer.fifo-with-overflow", clauses=["ring.framing.overflow-byte",
+@check("ring/writer/fifo-with-overflow", clauses=["ring.framing.overflow-byte",
                                                   "ring.writer.wait-writable"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _fifo_overflow(ring: Any, ctx: Any) -> None:
@@ -414,7 +414,7 @@ def _fifo_overflow(ring: Any, ctx: Any) -> None:
     _stream_through(writer, readers, ctx, _messages(30, (10, 3000, 990, 1100)))
 
 
-@check("ring.writer.creator-unlinks", clauses=["ring.lifecycle.creator-unlinks"],
+@check("ring/writer/creator-unlinks", clauses=["ring.lifecycle.creator-unlinks"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _unlinks(ring: Any, ctx: Any) -> None:
     """Closing the writer removes the shared-memory segment's name."""
@@ -429,7 +429,7 @@ def _unlinks(ring: Any, ctx: Any) -> None:
         raise CheckFailure(f"segment {name} still exists after the writer closed")
 
 
-@check("ring.writer.oob-threshold-boundary", clauses=["ring.payload.oob-threshold",
+@check("ring/writer/oob-threshold-boundary", clauses=["ring.payload.oob-threshold",
                                                       "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _oob_boundary(ring: Any, ctx: Any) -> None:
@@ -450,7 +450,7 @@ def _oob_boundary(ring: Any, ctx: Any) -> None:
         reader.dequeue(ctx.wait(5.0))
 
 
-@check("ring.writer.tensor-reducer", clauses=["ring.payload.tensor-reducer"], surface="ring",
+@check("ring/writer/tensor-reducer", clauses=["ring.payload.tensor-reducer"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _tensor_reducer(ring: Any, ctx: Any) -> None:
     """A 2 MiB CPU tensor travels as vLLM's _rebuild_tensor call with its bytes out of band."""
@@ -474,7 +474,7 @@ def _tensor_reducer(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[main[:200]]))
 
 
-@check("ring.writer.ipc-files-removed", clauses=["ring.lifecycle.ipc-files",
+@check("ring/writer/ipc-files-removed", clauses=["ring.lifecycle.ipc-files",
                                                  "ring.handle.ipc-addresses"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _ipc_files(ring: Any, ctx: Any) -> None:
@@ -546,14 +546,14 @@ def _remote(ring: Any, ctx: Any, connect_ip: str) -> None:
     _stream_through(writer, [local, remote], ctx, messages)
 
 
-@check("ring.remote.every-message-over-tcp", clauses=["ring.remote.every-message"],
+@check("ring/remote/every-message-over-tcp", clauses=["ring.remote.every-message"],
        surface="ring", requires=["ring.remote"], timeout=RING_TIMEOUT)
 def _remote_v4(ring: Any, ctx: Any) -> None:
     """A remote reader gets every message, small or large, on the TCP XPUB, in order."""
     _remote(ring, ctx, "127.0.0.1")
 
 
-@check("ring.remote.ipv6", clauses=["ring.remote.ipv6", "transport.ipv6-brackets"],
+@check("ring/remote/ipv6", clauses=["ring.remote.ipv6", "transport.ipv6-brackets"],
        surface="ring", requires=["ring.remote"], timeout=RING_TIMEOUT)
 def _remote_v6(ring: Any, ctx: Any) -> None:
     """With connect_ip ::1 the remote address is tcp://[::1]:port and remote_addr_ipv6 is set."""
@@ -576,7 +576,7 @@ def _remote_v6(ring: Any, ctx: Any) -> None:
 # --- suite writer, target readers --------------------------------------------------------
 
 
-@check("ring.reader.close-keeps-segment", clauses=["ring.lifecycle.creator-unlinks",
+@check("ring/reader/close-keeps-segment", clauses=["ring.lifecycle.creator-unlinks",
                                                    "ring.lifecycle.attach-untracked"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _reader_close(ring: Any, ctx: Any) -> None:
@@ -589,7 +589,7 @@ def _reader_close(ring: Any, ctx: Any) -> None:
                            "unlinks it")
 
 
-@check("ring.reader.refuses-tensor-arena", clauses=["ring.payload.tensor-arena"],
+@check("ring/reader/refuses-tensor-arena", clauses=["ring.payload.tensor-arena"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _arena(ring: Any, ctx: Any) -> None:
     """A reader without vLLM's tensor arena refuses a handle that names one."""
@@ -610,7 +610,7 @@ def _arena(ring: Any, ctx: Any) -> None:
     raise CheckFailure("the reader attached to a ring whose handle names a tensor arena")
 
 
-@check("ring.reader.waits-for-ready", clauses=["ring.ready.reader-receives-ready",
+@check("ring/reader/waits-for-ready", clauses=["ring.ready.reader-receives-ready",
                                                "ring.ready.collective"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _reader_ready(ring: Any, ctx: Any) -> None:
@@ -630,7 +630,7 @@ def _reader_ready(ring: Any, ctx: Any) -> None:
     waiting.result(ctx.wait(5.0), "the reader's wait_until_ready")
 
 
-@check("ring.reader.reads-framed-chunk", clauses=["ring.framing.buffer-count",
+@check("ring/reader/reads-framed-chunk", clauses=["ring.framing.buffer-count",
                                                   "ring.framing.length-prefix",
                                                   "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
@@ -646,7 +646,7 @@ def _reads_chunk(ring: Any, ctx: Any) -> None:
         raise CheckFailure(f"read {got!r}, expected {message!r}")
 
 
-@check("ring.reader.sets-own-flag-only", clauses=["ring.reader.only-own-flag",
+@check("ring/reader/sets-own-flag-only", clauses=["ring.reader.only-own-flag",
                                                   "ring.reader.release-after-read",
                                                   "ring.handle.local-reader-rank",
                                                   "ring.layout.local-reader-index"],
@@ -666,7 +666,7 @@ def _own_flag(ring: Any, ctx: Any) -> None:
                            f"{expected.hex()}", Reproduction(received=[meta]))
 
 
-@check("ring.reader.ignores-unwritten-chunk", clauses=["ring.reader.readable-iff",
+@check("ring/reader/ignores-unwritten-chunk", clauses=["ring.reader.readable-iff",
                                                        "ring.reader.timeout"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _unwritten(ring: Any, ctx: Any) -> None:
@@ -683,7 +683,7 @@ def _unwritten(ring: Any, ctx: Any) -> None:
                            f"{writer.segment.metadata(0).hex()}")
 
 
-@check("ring.reader.ignores-chunk-already-read", clauses=["ring.reader.readable-iff"],
+@check("ring/reader/ignores-chunk-already-read", clauses=["ring.reader.readable-iff"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _already_read(ring: Any, ctx: Any) -> None:
     """A chunk with written = 1 whose own read flag is already 1 is not read again."""
@@ -699,7 +699,7 @@ def _already_read(ring: Any, ctx: Any) -> None:
                     "dequeue of a chunk whose read flag is already set", 0.6)
 
 
-@check("ring.reader.timeout-on-empty-ring", clauses=["ring.reader.timeout"], surface="ring",
+@check("ring/reader/timeout-on-empty-ring", clauses=["ring.reader.timeout"], surface="ring",
        requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _reader_timeout(ring: Any, ctx: Any) -> None:
     """dequeue on an empty ring raises TimeoutError after its timeout."""
@@ -709,7 +709,7 @@ def _reader_timeout(ring: Any, ctx: Any) -> None:
     _expect_timeout(lambda: readers[0].dequeue(timeout=0.5), "dequeue on an empty ring", 0.5)
 
 
-@check("ring.reader.overflow-from-xpub", clauses=["ring.framing.overflow-byte",
+@check("ring/reader/overflow-from-xpub", clauses=["ring.framing.overflow-byte",
                                                   "ring.framing.overflow-rest-stale"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _reader_overflow(ring: Any, ctx: Any) -> None:
@@ -727,7 +727,7 @@ def _reader_overflow(ring: Any, ctx: Any) -> None:
         raise CheckFailure(f"chunk 0 metadata after the read is {writer.segment.metadata(0).hex()}")
 
 
-@check("ring.reader.out-of-band-buffer", clauses=["ring.framing.buffer-count",
+@check("ring/reader/out-of-band-buffer", clauses=["ring.framing.buffer-count",
                                                   "ring.payload.pickle-protocol-5",
                                                   "ring.reader.copy-oob-before-release"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
@@ -753,7 +753,7 @@ def _reader_oob(ring: Any, ctx: Any) -> None:
                            "must be copied out before the chunk is released")
 
 
-@check("ring.reader.fifo-wrapping-with-overflow", clauses=["ring.reader.readable-iff",
+@check("ring/reader/fifo-wrapping-with-overflow", clauses=["ring.reader.readable-iff",
                                                           "ring.reader.advance-modulo",
                                                           "ring.reader.release-after-read",
                                                           "ring.framing.overflow-byte"],
@@ -767,7 +767,7 @@ def _reader_fifo(ring: Any, ctx: Any) -> None:
     _stream_through(writer, readers, ctx, _messages(45, (5, 2000, 700)))
 
 
-@check("ring.reader.release-on-error", clauses=["ring.reader.release-on-error"],
+@check("ring/reader/release-on-error", clauses=["ring.reader.release-on-error"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _release_on_error(ring: Any, ctx: Any) -> None:
     """A chunk that fails to unpickle still gets its read flag set; the next one is read."""
@@ -791,7 +791,7 @@ def _release_on_error(ring: Any, ctx: Any) -> None:
         raise CheckFailure("the message after the bad one was not read")
 
 
-@check("ring.reader.finds-write-without-notification", clauses=["ring.notify.hint-only"],
+@check("ring/reader/finds-write-without-notification", clauses=["ring.notify.hint-only"],
        surface="ring", requires=["ring.reader"], timeout=30.0)
 def _lost_notify(ring: Any, ctx: Any) -> None:
     """A reader idle for a while still finds a chunk written without a notification."""
@@ -809,7 +809,7 @@ def _lost_notify(ring: Any, ctx: Any) -> None:
 # --- target writer and target readers ----------------------------------------------------
 
 
-@check("ring.pair.fifo-two-readers", clauses=["ring.writer.wait-writable",
+@check("ring/pair/fifo-two-readers", clauses=["ring.writer.wait-writable",
                                               "ring.reader.readable-iff",
                                               "ring.framing.overflow-byte"],
        surface="ring", requires=["ring.writer", "ring.reader"], timeout=RING_TIMEOUT)
@@ -867,7 +867,7 @@ def _read_trace(ring: Any, n_reader: int, payload: bytes) -> tuple[RecordingMemo
     return memory, geometry, got
 
 
-@check("ring.memory.read-flags-cleared-before-written",
+@check("ring/memory/read-flags-cleared-before-written",
        clauses=["ring.writer.read-flags-cleared-before-written"], surface="ring",
        requires=["ring.memory"])
 def _order_flags(ring: Any, ctx: Any) -> None:
@@ -882,7 +882,7 @@ def _order_flags(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[repr(e).encode() for e in log]))
 
 
-@check("ring.memory.writer-fence-before-check", clauses=["ring.writer.fence-before-check"],
+@check("ring/memory/writer-fence-before-check", clauses=["ring.writer.fence-before-check"],
        surface="ring", requires=["ring.memory"])
 def _order_check_fence(ring: Any, ctx: Any) -> None:
     """The writer fences before it loads the chunk's flags."""
@@ -895,7 +895,7 @@ def _order_check_fence(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[repr(e).encode() for e in log]))
 
 
-@check("ring.memory.reader-fence-before-release", clauses=["ring.reader.fence-before-release"],
+@check("ring/memory/reader-fence-before-release", clauses=["ring.reader.fence-before-release"],
        surface="ring", requires=["ring.memory"])
 def _order_release_fence(ring: Any, ctx: Any) -> None:
     """A reader fences between its last load of the chunk and storing its flag."""
@@ -910,7 +910,7 @@ def _order_release_fence(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[repr(e).encode() for e in log]))
 
 
-@check("ring.memory.written-cleared-before-fill",
+@check("ring/memory/written-cleared-before-fill",
        clauses=["ring.writer.clear-written-before-fill"], surface="ring",
        requires=["ring.memory"])
 def _order_claim(ring: Any, ctx: Any) -> None:
@@ -924,7 +924,7 @@ def _order_claim(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[repr(e).encode() for e in log]))
 
 
-@check("ring.memory.fences-around-written",
+@check("ring/memory/fences-around-written",
        clauses=["ring.writer.fence-before-written", "ring.writer.fence-after-written",
                 "ring.fence.full-barrier"],
        surface="ring", requires=["ring.memory"])
@@ -941,7 +941,7 @@ def _order_fences(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[repr(e).encode() for e in log]))
 
 
-@check("ring.memory.reader-releases-after-reading",
+@check("ring/memory/reader-releases-after-reading",
        clauses=["ring.reader.release-after-read", "ring.reader.fence-before-check",
                 "ring.reader.fence-after-release"],
        surface="ring", requires=["ring.memory"])
@@ -962,7 +962,7 @@ def _order_reader(ring: Any, ctx: Any) -> None:
         raise CheckFailure("reader 1 changed reader 0's flag")
 
 
-@check("ring.memory.fence-after-claim", clauses=["ring.writer.fence-after-claim"],
+@check("ring/memory/fence-after-claim", clauses=["ring.writer.fence-after-claim"],
        surface="ring", requires=["ring.memory"])
 def _order_claim_fence(ring: Any, ctx: Any) -> None:
     """A fence separates the claim (written = 0) from every later store to the chunk."""
@@ -982,7 +982,7 @@ def _order_claim_fence(ring: Any, ctx: Any) -> None:
                            Reproduction(received=[repr(e).encode() for e in log]))
 
 
-@check("ring.memory.reader-loads-own-flag-first", clauses=["ring.reader.own-flag-loaded-first"],
+@check("ring/memory/reader-loads-own-flag-first", clauses=["ring.reader.own-flag-loaded-first"],
        surface="ring", requires=["ring.memory"])
 def _order_reader_loads(ring: Any, ctx: Any) -> None:
     """In its readable check a reader loads its own read flag before the written flag."""

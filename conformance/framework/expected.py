@@ -62,6 +62,11 @@ class ExpectedFailures:
                 where = f"{path}:{number}" if path else f"line {number}"
                 raise ExpectedFileError(f"{where}: expected 'CHECK_ID [# message prefix]', "
                                         f"got {raw!r}")
+            if "." in check_id:
+                where = f"{path}:{number}" if path else f"line {number}"
+                raise ExpectedFileError(
+                    f"{where}: {check_id} is a clause ID or an old-style check ID; check IDs "
+                    f"separate their parts with '/' ({check_id.replace('.', '/')})")
             if check_id in entries:
                 where = f"{path}:{number}" if path else f"line {number}"
                 raise ExpectedFileError(f"{where}: {check_id} is listed twice")

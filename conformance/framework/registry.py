@@ -2,7 +2,7 @@
 
 A check is a function decorated with :func:`check`::
 
-    @check("codec.tensor.inline-threshold-exact",
+    @check("codec/tensor/inline-threshold-exact",
            clauses=["tensors.inline-below-threshold"], surface="codec")
     def _(codec, ctx):
         frames = codec.encode("EngineCoreOutput", value)
@@ -38,7 +38,11 @@ SURFACES = ("codec", "ring", "engine", "frontend")
 #: Seconds a check may run unless it sets its own ``timeout``.
 DEFAULT_TIMEOUT_S = 10.0
 
-_CHECK_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$")
+#: A check ID: its surface, then parts separated by ``/`` (``ring/writer/chunk-framing``).
+#: Clause IDs separate their parts with ``.`` (``ring.writer.fence-before-check``), so the two
+#: never look alike: a check ID with a dot is refused.
+CHECK_ID_SEPARATOR = "/"
+_CHECK_ID = re.compile(r"^[a-z0-9_]+(/[a-z0-9_-]+)+$")
 _LEVEL_ORDER = {"MUST": 0, "SHOULD": 1, "MAY": 2}
 
 
@@ -163,7 +167,8 @@ def check(
 ) -> Callable[[Callable[[Any, Any], None]], Callable[[Any, Any], None]]:
     """Register the decorated function as check ``check_id``.
 
-    ``check_id`` starts with ``surface`` and uses ``[a-z0-9_.-]``; ``clauses`` names at least
+    ``check_id`` starts with ``surface`` and separates its parts with ``/`` (never ``.``, the
+    clause IDs' separator), each part of ``[a-z0-9_-]``; ``clauses`` names at least
     one spec clause; the first is the check's primary clause (the JUnit classname). The
     description defaults to the first line of the function's docstring.
     """
@@ -188,14 +193,21 @@ def check(
 
 def register(item: Check) -> Check:
     """Add ``item`` to the registry; checks that the ID, surface and clauses are well formed."""
+    if "." in item.id:
+        raise ValueError(
+            f"check ID {item.id!r} looks like a clause ID: check IDs separate their parts with "
+            f"'/' (e.g. {item.id.replace('.', '/')!r}), clause IDs with '.'"
+        )
     if not _CHECK_ID.match(item.id):
-        raise ValueError(f"check ID {item.id!r}: use [a-z0-9_.-] and two or more parts")
+        raise ValueError(
+            f"check ID {item.id!r}: expected parts of [a-z0-9_-] separated by '/', two or more"
+        )
     if item.surface not in SURFACES:
         raise ValueError(
             f"check {item.id}: surface must be one of {SURFACES}, not {item.surface!r}"
         )
-    if item.id.split(".", 1)[0] != item.surface:
-        raise ValueError(f"check {item.id}: its ID must start with '{item.surface}.'")
+    if item.id.split("/", 1)[0] != item.surface:
+        raise ValueError(f"check {item.id}: its ID must start with '{item.surface}/'")
     if not item.clauses:
         raise ValueError(f"check {item.id}: name at least one clause")
     if item.id in _REGISTRY and _REGISTRY[item.id].func is not item.func:

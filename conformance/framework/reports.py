@@ -17,7 +17,7 @@ JSON report (``--json PATH``), format ``enginewire-conformance/1``; keys are onl
                   "unexpected_pass": P, "changed_failure": C},
       "surfaces": {"codec": {same keys as summary}, ...},
       "results": [
-        {"id": "codec.tensor.inline-threshold-exact", "surface": "codec",
+        {"id": "codec/tensor/inline-threshold-exact", "surface": "codec",
          "clauses": ["tensors.inline-below-threshold"], "level": "MUST",
          "description": "...",
          "status": "passed|failed|skipped|not_implemented|not_applicable|not_run",

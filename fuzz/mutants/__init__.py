@@ -73,13 +73,13 @@ class Mutant:
 
 #: Codec kinds the fuzz campaign feeds a codec mutant (the input message every engine decodes).
 FUZZ_KINDS = ("add",)
-CODEC_CHECKS = ("codec.*",)
+CODEC_CHECKS = ("codec/*",)
 #: The ring checks that run the queue over real shared memory, not the instrumented
-#: ``ring.memory.*`` ones: on x86 they cannot see a missing fence or a reordered flag store,
+#: ``ring/memory/*`` ones: on x86 they cannot see a missing fence or a reordered flag store,
 #: which is why the explorer is the check for those two mutants.
-REAL_MEMORY_RING_CHECKS = ("ring.writer.*", "ring.reader.*", "ring.pair.*")
-FRAMING_CHECKS = ("ring.writer.chunk-framing", "ring.writer.exact-fit-stays-in-ring",
-                  "ring.writer.one-byte-*", "ring.writer.overflow-message")
+REAL_MEMORY_RING_CHECKS = ("ring/writer/*", "ring/reader/*", "ring/pair/*")
+FRAMING_CHECKS = ("ring/writer/chunk-framing", "ring/writer/exact-fit-stays-in-ring",
+                  "ring/writer/one-byte-*", "ring/writer/overflow-message")
 
 
 def _ring(**classes: Any) -> Callable[[], Any]:
@@ -127,11 +127,11 @@ _CATALOGUE = [
     Mutant("reuses-partly-read-chunk", "the writer reuses a chunk only some readers have read",
            "vLLM issue 27858; shm_broadcast.py acquire_write (read_count == n_reader)",
            "ring", _ring(writer_cls=ring.ReusesPartlyReadChunk),
-           ("ring.writer.waits-for-every-reader", "ring.memory.*"),
+           ("ring/writer/waits-for-every-reader", "ring/memory/*"),
            writer_cls=ring.ReusesPartlyReadChunk, explorer_model="sc", explorer_config=(2, 2, 3)),
     Mutant("marks-read-before-copy", "the reader marks the chunk read before copying it",
            "vLLM issues 53217 (aliasing a released slot), 45224 (release after the read)",
-           "ring", _ring(reader_cls=ring.MarksReadBeforeCopy), ("ring.memory.*",),
+           "ring", _ring(reader_cls=ring.MarksReadBeforeCopy), ("ring/memory/*",),
            reader_cls=ring.MarksReadBeforeCopy, explorer_model="sc", explorer_config=(2, 2, 3)),
     # --- ring: framing and waiting -------------------------------------------------------
     Mutant("overflow-off-by-one", "the overflow test is > where vLLM has >=",
@@ -146,19 +146,19 @@ _CATALOGUE = [
     Mutant("lost-notification", "a waiting reader trusts notifications and never rechecks",
            "vLLM issue 45224 (lost notifications)",
            "ring", _ring(queue_cls=ring.NoRecheckAfterNotification),
-           ("ring.reader.finds-write-without-notification",)),
+           ("ring/reader/finds-write-without-notification",)),
     Mutant("no-release-on-error", "the read flag is not set when decoding raises",
            "vLLM issue 45224 (read slot released in finally)",
            "ring", _ring(queue_cls=ring.NoReleaseOnError),
-           ("ring.reader.release-on-error",)),
+           ("ring/reader/release-on-error",)),
     # --- peers ---------------------------------------------------------------------------
     Mutant("identity-big-endian", "the engine's routing identity is big-endian",
            "vLLM issue 23247 (identity confusion on reconnect); core.py to_bytes(2, 'little')",
-           "engine", _engine(peers.BigEndianIdentity), ("engine.identity.*",)),
+           "engine", _engine(peers.BigEndianIdentity), ("engine/identity/*",)),
     Mutant("frame-buffer-reused", "an output frame buffer is reused while zmq still sends it",
            "vLLM issues 15207, 17203, PR 50053",
            "engine", _engine(peers.ReusedFrameBuffer),
-           ("engine.serve.*", "engine.utility.*")),
+           ("engine/serve/*", "engine/utility/*")),
 ]
 
 #: name -> mutant (each callable: returns a fresh conformance target).
