@@ -148,7 +148,7 @@ def test_registry_rejects_malformed_checks() -> None:
     with pytest.raises(ValueError, match="surface must be one of"):
         check("wire/x", clauses=["a.b"], surface="wire")(lambda s, c: None)
     with pytest.raises(ValueError, match="looks like a clause ID"):
-        check("ring/writer/chunk-framing", clauses=["ring.writer.fence-before-check"],
+        check("ring.writer.made-up-framing", clauses=["ring.writer.fence-before-check"],
               surface="ring")(lambda s, c: None)
     with pytest.raises(ValueError, match="separated by '/'"):
         check("codec/Upper Case", clauses=["a.b"], surface="codec")(lambda s, c: None)
@@ -326,7 +326,7 @@ def test_expected_file_parsing() -> None:
     with pytest.raises(ExpectedFileError, match="CHECK_ID"):
         ExpectedFailures.parse("codec/a codec/b\n")
     with pytest.raises(ExpectedFileError, match="separate their parts with '/'"):
-        ExpectedFailures.parse("ring/writer/chunk-framing\n")
+        ExpectedFailures.parse("ring.writer.made-up-framing\n")
 
 
 def _threshold_run(spec: Any, listing: str) -> Any:
@@ -365,7 +365,7 @@ def test_changed_failure_message_fails_the_run(spec: Any) -> None:
 
 def test_update_expected_rewrites_the_file(tmp_path: Path, capsys: Any) -> None:
     listing = tmp_path / "expected.txt"
-    listing.write_text("# known problems\ncodec.tensor.inline-threshold-plus-one  # stale\n")
+    listing.write_text("# known problems\ncodec/tensor/inline-threshold-plus-one  # stale\n")
     args = ["check", "--target", "test_conformance_framework:BROKEN_THRESHOLD",
             "-k", "codec/tensor/inline-threshold-*", "--no-progress",
             "--expected-failures", str(listing)]
