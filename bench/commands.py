@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .config import BENCHES, BenchConfig
+from enginewire.bench.config import BENCHES, BenchConfig
 
 
 def register(subparsers: Any) -> None:
@@ -89,7 +89,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    from . import plots, report, runner
+    from enginewire.bench import plots, report, rounds
 
     if args.plot and not plots.available():
         print("enginewire bench: --plot needs matplotlib (pip install 'enginewire[bench]')",
@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"enginewire bench: {exc}", file=sys.stderr)
             return 2
-        results = runner.run(config, progress=not args.no_progress,
+        results = rounds.run(config, progress=not args.no_progress,
                              command=command_line(args))
     print(report.render(results, summary=args.summary))
     if args.json and not args.from_json:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .report import display
-from .results import BORROWED, Results, Series, format_bytes
+from enginewire.bench.report import display
+from enginewire.bench.results import BORROWED, Results, Series, format_bytes
 
 COLORS = {"reference": "tab:blue", "reference" + BORROWED: "tab:purple", "vllm": "tab:orange",
           "memcpy": "tab:gray", "zmq_push_pull": "tab:green", "router_dealer": "tab:gray"}

@@ -6,8 +6,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .results import BORROWED, Results, Series, benches_of, format_bytes
-from .stats import Spread
+from enginewire.bench.results import BORROWED, Results, Series, benches_of, format_bytes
+from enginewire.bench.stats import Spread
 
 #: How contenders are shown.
 DISPLAY = {

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .stats import Spread, paired_ratios, spread
+from enginewire.bench.stats import Spread, paired_ratios, spread
 
 SCHEMA = "enginewire-bench/1"
 

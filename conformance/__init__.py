@@ -1,20 +1,30 @@
 """enginewire.conformance: the conformance suite (``enginewire check``).
 
-- :mod:`.targets`: the target contract (codec, ring, engine, frontend) and target loading;
-- :mod:`.registry`: ``@check``, :class:`CheckFailure`, :class:`Reproduction`;
-- :mod:`.runner`: running checks under time limits; :mod:`.expected`: expected-failure lists;
-- :mod:`.reports`: terminal, JSON, JUnit and HTML reports, clause coverage;
+- :mod:`.framework`: ``@check`` and the registry, the runner, verdicts, expected-failure
+  lists, reports;
+- :mod:`.targets`: the target contract (codec, ring, engine, frontend), resolution of
+  ``--target`` names, and the built-in targets (reference, vLLM, external programs);
+- :mod:`.peers`: the suite's own peers (ZMQ front end and engine, ring ends, executor and
+  worker messages);
+- :mod:`.oracle`: the spec-derived oracles (expected wire bytes, neutral values, samples,
+  golden vectors);
 - :mod:`.checks`: the checks, one module per surface (and generated struct/golden checks);
-- :mod:`.wire`, :mod:`.values`, :mod:`.samples`: the spec-derived wire oracle and values;
-- :mod:`.peers`, :mod:`.ring_peer`, :mod:`.executor_peer`: the suite's own front end, engine,
-  ring ends, and executor and worker messages;
-- :mod:`.reference_target`, :mod:`.vllm_target`, :mod:`.vllm_frontend`, :mod:`.external`:
-  built-in targets;
-- :mod:`.pytest_plugin`: the checks as pytest items (``--enginewire-target``).
+- :mod:`.commands` (``enginewire check``) and :mod:`.pytest_plugin` (the checks as pytest
+  items, ``--enginewire-target``); ``data/``: expected-failure lists and golden vectors.
 
-See docs/conformance.md.
+Layer: above ``enginewire.reference``. This package may import ``enginewire.spec``,
+``enginewire.reference`` and itself, never fuzz, bench or the command line: those register
+what they add (e.g. ``mutant:NAME`` targets) through
+:func:`.targets.resolve.register_provider`. See docs/conformance.md.
 """
 
-from .registry import Check, CheckFailure, CheckSkip, NotImplementedSurface, Reproduction, check
+from enginewire.conformance.framework.registry import (
+    Check,
+    CheckFailure,
+    CheckSkip,
+    NotImplementedSurface,
+    Reproduction,
+    check,
+)
 
 __all__ = ["Check", "CheckFailure", "CheckSkip", "NotImplementedSurface", "Reproduction", "check"]

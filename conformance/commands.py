@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from .registry import SURFACES
+from enginewire.conformance.framework.registry import SURFACES
 
 
 def register(subparsers: Any) -> None:
@@ -64,13 +64,19 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from enginewire.conformance.framework import reports
+    from enginewire.conformance.framework.expected import ExpectedFailures, ExpectedFileError
+    from enginewire.conformance.framework.registry import all_checks, select
+    from enginewire.conformance.targets.contract import TargetError
+    from enginewire.conformance.targets.resolve import load_target
     from enginewire.spec import load
 
-    from . import reports
-    from .expected import ExpectedFailures, ExpectedFileError
-    from .registry import all_checks, select
-    from .targets import TargetError, load_target
-
+    dotted = [pattern for pattern in args.select if "." in pattern]
+    if dotted:
+        print(f"enginewire check: -k {dotted[0]!r} can match no check: check IDs separate "
+              f"their parts with '/' (try {dotted[0].replace('.', '/')!r}); dots are for "
+              "clause IDs", file=sys.stderr)
+        return 2
     spec = load()
     checks = select(all_checks(), surfaces=args.surface, patterns=args.select)
 
@@ -107,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"enginewire check: {exc}", file=sys.stderr)
         return 2
 
-    from .runner import run
+    from enginewire.conformance.framework.runner import run
 
     progress = reports.Progress(enabled=False if args.no_progress else None)
     try:

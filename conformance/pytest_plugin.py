@@ -5,7 +5,7 @@ Registered through the ``pytest11`` entry point ``enginewire``. Without
 unaffected. With it, every check becomes an item whose node ID carries the check ID and its
 primary clause (``-k`` selects on both)::
 
-    enginewire-conformance::codec::codec.tensor.inline-threshold-exact[tensors.tensor-inline-below-threshold]
+    enginewire-conformance::codec::codec/tensor/inline-threshold-exact[tensors.tensor-inline-below-threshold]
 
 Options:
 
@@ -35,7 +35,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("enginewire", "enginewire conformance checks")
     group.addoption("--enginewire-target", default=None, metavar="T",
                     help="run the enginewire conformance checks against target T "
-                         "(reference, vllm, mutant:NAME, package.module:attr, none)")
+                         "(reference, vllm, package.module:attr, none, or PREFIX:NAME of a "
+                         "registered provider: mutant:NAME once enginewire.fuzz.mutants "
+                         "is imported)")
     group.addoption("--enginewire-target-cmd", action="append", default=[],
                     metavar="[SURFACE=]COMMAND", help="an external program for one surface")
     group.addoption("--enginewire-surface", action="append", default=[], metavar="S",
@@ -73,7 +75,7 @@ class _State:
     @property
     def target(self) -> Any:
         if self._target is None:
-            from enginewire.conformance.targets import load_target
+            from enginewire.conformance.targets.resolve import load_target
 
             text = self.config.getoption("--enginewire-target") or "none"
             self._target = load_target(text, self.config.getoption("--enginewire-target-cmd"))
@@ -82,7 +84,7 @@ class _State:
     @property
     def expected(self) -> Any:
         if self._expected is None:
-            from enginewire.conformance.expected import ExpectedFailures
+            from enginewire.conformance.framework.expected import ExpectedFailures
 
             path = self.config.getoption("--enginewire-expected-failures")
             self._expected = ExpectedFailures.load(path) if path else ExpectedFailures()
@@ -110,7 +112,8 @@ class CheckItem(pytest.Item):
         self.user_properties.append(("clauses", ", ".join(check.clauses)))
 
     def runtest(self) -> None:
-        from enginewire.conformance.runner import FAILED, PASSED, run_check
+        from enginewire.conformance.framework.outcomes import FAILED, PASSED
+        from enginewire.conformance.framework.runner import run_check
 
         state = self.config.stash[_STATE_KEY]
         result = run_check(self.check, state.target, state.spec,
@@ -165,7 +168,7 @@ class SurfaceCollector(pytest.Collector):
 
 class ConformanceRoot(pytest.Collector):
     def collect(self) -> Iterator[SurfaceCollector]:
-        from enginewire.conformance.registry import SURFACES, all_checks, select
+        from enginewire.conformance.framework.registry import SURFACES, all_checks, select
 
         chosen = select(all_checks(), surfaces=self.config.getoption("--enginewire-surface"))
         for surface in SURFACES:

@@ -22,6 +22,10 @@ COMMAND_MODULES = (
     "enginewire.bench.commands",
 )
 
+#: Modules that register ``--target PREFIX:NAME`` providers with
+#: :func:`enginewire.conformance.targets.resolve.register_provider` when imported.
+TARGET_PROVIDER_MODULES = ("enginewire.fuzz.mutants",)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -29,14 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Wire specification and conformance suite for LLM engine IPC (vLLM V1).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in COMMAND_MODULES:
+    for module_name in TARGET_PROVIDER_MODULES + COMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name is None or not module_name.startswith(exc.name):
                 raise
             continue
-        module.register(subparsers)
+        if module_name in COMMAND_MODULES:
+            module.register(subparsers)
     return parser
 
 

@@ -61,9 +61,9 @@ def main(args: argparse.Namespace) -> int:
         print("enginewire fuzz: needs Hypothesis (pip install 'enginewire[fuzz]')",
               file=sys.stderr)
         return 2
-    from enginewire.conformance.targets import TargetError, load_target
-
-    from .runner import (
+    from enginewire.conformance.targets.contract import TargetError
+    from enginewire.conformance.targets.resolve import load_target
+    from enginewire.fuzz.campaigns import (
         DEFAULT_CASE_TIMEOUT,
         DEFAULT_DATABASE,
         CodecCampaign,
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
         fuzz_engine,
         open_database,
     )
-    from .strategies import kinds
+    from enginewire.fuzz.strategies import kinds
 
     if args.max_examples is not None and args.max_examples < 1:
         print("enginewire fuzz: --max-examples must be at least 1", file=sys.stderr)

@@ -1,9 +1,9 @@
-"""The catalogue of malformations behind :func:`enginewire.fuzz.strategies.malformed`.
+"""The catalogue of malformations behind :func:`enginewire.fuzz.mutations.malformed`.
 
 Each case starts from a valid message drawn by :func:`~enginewire.fuzz.strategies.messages`,
 encoded by the reference codec, and changes exactly one thing. The payload is edited as plain
-msgpack data (:func:`enginewire.conformance.wire.raw_decode`) at a position whose declared type
-the spec gives; positions under a union of several types are left alone, because there the
+msgpack data (:func:`enginewire.conformance.oracle.wire.raw_decode`) at a position whose declared
+type the spec gives; positions under a union of several types are left alone, because there the
 changed value could still decode as another member (and the input would not be malformed).
 
 Mutations (``name``: what changes, then the clause a decoder must name):
@@ -74,11 +74,11 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from enginewire.conformance.wire import raw_decode
+from enginewire.conformance.oracle.wire import raw_decode
+from enginewire.fuzz.strategies import Malformed, SpecStrategies, generator
+from enginewire.reference.codec import Codec
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
 from enginewire.spec.types import TypeExpr, parse_type
-
-from .strategies import Malformed, SpecStrategies
 
 Ext = msgspec.msgpack.Ext
 
@@ -747,7 +747,7 @@ def mutations(case: _Case) -> list[tuple[str, Mutation]]:
 
 def malformed_strategy(gen: SpecStrategies, kind: str, *, routed: bool = False
                        ) -> st.SearchStrategy[Malformed]:
-    """See :func:`enginewire.fuzz.strategies.malformed`."""
+    """See :func:`enginewire.fuzz.mutations.malformed`."""
     layout = gen.layout(kind)
     if layout is None and kind not in gen.structs.classes:
         raise KeyError(f"unknown message kind or struct {kind!r}")
@@ -788,3 +788,14 @@ def _identity_width(frames: list[bytes], width: int) -> Mutation:
 def catalogue() -> list[str]:
     """The mutation names listed in this module's docstring, in order."""
     return re.findall(r"``([a-z]+(?:-[a-z]+)+)``", (__doc__ or "").split("Mutations (", 1)[1])
+
+
+def malformed(kind: str, *, codec: Codec | None = None, routed: bool = False
+              ) -> st.SearchStrategy[Malformed]:
+    """Near-valid frames of ``kind`` breaking exactly one rule, labelled with its clause.
+
+    ``routed=True`` puts a valid identity frame in front of every case (frames as a ROUTER
+    receives them; decode them with ``codec.decode_routed``) and adds identity defects; only
+    for kinds that travel through a ROUTER.
+    """
+    return malformed_strategy(generator(codec), kind, routed=routed)

@@ -23,16 +23,18 @@ positions get such tensors, numbers, and lists of them nested a few levels deep.
 
 Malformed input
 ---------------
-``malformed(kind)`` draws :class:`Malformed` cases: the frames of a valid message with exactly
-one rule broken, labelled with the clause a decoder must cite when it rejects them (see
-:mod:`enginewire.fuzz.mutations` for the catalogue). Where one defect breaks two clauses at once
+:func:`enginewire.fuzz.mutations.malformed` draws :class:`Malformed` cases: the frames of a
+valid message with exactly one rule broken, labelled with the clause a decoder must cite when
+it rejects them (:mod:`enginewire.fuzz.mutations` holds the catalogue; it builds on this
+module, which never imports it). Where one defect breaks two clauses at once
 (a missing out-of-band frame leaves an index out of range), :attr:`Malformed.also` lists the
 other one and :attr:`Malformed.accepted` holds both.
 
 Usage in your own tests::
 
     from hypothesis import given
-    from enginewire.fuzz.strategies import malformed, messages, same_value
+    from enginewire.fuzz.mutations import malformed
+    from enginewire.fuzz.strategies import messages, same_value
     from enginewire.reference import codec
 
     @given(messages("add"))
@@ -62,7 +64,7 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
-from enginewire.conformance.values import differences
+from enginewire.conformance.oracle.values import differences
 from enginewire.reference.codec import Codec, Layout, default_codec
 from enginewire.reference.tensors import WireTensor, vocabulary
 from enginewire.spec.schema import EnumSpec, StructSpec
@@ -76,7 +78,6 @@ __all__ = [
     "Malformed",
     "kinds",
     "generator",
-    "malformed",
     "messages",
     "same_value",
     "values",
@@ -166,8 +167,8 @@ def same_value(actual: Any, expected: Any) -> bool:
 
     Structs compare field by field, tensors and arrays by dtype, shape and C-order bytes (so a
     NaN element compares equal to itself), floats with ``nan == nan``, sets regardless of order,
-    tuples equal to lists of the same items. :func:`enginewire.conformance.values.differences`
-    gives the list of mismatches.
+    tuples equal to lists of the same items.
+    :func:`enginewire.conformance.oracle.values.differences` gives the list of mismatches.
     """
     return not differences(expected, actual)
 
@@ -508,16 +509,3 @@ def values(type_text: str | TypeExpr, *, codec: Codec | None = None) -> st.Searc
     """Values of any type expression of the spec's grammar (``"dict[str, int] | none"``)."""
     expr = parse_type(type_text) if isinstance(type_text, str) else type_text
     return generator(codec).value(expr)
-
-
-def malformed(kind: str, *, codec: Codec | None = None, routed: bool = False
-              ) -> st.SearchStrategy[Malformed]:
-    """Near-valid frames of ``kind`` breaking exactly one rule, labelled with its clause.
-
-    ``routed=True`` puts a valid identity frame in front of every case (frames as a ROUTER
-    receives them; decode them with ``codec.decode_routed``) and adds identity defects; only
-    for kinds that travel through a ROUTER.
-    """
-    from .mutations import malformed_strategy
-
-    return malformed_strategy(generator(codec), kind, routed=routed)

@@ -5,8 +5,8 @@ Usage::
     python scripts/make_golden_vectors.py            # (re)write conformance/data/golden/*.json
     python scripts/make_golden_vectors.py --check    # compare the committed files, write nothing
 
-The cases live in :func:`enginewire.conformance.golden.cases`; the frames come from vLLM's own
-encoders (``MsgpackEncoder``, ``msgspec.msgpack.encode`` where vLLM uses it, the DP
+The cases live in :func:`enginewire.conformance.oracle.golden.cases`; the frames come from vLLM's
+own encoders (``MsgpackEncoder``, ``msgspec.msgpack.encode`` where vLLM uses it, the DP
 coordinator's ``_send_start_wave``), and each vector records the neutral value of the object
 vLLM encoded. The test suite then checks, without vLLM, that the reference codec writes the
 same bytes from that value (``tests/test_codec_golden.py``).
@@ -20,7 +20,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from enginewire.conformance.golden import (
+from enginewire.conformance.oracle.golden import (
     GOLDEN_DIR,
     GoldenVector,
     as_sent,

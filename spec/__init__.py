@@ -4,6 +4,10 @@ The facts live in TOML files under ``data/`` (one per surface, one per struct un
 ``data/structs/``); :func:`load` validates them against :mod:`.schema` and returns a typed
 :class:`Spec`. Everything else in enginewire (reference, conformance, fuzz) reads the spec
 through this function rather than restating it.
+
+Layer: the lowest. This package may import only the standard library and third-party packages
+(vLLM only inside :mod:`.drift`, which compares the spec with an installed vLLM), never another
+enginewire package.
 """
 
 from .loader import REFERENCE_VLLM_VERSION, ClauseRef, Spec, SpecError, load

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from enginewire.bench import commands, report, runner
+from enginewire.bench import commands, report, rounds
 from enginewire.bench.config import KIB, MIB, BenchConfig
 from enginewire.bench.results import SCHEMA, Results
 from enginewire.bench.stats import paired_ratios, percentile, spread
@@ -260,7 +260,7 @@ def test_command_line() -> None:
 
 
 def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
-    results = runner.run(TINY, progress=False)
+    results = rounds.run(TINY, progress=False)
     no_failures(results)
     assert results.skipped == {} and results.targets == ["reference"]
     found = {(s.bench, s.metric, s.contender, tuple(s.case.items())) for s in results.series}
@@ -313,7 +313,7 @@ def test_plots_are_png_files(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from enginewire.bench import plots
 
-    results = runner.run(replace(TINY, benches=("ring", "peers"), rounds=1), progress=False)
+    results = rounds.run(replace(TINY, benches=("ring", "peers"), rounds=1), progress=False)
     no_failures(results)
     written = plots.write_plots(results, tmp_path / "plots")
     names = {p.name for p in written}
@@ -328,8 +328,8 @@ def test_plots_are_png_files(tmp_path: Path) -> None:
 
 def test_codec_through_a_target_surface() -> None:
     """A ``package.module:attr`` target is timed through its codec surface."""
-    text = "enginewire.conformance.reference_target:reference_target"
-    results = runner.run(replace(TINY, targets=(text,), benches=("codec",), rounds=1),
+    text = "enginewire.conformance.targets.reference:reference_target"
+    results = rounds.run(replace(TINY, targets=(text,), benches=("codec",), rounds=1),
                          progress=False)
     no_failures(results)
     series = results.find("codec", "decode_us", text, {"workload": "prompt_embeds"})
@@ -339,20 +339,20 @@ def test_codec_through_a_target_surface() -> None:
 
 
 def test_unknown_target_is_skipped_with_a_reason() -> None:
-    results = runner.run(replace(TINY, targets=("no_such_module:thing",), benches=("codec",),
+    results = rounds.run(replace(TINY, targets=("no_such_module:thing",), benches=("codec",),
                                  rounds=1), progress=False)
     assert "no_such_module:thing" in results.skipped
     assert {s.contender for s in results.series} == {"msgspec"}
 
 
 def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    from enginewire.bench import ring
+    from enginewire.bench import ring_bench
 
     def interrupt(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ring.RingBench, "zmq_latency", interrupt)
-    results = runner.run(replace(TINY, benches=("ring",), rounds=2), progress=False)
+    monkeypatch.setattr(ring_bench.RingBench, "zmq_latency", interrupt)
+    results = rounds.run(replace(TINY, benches=("ring",), rounds=2), progress=False)
     assert any("interrupted" in note for note in results.notes)
     reference = results.find("ring", "messages_per_s", "reference",
                              {"payload_bytes": 64, "readers": 1, "chunks": 4})
@@ -364,7 +364,7 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.vllm
 def test_tiny_run_against_vllm() -> None:
     pytest.importorskip("vllm")
-    results = runner.run(replace(TINY, include_vllm=True, rounds=1), progress=False)
+    results = rounds.run(replace(TINY, include_vllm=True, rounds=1), progress=False)
     no_failures(results)
     assert results.skipped == {}
     for series in results.series:

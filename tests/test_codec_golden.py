@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from enginewire.conformance.golden import GOLDEN_DIR, check_vector, load_vectors
+from enginewire.conformance.oracle.golden import GOLDEN_DIR, check_vector, load_vectors
 from enginewire.reference.codec import Codec
 
 VECTORS = {vector.name: vector for vector in load_vectors()}

@@ -21,7 +21,7 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.v1 import engine as vllm_engine  # noqa: E402
 from vllm.v1.serial_utils import MsgpackDecoder, MsgpackEncoder, UtilityResult  # noqa: E402
 
-from enginewire.conformance.golden import (  # noqa: E402
+from enginewire.conformance.oracle.golden import (  # noqa: E402
     as_sent,
     cases,
     from_json,
@@ -29,8 +29,8 @@ from enginewire.conformance.golden import (  # noqa: E402
     to_json,
     vllm_frames,
 )
-from enginewire.conformance.values import differences, neutral  # noqa: E402
-from enginewire.conformance.vllm_target import VllmCodec  # noqa: E402
+from enginewire.conformance.oracle.values import differences, neutral  # noqa: E402
+from enginewire.conformance.targets.vllm.target import VllmCodec  # noqa: E402
 from enginewire.reference import structs as S  # noqa: E402
 from enginewire.reference.codec import Codec  # noqa: E402
 from enginewire.spec import load  # noqa: E402

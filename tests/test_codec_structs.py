@@ -8,8 +8,8 @@ import typing
 import msgspec
 import pytest
 
-from enginewire.conformance.samples import CONTEXTUAL, Sampler
-from enginewire.conformance.values import build, complete, differences, neutral
+from enginewire.conformance.oracle.samples import CONTEXTUAL, Sampler
+from enginewire.conformance.oracle.values import build, complete, differences, neutral
 from enginewire.reference import structs
 from enginewire.reference.codec import Codec
 from enginewire.reference.structs import NdarraySlot, TensorSlot, UnionSlot

@@ -1,4 +1,4 @@
-"""The executor-RPC ring checks (``ring.worker.*``, ``ring.executor.*``, the request carried by
+"""The executor-RPC ring checks (``ring/worker/*``, ``ring/executor/*``, the request carried by
 any ring): a small executor and worker over the reference ring pass them, and each broken
 variant is caught by the check for the clause it breaks."""
 
@@ -12,17 +12,18 @@ from typing import Any
 
 import pytest
 
-from enginewire.conformance.executor_peer import ResponseStatus, dumps_reply, loads_reply
-from enginewire.conformance.reference_target import ReferenceRing, ReferenceRingWriter
-from enginewire.conformance.registry import all_checks, select
-from enginewire.conformance.runner import FAILED, PASSED, run
-from enginewire.conformance.targets import RingHandle, Target
+from enginewire.conformance.framework.outcomes import FAILED, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.peers.executor_peer import ResponseStatus, dumps_reply, loads_reply
+from enginewire.conformance.targets.contract import RingHandle, Target
+from enginewire.conformance.targets.reference import ReferenceRing, ReferenceRingWriter
 from enginewire.spec import load
 
-WORKER_CHECKS = ["ring.worker.named-method", "ring.worker.pickled-callable",
-                 "ring.worker.failure-reply", "ring.worker.reply-rank"]
-EXECUTOR_CHECKS = ["ring.executor.request-tuple", "ring.executor.unique-reply-rank",
-                   "ring.executor.failure-raises", "ring.executor.timeout"]
+WORKER_CHECKS = ["ring/worker/named-method", "ring/worker/pickled-callable",
+                 "ring/worker/failure-reply", "ring/worker/reply-rank"]
+EXECUTOR_CHECKS = ["ring/executor/request-tuple", "ring/executor/unique-reply-rank",
+                   "ring/executor/failure-raises", "ring/executor/timeout"]
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +152,8 @@ def test_a_sound_executor_and_worker_pass(spec: Any) -> None:
 
 
 @pytest.mark.parametrize(("flaw", "caught_by", "message"), [
-    ("replies-always", "ring.worker.reply-rank", "replied to a request for rank 1"),
-    ("int-status", "ring.worker.named-method", "expected a member of vLLM's"),
+    ("replies-always", "ring/worker/reply-rank", "replied to a request for rank 1"),
+    ("int-status", "ring/worker/named-method", "expected a member of vLLM's"),
 ])
 def test_a_broken_worker_is_caught(spec: Any, flaw: str, caught_by: str, message: str) -> None:
     result = _statuses([caught_by], MiniRing(worker_flaw=flaw), spec)[caught_by]
@@ -161,9 +162,9 @@ def test_a_broken_worker_is_caught(spec: Any, flaw: str, caught_by: str, message
 
 
 @pytest.mark.parametrize(("flaw", "caught_by", "message"), [
-    ("list-request", "ring.executor.request-tuple", "expected the tuple"),
-    ("reads-every-rank", "ring.executor.unique-reply-rank", "does it wait for every rank?"),
-    ("bare-timeout", "ring.executor.timeout", "expected TimeoutError: RPC call to slow_step"),
+    ("list-request", "ring/executor/request-tuple", "expected the tuple"),
+    ("reads-every-rank", "ring/executor/unique-reply-rank", "does it wait for every rank?"),
+    ("bare-timeout", "ring/executor/timeout", "expected TimeoutError: RPC call to slow_step"),
 ])
 def test_a_broken_executor_is_caught(spec: Any, flaw: str, caught_by: str,
                                      message: str) -> None:
@@ -184,7 +185,7 @@ def test_an_executor_with_its_own_failure_messages_is_caught(spec: Any) -> None:
         def create_executor(self, **options: Any) -> Terse:
             return Terse(**options)
 
-    check = "ring.executor.failure-raises"
+    check = "ring/executor/failure-raises"
     result = _statuses([check], TerseRing(), spec)[check]
     assert result.status == FAILED
     assert result.first_line.startswith("a FAILURE reply raised RuntimeError: worker failed")
@@ -193,7 +194,7 @@ def test_an_executor_with_its_own_failure_messages_is_caught(spec: Any) -> None:
 def test_a_ring_that_turns_tuples_into_lists_is_caught(spec: Any) -> None:
     """The msgspec payload codec (enginewire peers only) carries an executor request as a
     list: the request checks of plain rings fail on it, and pass on pickle."""
-    from enginewire.conformance.reference_target import _ReferenceRingEnd, ring_handle
+    from enginewire.conformance.targets.reference import _ReferenceRingEnd, ring_handle
     from enginewire.reference.ring import Handle, MessageQueue
 
     class MsgspecRing(ReferenceRing):
@@ -214,6 +215,6 @@ def test_a_ring_that_turns_tuples_into_lists_is_caught(spec: Any) -> None:
             end.handle = ring_handle(end.queue.export_handle(), n_reader)
             return end
 
-    patterns = ["ring.reader.executor-request-carried", "ring.writer.executor-request-carried"]
+    patterns = ["ring/reader/executor-request-carried", "ring/writer/executor-request-carried"]
     assert {r.status for r in _statuses(patterns, ReferenceRing(), spec).values()} == {PASSED}
     assert {r.status for r in _statuses(patterns, MsgspecRing(), spec).values()} == {FAILED}

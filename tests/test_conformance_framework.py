@@ -13,18 +13,9 @@ import msgspec
 import pytest
 
 from enginewire.cli import main
-from enginewire.conformance import reports
-from enginewire.conformance.expected import ExpectedFailures, ExpectedFileError
-from enginewire.conformance.reference_target import ReferenceCodec
-from enginewire.conformance.registry import (
-    Check,
-    CheckFailure,
-    Reproduction,
-    all_checks,
-    check,
-    select,
-)
-from enginewire.conformance.runner import (
+from enginewire.conformance.framework import reports
+from enginewire.conformance.framework.expected import ExpectedFailures, ExpectedFileError
+from enginewire.conformance.framework.outcomes import (
     CHANGED_FAILURE,
     EXPECTED_FAILURE,
     FAILED,
@@ -33,10 +24,19 @@ from enginewire.conformance.runner import (
     PASSED,
     UNEXPECTED_FAILURE,
     UNEXPECTED_PASS,
-    run,
-    run_check,
 )
-from enginewire.conformance.targets import Target, TargetError, load_target
+from enginewire.conformance.framework.registry import (
+    Check,
+    CheckFailure,
+    Reproduction,
+    all_checks,
+    check,
+    select,
+)
+from enginewire.conformance.framework.runner import run, run_check
+from enginewire.conformance.targets.contract import Target, TargetError
+from enginewire.conformance.targets.reference import ReferenceCodec
+from enginewire.conformance.targets.resolve import load_target
 from enginewire.spec import load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,23 +131,34 @@ def test_every_check_names_clauses_the_spec_has(spec: Any) -> None:
 def test_check_ids_are_unique_and_start_with_their_surface() -> None:
     ids = [c.id for c in all_checks()]
     assert len(ids) == len(set(ids))
-    assert all(c.id.startswith(c.surface + ".") for c in all_checks())
+    assert all(c.id.startswith(c.surface + "/") for c in all_checks())
+
+
+def test_check_ids_never_look_like_clause_ids(spec: Any) -> None:
+    ids = {c.id for c in all_checks()}
+    assert not any("." in check_id for check_id in ids)
+    assert not ids & set(spec.clauses)
 
 
 def test_registry_rejects_malformed_checks() -> None:
     with pytest.raises(ValueError, match="must start with"):
-        check("ring.oops", clauses=["ring.x"], surface="codec")(lambda s, c: None)
+        check("ring/oops", clauses=["ring.x"], surface="codec")(lambda s, c: None)
     with pytest.raises(ValueError, match="at least one clause"):
-        check("codec.no-clauses", clauses=[], surface="codec")(lambda s, c: None)
+        check("codec/no-clauses", clauses=[], surface="codec")(lambda s, c: None)
     with pytest.raises(ValueError, match="surface must be one of"):
-        check("wire.x", clauses=["a.b"], surface="wire")(lambda s, c: None)
+        check("wire/x", clauses=["a.b"], surface="wire")(lambda s, c: None)
+    with pytest.raises(ValueError, match="looks like a clause ID"):
+        check("ring.writer.made-up-framing", clauses=["ring.writer.fence-before-check"],
+              surface="ring")(lambda s, c: None)
+    with pytest.raises(ValueError, match="separated by '/'"):
+        check("codec/Upper Case", clauses=["a.b"], surface="codec")(lambda s, c: None)
 
 
 def test_level_comes_from_the_strongest_clause(spec: Any) -> None:
     should = next(cid for cid, ref in spec.clauses.items() if ref.clause.level == "SHOULD")
     must = next(cid for cid, ref in spec.clauses.items() if ref.clause.level == "MUST")
-    only_should = Check("codec.t", (should,), "codec", lambda s, c: None, "t")
-    mixed = Check("codec.t", (should, must), "codec", lambda s, c: None, "t")
+    only_should = Check("codec/t", (should,), "codec", lambda s, c: None, "t")
+    mixed = Check("codec/t", (should, must), "codec", lambda s, c: None, "t")
     assert only_should.level(spec) == "SHOULD"
     assert mixed.level(spec) == "MUST"
 
@@ -165,7 +176,7 @@ def test_a_hung_target_fails_the_check_instead_of_hanging(spec: Any) -> None:
     def waits_on_target(codec: Any, ctx: Any) -> None:
         codec.decode("abort", [b"\x01", msgspec.msgpack.encode(["r"])])
 
-    item = Check("codec.test.hangs", ("frames.abort-payload",), "codec", waits_on_target,
+    item = Check("codec/test/hangs", ("frames.abort-payload",), "codec", waits_on_target,
                  "hangs", timeout=0.5)
     codec = HangingCodec()
     try:
@@ -186,7 +197,7 @@ def test_cleanups_run_after_a_failing_check(spec: Any) -> None:
         closed.append(directory)
         raise CheckFailure("wrong", Reproduction(sent=[b"\x00\x01"], received="nope"))
 
-    item = Check("codec.test.fails", ("frames.abort-payload",), "codec", fails, "fails")
+    item = Check("codec/test/fails", ("frames.abort-payload",), "codec", fails, "fails")
     result = run_check(item, CODEC_ONLY, spec)
     assert result.status == FAILED
     assert result.message == "wrong"
@@ -203,7 +214,7 @@ def test_an_exception_escaping_a_check_fails_it_with_its_clause(spec: Any) -> No
     def raises(codec: Any, ctx: Any) -> None:
         raise Boom("bad frames")
 
-    result = run_check(Check("codec.test.raises", ("frames.frame-count",), "codec", raises, "r"),
+    result = run_check(Check("codec/test/raises", ("frames.frame-count",), "codec", raises, "r"),
                        CODEC_ONLY, spec)
     assert result.status == FAILED
     assert result.message == "Boom [frames.frame-count]: bad frames"
@@ -233,6 +244,33 @@ def test_should_checks_run_only_with_strict(spec: Any) -> None:
     assert NOT_RUN not in {r.status for r in strict.results}
 
 
+def test_higher_layers_add_target_names_through_providers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``PREFIX:NAME`` resolves through a registered provider; without one it is an error
+    that lists the providers there are; built-in names cannot be taken over."""
+    from enginewire.conformance.targets import resolve
+
+    monkeypatch.setattr(resolve, "_PROVIDERS", {})
+    with pytest.raises(TargetError, match="none registered"):
+        load_target("demo:one")
+    seen: list[str] = []
+
+    def provide(name: str) -> Target:
+        seen.append(name)
+        return Target(f"demo:{name}", codec=ReferenceCodec())
+
+    resolve.register_provider("demo", provide, "demo:NAME (a test provider)")
+    target = load_target("demo:one")
+    assert (target.name, seen) == ("demo:one", ["one"])
+    assert target.has("codec")
+    with pytest.raises(TargetError, match=r"demo:NAME \(a test provider\)"):
+        load_target("nonsense")
+    with pytest.raises(ValueError, match="built-in"):
+        resolve.register_provider("vllm", provide)
+    with pytest.raises(ValueError, match="lower-case identifier"):
+        resolve.register_provider("Bad-Prefix", provide)
+
+
 def test_target_loading_errors_are_clear() -> None:
     with pytest.raises(TargetError, match="unknown target"):
         load_target("nonsense")
@@ -246,13 +284,13 @@ def test_target_loading_errors_are_clear() -> None:
 
 
 def test_inclusive_threshold_is_caught_by_the_exact_threshold_check(spec: Any) -> None:
-    result = run(select(all_checks(), patterns=["codec.tensor.inline-threshold-*"]),
+    result = run(select(all_checks(), patterns=["codec/tensor/inline-threshold-*"]),
                  BROKEN_THRESHOLD, spec)
     verdicts = {r.check.id: r.status for r in result.results}
     assert verdicts == {
-        "codec.tensor.inline-threshold-minus-one": PASSED,
-        "codec.tensor.inline-threshold-exact": FAILED,
-        "codec.tensor.inline-threshold-plus-one": PASSED,
+        "codec/tensor/inline-threshold-minus-one": PASSED,
+        "codec/tensor/inline-threshold-exact": FAILED,
+        "codec/tensor/inline-threshold-plus-one": PASSED,
     }
     failure = next(r for r in result.results if r.status == FAILED)
     assert "must go out of band" in failure.message
@@ -260,19 +298,19 @@ def test_inclusive_threshold_is_caught_by_the_exact_threshold_check(spec: Any) -
 
 def test_swapped_struct_fields_are_caught(spec: Any) -> None:
     target = codec_target(SwappedRequestFields())
-    checks = select(all_checks(), patterns=["codec.struct.engine-core-request.layout",
-                                            "codec.message.add.frames",
-                                            "codec.golden.add-minimal.encode"])
+    checks = select(all_checks(), patterns=["codec/struct/engine-core-request/layout",
+                                            "codec/message/add/frames",
+                                            "codec/golden/add-minimal/encode"])
     result = run(checks, target, spec)
     assert [r.status for r in result.results] == [FAILED] * len(checks)
 
 
 def test_negative_index_acceptance_is_caught(spec: Any) -> None:
     target = codec_target(AcceptsNegativeIndex())
-    result = run([_by_id("codec.tensor.index-negative-rejected")], target, spec)
+    result = run([_by_id("codec/tensor/index-negative-rejected")], target, spec)
     assert result.results[0].status == FAILED
     assert "accepted the frames" in result.results[0].message
-    honest = run([_by_id("codec.tensor.index-negative-rejected")], CODEC_ONLY, spec)
+    honest = run([_by_id("codec/tensor/index-negative-rejected")], CODEC_ONLY, spec)
     assert honest.results[0].status == PASSED
 
 
@@ -280,22 +318,24 @@ def test_negative_index_acceptance_is_caught(spec: Any) -> None:
 
 
 def test_expected_file_parsing() -> None:
-    parsed = ExpectedFailures.parse("# header\n\ncodec.a  # starts like this\ncodec.b\n")
-    assert parsed.entries == {"codec.a": "starts like this", "codec.b": None}
+    parsed = ExpectedFailures.parse("# header\n\ncodec/a  # starts like this\ncodec/b\n")
+    assert parsed.entries == {"codec/a": "starts like this", "codec/b": None}
     assert parsed.header == ["# header"]
     with pytest.raises(ExpectedFileError, match="listed twice"):
-        ExpectedFailures.parse("codec.a\ncodec.a\n")
+        ExpectedFailures.parse("codec/a\ncodec/a\n")
     with pytest.raises(ExpectedFileError, match="CHECK_ID"):
-        ExpectedFailures.parse("codec.a codec.b\n")
+        ExpectedFailures.parse("codec/a codec/b\n")
+    with pytest.raises(ExpectedFileError, match="separate their parts with '/'"):
+        ExpectedFailures.parse("ring.writer.made-up-framing\n")
 
 
 def _threshold_run(spec: Any, listing: str) -> Any:
-    checks = select(all_checks(), patterns=["codec.tensor.inline-threshold-*"])
+    checks = select(all_checks(), patterns=["codec/tensor/inline-threshold-*"])
     return run(checks, BROKEN_THRESHOLD, spec, expected=ExpectedFailures.parse(listing))
 
 
 def test_listed_failure_with_matching_message_is_expected(spec: Any) -> None:
-    result = _threshold_run(spec, "codec.tensor.inline-threshold-exact  # 256 bytes with\n")
+    result = _threshold_run(spec, "codec/tensor/inline-threshold-exact  # 256 bytes with\n")
     exact = next(r for r in result.results if r.check.id.endswith("exact"))
     assert exact.expectation == EXPECTED_FAILURE
     assert result.ok
@@ -309,15 +349,15 @@ def test_unlisted_failure_fails_the_run(spec: Any) -> None:
 
 
 def test_unexpected_pass_fails_the_run(spec: Any) -> None:
-    result = _threshold_run(spec, "codec.tensor.inline-threshold-exact\n"
-                                  "codec.tensor.inline-threshold-plus-one\n")
+    result = _threshold_run(spec, "codec/tensor/inline-threshold-exact\n"
+                                  "codec/tensor/inline-threshold-plus-one\n")
     plus = next(r for r in result.results if r.check.id.endswith("plus-one"))
     assert plus.expectation == UNEXPECTED_PASS
     assert not result.ok
 
 
 def test_changed_failure_message_fails_the_run(spec: Any) -> None:
-    result = _threshold_run(spec, "codec.tensor.inline-threshold-exact  # some other text\n")
+    result = _threshold_run(spec, "codec/tensor/inline-threshold-exact  # some other text\n")
     exact = next(r for r in result.results if r.check.id.endswith("exact"))
     assert exact.expectation == CHANGED_FAILURE
     assert not result.ok
@@ -325,17 +365,17 @@ def test_changed_failure_message_fails_the_run(spec: Any) -> None:
 
 def test_update_expected_rewrites_the_file(tmp_path: Path, capsys: Any) -> None:
     listing = tmp_path / "expected.txt"
-    listing.write_text("# known problems\ncodec.tensor.inline-threshold-plus-one  # stale\n")
+    listing.write_text("# known problems\ncodec/tensor/inline-threshold-plus-one  # stale\n")
     args = ["check", "--target", "test_conformance_framework:BROKEN_THRESHOLD",
-            "-k", "codec.tensor.inline-threshold-*", "--no-progress",
+            "-k", "codec/tensor/inline-threshold-*", "--no-progress",
             "--expected-failures", str(listing)]
     assert main(args) == 1
     capsys.readouterr()
     assert main([*args, "--update-expected"]) == 0
     rewritten = ExpectedFailures.load(listing)
     assert rewritten.header == ["# known problems"]
-    assert list(rewritten.entries) == ["codec.tensor.inline-threshold-exact"]
-    assert rewritten.entries["codec.tensor.inline-threshold-exact"].startswith("256 bytes")
+    assert list(rewritten.entries) == ["codec/tensor/inline-threshold-exact"]
+    assert rewritten.entries["codec/tensor/inline-threshold-exact"].startswith("256 bytes")
     capsys.readouterr()
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -348,14 +388,14 @@ def test_update_expected_rewrites_the_file(tmp_path: Path, capsys: Any) -> None:
 def test_reports_are_written_and_parse(tmp_path: Path, capsys: Any) -> None:
     paths = {name: tmp_path / f"report.{name}" for name in ("json", "xml", "html")}
     code = main(["check", "--target", "test_conformance_framework:BROKEN_THRESHOLD",
-                 "-k", "codec.tensor.inline-threshold-*",
+                 "-k", "codec/tensor/inline-threshold-*",
                  "--surface", "codec", "--no-progress",
                  "--json", str(paths["json"]), "--junit", str(paths["xml"]),
                  "--html", str(paths["html"])])
     out = capsys.readouterr().out
     assert code == 1
     assert _last_line(out) == "2 passed, 1 failed"
-    assert "FAIL codec.tensor.inline-threshold-exact [tensors.tensor-inline-below-threshold]" \
+    assert "FAIL codec/tensor/inline-threshold-exact [tensors.tensor-inline-below-threshold]" \
         in out
 
     data = json.loads(paths["json"].read_text())
@@ -364,7 +404,7 @@ def test_reports_are_written_and_parse(tmp_path: Path, capsys: Any) -> None:
     assert data["summary"]["passed"] == 2 and data["summary"]["failed"] == 1
     assert data["summary"]["unexpected_failure"] == 1
     failed = [r for r in data["results"] if r["status"] == "failed"]
-    assert failed[0]["id"] == "codec.tensor.inline-threshold-exact"
+    assert failed[0]["id"] == "codec/tensor/inline-threshold-exact"
     assert failed[0]["clauses"] == ["tensors.tensor-inline-below-threshold"]
     assert failed[0]["reproduction"]["received"]
     assert set(data["surfaces"]) == {"codec"}
@@ -374,21 +414,21 @@ def test_reports_are_written_and_parse(tmp_path: Path, capsys: Any) -> None:
     suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == ["codec"]
     cases = {c.get("name"): c for c in suites[0].findall("testcase")}
-    exact = cases["codec.tensor.inline-threshold-exact"]
+    exact = cases["codec/tensor/inline-threshold-exact"]
     assert exact.get("classname") == "tensors.tensor-inline-below-threshold"
     assert exact.find("failure") is not None
     assert suites[0].get("failures") == "1" and suites[0].get("tests") == "3"
 
     page = paths["html"].read_text()
     assert page.startswith("<!DOCTYPE html>")
-    assert "codec.tensor.inline-threshold-exact" in page
+    assert "codec/tensor/inline-threshold-exact" in page
     assert "<script" not in page and "http" not in page.split("<body>")[1]
 
 
 def test_list_and_coverage_commands(capsys: Any, spec: Any) -> None:
     assert main(["check", "--list", "--surface", "codec"]) == 0
     out = capsys.readouterr().out
-    assert "codec.tensor.inline-threshold-exact  [tensors.tensor-inline-below-threshold]  MUST" \
+    assert "codec/tensor/inline-threshold-exact  [tensors.tensor-inline-below-threshold]  MUST" \
         in out
     assert _last_line(out).endswith(" checks")
     code = main(["check", "--coverage"])

@@ -9,16 +9,17 @@ from typing import Any
 import pytest
 import zmq
 
-from enginewire.conformance.reference_target import (
+from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.targets.contract import Target
+from enginewire.conformance.targets.reference import (
     ReferenceCodec,
     ReferenceEngines,
     ReferenceFrontendClient,
     ReferenceFrontends,
     ReferenceRing,
 )
-from enginewire.conformance.registry import all_checks, select
-from enginewire.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, run
-from enginewire.conformance.targets import Target
 from enginewire.spec import load
 
 
@@ -66,8 +67,8 @@ def test_a_front_end_with_the_default_high_water_mark_is_caught(
 
     import enginewire.reference.transport as transport
 
-    patterns = ["frontend.transport.no-drop-at-high-water-mark",
-                "frontend.transport.high-water-marks-zero"]
+    patterns = ["frontend/transport/no-drop-at-high-water-mark",
+                "frontend/transport/high-water-marks-zero"]
     honest = _verdicts(patterns, _frontends(), spec)
     assert [r.status for r in honest.values()] == [PASSED, PASSED], [
         r.message for r in honest.values()]
@@ -82,10 +83,10 @@ def test_a_front_end_with_the_default_high_water_mark_is_caught(
 
     monkeypatch.setattr(transport, "channel_end", default_hwm)
     broken = _verdicts(patterns, _frontends(), spec)
-    dropped = broken["frontend.transport.no-drop-at-high-water-mark"]
+    dropped = broken["frontend/transport/no-drop-at-high-water-mark"]
     assert dropped.status == FAILED
     assert "lost while the engine was not reading" in dropped.message
-    options = broken["frontend.transport.high-water-marks-zero"]
+    options = broken["frontend/transport/high-water-marks-zero"]
     assert options.status == FAILED
     assert options.first_line == "the input ROUTER has SNDHWM 1000, expected 0"
 
@@ -94,7 +95,7 @@ def test_an_engine_with_a_high_water_mark_is_caught(spec: Any,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     import enginewire.reference.engine as engine_module
 
-    check = ["engine.transport.high-water-marks-zero"]
+    check = ["engine/transport/high-water-marks-zero"]
     target = Target(name="engine", engine=ReferenceEngines())
     assert _verdicts(check, target, spec)[check[0]].status == PASSED
     original = engine_module.open_socket
@@ -115,7 +116,7 @@ def test_an_engine_with_a_high_water_mark_is_caught(spec: Any,
 
 
 def test_a_front_end_handing_identities_over_is_caught(spec: Any) -> None:
-    check = ["frontend.transport.duplicate-identity-ignored"]
+    check = ["frontend/transport/duplicate-identity-ignored"]
     assert _verdicts(check, _frontends(), spec)[check[0]].status == PASSED
     broken = _verdicts(check, _frontends(input_options={zmq.ROUTER_HANDOVER: 1}), spec)
     assert broken[check[0]].status == FAILED
@@ -126,7 +127,7 @@ def test_a_front_end_handing_identities_over_is_caught(spec: Any) -> None:
 
 
 def test_a_front_end_ignoring_the_config_hash_is_caught(spec: Any) -> None:
-    check = ["frontend.handshake.config-hash-checked"]
+    check = ["frontend/handshake/config-hash-checked"]
     assert _verdicts(check, _frontends(), spec)[check[0]].status == PASSED
     broken = _verdicts(check, _frontends(ignore_config_hash=True), spec)[check[0]]
     assert broken.status == FAILED
@@ -173,7 +174,7 @@ class _WithClient(ReferenceFrontends):
 
 
 def test_a_front_end_leaving_calls_pending_after_death_is_caught(spec: Any) -> None:
-    check = ["frontend.outputs.dead-fails-pending-call"]
+    check = ["frontend/outputs/dead-fails-pending-call"]
     assert _verdicts(check, _frontends(), spec)[check[0]].status == PASSED
     broken = Target(name="silent", frontend=_WithClient(_DeadIsSilent))
     result = _verdicts(check, broken, spec)[check[0]]
@@ -182,7 +183,7 @@ def test_a_front_end_leaving_calls_pending_after_death_is_caught(spec: Any) -> N
 
 
 def test_a_front_end_taking_a_near_miss_for_death_is_caught(spec: Any) -> None:
-    check = ["frontend.outputs.dead-near-miss"]
+    check = ["frontend/outputs/dead-near-miss"]
     assert _verdicts(check, _frontends(), spec)[check[0]].status == PASSED
     broken = Target(name="jumpy", frontend=_WithClient(_AnyMalformedIsDeath))
     result = _verdicts(check, broken, spec)[check[0]]
@@ -240,8 +241,8 @@ def test_without_handshake_the_ready_response_is_still_awaited(spec: Any) -> Non
         def start_frontend(self, launch: Any) -> ReferenceFrontendClient:
             return Eager(launch, self.codec)
 
-    patterns = ["frontend.handshake.waits-for-ready-response",
-                "frontend.handshake.every-engine-ready"]
+    patterns = ["frontend/handshake/waits-for-ready-response",
+                "frontend/handshake/every-engine-ready"]
     target = Target(name="eager", frontend=EagerFrontends(ReferenceCodec()))
     assert {r.status for r in _verdicts(patterns, target, spec).values()} == {FAILED}
 
@@ -274,7 +275,7 @@ class _SharedSegment(ReferenceRing):
 
 
 def test_a_reader_without_conflate_is_caught(spec: Any) -> None:
-    check = ["ring.reader.notify-sub-conflate"]
+    check = ["ring/reader/notify-sub-conflate"]
     assert _verdicts(check, Target(name="ok", ring=ReferenceRing()), spec)[check[0]].status \
         == PASSED
     result = _verdicts(check, Target(name="no-conflate", ring=_NoConflate()), spec)[check[0]]
@@ -284,7 +285,7 @@ def test_a_reader_without_conflate_is_caught(spec: Any) -> None:
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm on this system")
 def test_a_segment_open_to_everyone_is_caught(spec: Any) -> None:
-    check = ["ring.writer.segment-owner-only"]
+    check = ["ring/writer/segment-owner-only"]
     assert _verdicts(check, Target(name="ok", ring=ReferenceRing()), spec)[check[0]].status \
         == PASSED
     result = _verdicts(check, Target(name="shared", ring=_SharedSegment()), spec)[check[0]]
@@ -293,10 +294,10 @@ def test_a_segment_open_to_everyone_is_caught(spec: Any) -> None:
 
 
 def test_not_applicable_is_reported_apart(spec: Any) -> None:
-    from enginewire.conformance import reports
+    from enginewire.conformance.framework import reports
 
-    checks = select(all_checks(), patterns=["frontend.handshake.init-answers-hello",
-                                            "frontend.handshake.second-hello"])
+    checks = select(all_checks(), patterns=["frontend/handshake/init-answers-hello",
+                                            "frontend/handshake/second-hello"])
     target = Target(name="no-handshake", frontend=_NoHandshake(ReferenceCodec()))
     result = run(checks, target, spec)
     assert [r.status for r in result.results] == [NOT_APPLICABLE, NOT_APPLICABLE]

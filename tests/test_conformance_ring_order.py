@@ -7,15 +7,16 @@ from typing import Any
 
 import pytest
 
-from enginewire.conformance.reference_target import ReferenceRing
-from enginewire.conformance.registry import all_checks, select
-from enginewire.conformance.runner import FAILED, PASSED, run
-from enginewire.conformance.targets import Target
+from enginewire.conformance.framework.outcomes import FAILED, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.targets.contract import Target
+from enginewire.conformance.targets.reference import ReferenceRing
 from enginewire.reference.ring import protocol
 from enginewire.spec import load
 
-CLAIM_FENCE = "ring.memory.fence-after-claim"
-OWN_FLAG_FIRST = "ring.memory.reader-loads-own-flag-first"
+CLAIM_FENCE = "ring/memory/fence-after-claim"
+OWN_FLAG_FIRST = "ring/memory/reader-loads-own-flag-first"
 
 
 def _status(check_id: str) -> Any:

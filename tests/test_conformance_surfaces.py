@@ -11,19 +11,20 @@ from typing import Any
 import pytest
 
 from enginewire.cli import main
-from enginewire.conformance.reference_target import (
+from enginewire.conformance.framework.outcomes import FAILED, NOT_IMPLEMENTED, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.targets.contract import Target
+from enginewire.conformance.targets.reference import (
     ReferenceEngines,
     ReferenceRing,
     reference_target,
 )
-from enginewire.conformance.registry import all_checks, select
-from enginewire.conformance.runner import FAILED, NOT_IMPLEMENTED, PASSED, run
-from enginewire.conformance.targets import Target
 from enginewire.spec import load
 
 REPO = Path(__file__).resolve().parents[1]
 REFERENCE_EXPECTED = REPO / "conformance" / "data" / "expected" / "reference.txt"
-ADAPTER = f"{sys.executable} -m enginewire.conformance.command_adapter"
+ADAPTER = f"{sys.executable} -m enginewire.conformance.targets.command_server"
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_each_peer_surface_has_checks_that_pass_on_the_reference(surface: str,
 
 
 def test_big_endian_identity_is_caught(spec: Any) -> None:
-    checks = select(all_checks(), patterns=["engine.identity.rank-3", "engine.identity.rank-258"])
+    checks = select(all_checks(), patterns=["engine/identity/rank-3", "engine/identity/rank-258"])
     result = run(checks, _big_endian_target(), spec)
     assert [r.status for r in result.results] == [FAILED, FAILED]
     assert "expected 0201" in next(r.message for r in result.results
@@ -122,7 +123,7 @@ def test_big_endian_identity_is_caught(spec: Any) -> None:
 
 def test_written_before_read_flags_cleared_is_caught(spec: Any) -> None:
     target = Target(name="bad-ring", ring=SkipsReadFlagClear())
-    check = select(all_checks(), patterns=["ring.memory.read-flags-cleared-before-written"])
+    check = select(all_checks(), patterns=["ring/memory/read-flags-cleared-before-written"])
     result = run(check, target, spec)
     assert result.results[0].status == FAILED
     honest = run(check, Target(name="ok", ring=ReferenceRing()), spec)
@@ -143,8 +144,8 @@ def test_a_codec_only_target_is_not_implemented_on_peer_surfaces(spec: Any) -> N
 def test_codec_as_external_program(capsys: Any) -> None:
     code = main(["check", "--target", "none", "--no-progress",
                  "--target-cmd", f"codec={ADAPTER} --surface codec",
-                 "-k", "codec.tensor.*", "-k", "codec.golden.add-minimal.*",
-                 "-k", "codec.reject.*"])
+                 "-k", "codec/tensor/*", "-k", "codec/golden/add-minimal/*",
+                 "-k", "codec/reject/*"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     passed = int(_last_line(out).split()[0])
@@ -155,8 +156,8 @@ def test_engine_as_external_program(capsys: Any) -> None:
     command = (f"{sys.executable} -m enginewire serve-engine --handshake {{handshake}} "
                "--rank {rank} --dp-size {dp_size} --handshake-timeout {init_timeout}")
     code = main(["check", "--target", "none", "--no-progress", "--target-cmd", command,
-                 "-k", "engine.handshake.hello-first", "-k", "engine.identity.rank-3",
-                 "-k", "engine.serve.add-generates", "-k", "engine.garbage.unknown-type-byte"])
+                 "-k", "engine/handshake/hello-first", "-k", "engine/identity/rank-3",
+                 "-k", "engine/serve/add-generates", "-k", "engine/garbage/unknown-type-byte"])
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     assert _last_line(out) == "4 passed, 0 failed"
@@ -185,7 +186,7 @@ def test_plugin_turns_checks_into_items(tmp_path: Path) -> None:
     done = _pytest(tmp_path, "--enginewire-target=reference", "--co",
                    "--enginewire-surface=codec")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert ("enginewire-conformance::codec::codec.tensor.inline-threshold-exact"
+    assert ("enginewire-conformance::codec::codec/tensor/inline-threshold-exact"
             "[tensors.tensor-inline-below-threshold]") in done.stdout
     assert "test_plain.py::test_plain" in done.stdout
 
@@ -193,7 +194,7 @@ def test_plugin_turns_checks_into_items(tmp_path: Path) -> None:
 def test_plugin_runs_checks_and_reports_failures(tmp_path: Path) -> None:
     broken = tmp_path / "broken_target.py"
     broken.write_text(
-        "from enginewire.conformance.reference_target import ReferenceCodec\n"
+        "from enginewire.conformance.targets.reference import ReferenceCodec\n"
         "class Inclusive(ReferenceCodec):\n"
         "    def __init__(self, threshold=None, insecure=False):\n"
         "        super().__init__((256 if threshold is None else threshold) + 1, insecure)\n"
@@ -201,19 +202,19 @@ def test_plugin_runs_checks_and_reports_failures(tmp_path: Path) -> None:
         "    codec = Inclusive()\n"
     )
     passing = _pytest(tmp_path, "--enginewire-target=reference", "--enginewire-only",
-                      "-k", "codec.tensor.inline-threshold")
+                      "-k", "codec/tensor/inline-threshold")
     assert passing.returncode == 0, passing.stdout + passing.stderr
     assert "3 passed" in passing.stdout
     failing = _pytest(tmp_path, "--enginewire-target=broken_target:Target", "--enginewire-only",
-                      "-k", "codec.tensor.inline-threshold", "-p", "no:randomly")
+                      "-k", "codec/tensor/inline-threshold", "-p", "no:randomly")
     assert failing.returncode == 1
-    assert "codec.tensor.inline-threshold-exact [tensors.tensor-inline-below-threshold]" \
+    assert "codec/tensor/inline-threshold-exact [tensors.tensor-inline-below-threshold]" \
         in failing.stdout
     assert "1 failed, 2 passed" in failing.stdout
     expected = tmp_path / "expected.txt"
-    expected.write_text("codec.tensor.inline-threshold-exact\n")
+    expected.write_text("codec/tensor/inline-threshold-exact\n")
     listed = _pytest(tmp_path, "--enginewire-target=broken_target:Target", "--enginewire-only",
-                     "-k", "codec.tensor.inline-threshold",
+                     "-k", "codec/tensor/inline-threshold",
                      f"--enginewire-expected-failures={expected}")
     assert listed.returncode == 0, listed.stdout
     assert "1 xfailed" in listed.stdout

@@ -12,9 +12,10 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 from enginewire.cli import main  # noqa: E402
-from enginewire.conformance.registry import all_checks, select  # noqa: E402
-from enginewire.conformance.runner import FAILED, NOT_APPLICABLE, PASSED, run  # noqa: E402
-from enginewire.conformance.targets import load_target  # noqa: E402
+from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, PASSED  # noqa: E402
+from enginewire.conformance.framework.registry import all_checks, select  # noqa: E402
+from enginewire.conformance.framework.runner import run  # noqa: E402
+from enginewire.conformance.targets.resolve import load_target  # noqa: E402
 from enginewire.spec import load  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,20 +46,20 @@ def test_vllm_matches_its_expected_failure_list_and_published_page(
 
 
 def test_vllm_negative_index_deviation_is_caught() -> None:
-    checks = select(all_checks(), patterns=["codec.tensor.index-negative-rejected",
-                                            "codec.tensor.inline-threshold-exact"])
+    checks = select(all_checks(), patterns=["codec/tensor/index-negative-rejected",
+                                            "codec/tensor/inline-threshold-exact"])
     result = run(checks, load_target("vllm"), load())
     verdicts = {r.check.id: r.status for r in result.results}
-    assert verdicts == {"codec.tensor.index-negative-rejected": FAILED,
-                        "codec.tensor.inline-threshold-exact": PASSED}
+    assert verdicts == {"codec/tensor/index-negative-rejected": FAILED,
+                        "codec/tensor/inline-threshold-exact": PASSED}
 
 
 def test_vllm_front_end_runs_without_its_handshake_channel() -> None:
     """vLLM's AsyncMPClient serves the suite's engines; handshake checks do not apply."""
-    checks = select(all_checks(), patterns=["frontend.requests.routed-to-engine",
-                                            "frontend.handshake.every-engine-ready",
-                                            "frontend.handshake.init-answers-hello",
-                                            "frontend.utility.stray-reply"])
+    checks = select(all_checks(), patterns=["frontend/requests/routed-to-engine",
+                                            "frontend/handshake/every-engine-ready",
+                                            "frontend/handshake/init-answers-hello",
+                                            "frontend/utility/stray-reply"])
     target = load_target("vllm")
     try:
         result = run(checks, target, load())
@@ -66,10 +67,10 @@ def test_vllm_front_end_runs_without_its_handshake_channel() -> None:
         target.close()
     verdicts = {r.check.id: r.status for r in result.results}
     assert verdicts == {
-        "frontend.requests.routed-to-engine": PASSED,
-        "frontend.handshake.every-engine-ready": PASSED,
-        "frontend.handshake.init-answers-hello": NOT_APPLICABLE,
+        "frontend/requests/routed-to-engine": PASSED,
+        "frontend/handshake/every-engine-ready": PASSED,
+        "frontend/handshake/init-answers-hello": NOT_APPLICABLE,
         # vLLM deviation (handshake.session.reply-known-call-id).
-        "frontend.utility.stray-reply": FAILED,
+        "frontend/utility/stray-reply": FAILED,
     }
     assert result.count(PASSED) == 2

@@ -49,7 +49,7 @@ def test_vllm_under_store_reordering_hands_a_reader_an_old_message() -> None:
 @pytest.mark.parametrize("config", [RingConfig(1, 1, 2), RingConfig(1, 2, 3)],
                          ids=RingConfig.spell)
 def test_one_fence_after_the_claim_removes_the_weak_findings(config: RingConfig) -> None:
-    from enginewire.fuzz.explore.vllm_target import VllmTarget
+    from enginewire.fuzz.explore.vllm_ring import VllmTarget
 
     result = explore(VllmTarget(fence_after_claim=True), config, model="weak", keep_going=True)
     assert result.complete

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from enginewire.cli import main
-from enginewire.conformance.targets import EngineLaunch
-from enginewire.fuzz.runner import (
+from enginewire.conformance.targets.contract import EngineLaunch
+from enginewire.fuzz.campaigns import (
     CaseTimeout,
     CodecCampaign,
     EngineCampaign,

@@ -3,7 +3,7 @@
 - round trip: ``decode(encode(x))`` equals ``x`` for every message kind and struct;
 - agreement with vLLM (marked ``vllm``): vLLM's ``MsgpackEncoder`` writes the same bytes as the
   reference codec for the same value built from vLLM's classes;
-- rejection: every :func:`~enginewire.fuzz.strategies.malformed` case raises a
+- rejection: every :func:`~enginewire.fuzz.mutations.malformed` case raises a
   :class:`~enginewire.reference.errors.ProtocolError` naming the clause the case breaks;
 - reach: the strategies produce the edge values they promise.
 
@@ -31,8 +31,8 @@ import pytest
 from hypothesis import Phase, assume, find, given, settings
 from hypothesis import strategies as st
 
-from enginewire.conformance.samples import CONTEXTUAL
-from enginewire.fuzz.mutations import catalogue
+from enginewire.conformance.oracle.samples import CONTEXTUAL
+from enginewire.fuzz.mutations import catalogue, malformed
 from enginewire.fuzz.profiles import profile
 from enginewire.fuzz.strategies import (
     INT_MAX,
@@ -40,7 +40,6 @@ from enginewire.fuzz.strategies import (
     RULES,
     Malformed,
     kinds,
-    malformed,
     messages,
     same_value,
     values,
@@ -111,13 +110,13 @@ def test_round_trip_other_codec_settings(config: str, kind: str, data: st.DataOb
 @pytest.fixture(scope="module")
 def vllm_codec() -> Any:
     pytest.importorskip("vllm")
-    from enginewire.conformance.vllm_target import VllmCodec
+    from enginewire.conformance.targets.vllm.target import VllmCodec
 
     return VllmCodec()
 
 
 def _check_vllm_bytes(kind: str, value: Any, vllm_codec: Any) -> None:
-    from enginewire.fuzz.vllm_objects import to_vllm
+    from enginewire.conformance.targets.vllm.objects import to_vllm
 
     payload_type = CODEC.layout(kind).payload if kind in MESSAGE_KINDS else kind
     expected = _frames(codec.encode(kind, value))

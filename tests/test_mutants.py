@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from enginewire.cli import main
-from enginewire.conformance.targets import load_target
+from enginewire.conformance.targets.resolve import load_target
 from enginewire.fuzz.explore import replay
 from enginewire.fuzz.mutants import EXPLORER, MUTANTS
 from enginewire.fuzz.mutants.matrix import BOUNDED, _Baselines, run_explorer
@@ -79,13 +79,13 @@ def test_explorer_alone_kills_the_ordering_mutants(matrix: dict[str, Any]) -> No
 
 def test_codec_mutants_are_killed_by_the_checks_made_for_them(matrix: dict[str, Any]) -> None:
     kills = {row["name"]: row["columns"] for row in matrix["mutants"]}
-    assert "codec.tensor.inline-threshold-exact" in \
+    assert "codec/tensor/inline-threshold-exact" in \
         kills["inline-threshold-inclusive"]["conformance"]["kills"]
-    assert "codec.tensor.index-negative-rejected" in \
+    assert "codec/tensor/index-negative-rejected" in \
         kills["negative-buffer-index"]["conformance"]["kills"]
     assert any("untyped-error" in k for k in kills["untyped-decode-errors"]["fuzz"]["kills"])
-    assert "engine.identity.rank-258" in kills["identity-big-endian"]["conformance"]["kills"]
-    assert "engine.serve.many-requests-intact" in \
+    assert "engine/identity/rank-258" in kills["identity-big-endian"]["conformance"]["kills"]
+    assert "engine/serve/many-requests-intact" in \
         kills["frame-buffer-reused"]["conformance"]["kills"]
 
 
@@ -103,7 +103,7 @@ def test_explorer_finds_flag_order_in_a_dozen_steps_and_replays_it() -> None:
 
 def test_reference_flag_protocol_is_not_what_the_explorer_reports() -> None:
     from enginewire.fuzz.explore import RingConfig, explore
-    from enginewire.fuzz.explore.targets import ReferenceTarget
+    from enginewire.fuzz.explore.ring_targets import ReferenceTarget
 
     for mutant in (MUTANTS["flag-order"], MUTANTS["missing-fence"]):
         honest = explore(ReferenceTarget(), RingConfig(*mutant.explorer_config),
@@ -115,7 +115,7 @@ def test_reference_flag_protocol_is_not_what_the_explorer_reports() -> None:
 
 def test_check_command_fails_a_codec_mutant(capsys: Any) -> None:
     status = main(["check", "--target", "mutant:negative-buffer-index",
-                   "-k", "codec.tensor.index-negative-rejected", "--no-progress"])
+                   "-k", "codec/tensor/index-negative-rejected", "--no-progress"])
     assert status == 1
     assert "index-negative-rejected" in capsys.readouterr().out
     target = load_target("mutant:negative-buffer-index")

@@ -4,8 +4,8 @@ With ``client_addresses`` the client binds its input ROUTER and output PULL ther
 the handshake channel entirely: it only waits for one ready-response frame per engine identity
 (ranks 0..data_parallel_size-1) on the input ROUTER. So the reference engines are started with
 the input/output addresses directly (no HELLO/init/READY). Nothing here needs a GPU or a model;
-the client set-up is :mod:`enginewire.conformance.vllm_frontend`'s, shared with the ``vllm``
-conformance target.
+the client set-up is :mod:`enginewire.conformance.targets.vllm.frontend_client`'s, shared with the
+``vllm`` conformance target.
 """
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ from typing import Any
 import pytest
 import zmq
 
-from enginewire.conformance.vllm_frontend import client_config, make_client, ready_timeout
+from enginewire.conformance.targets.vllm.frontend_client import (
+    client_config,
+    make_client,
+    ready_timeout,
+)
 from enginewire.reference import codec, structs
 from enginewire.reference.addresses import ipc_address, ipc_path, remove_ipc_file
 from enginewire.reference.engine import (

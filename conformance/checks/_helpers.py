@@ -7,9 +7,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from enginewire.conformance.registry import CheckFailure, CheckSkip, Reproduction
-from enginewire.conformance.values import complete, differences, neutral
-from enginewire.conformance.wire import compare_wire, expected_wire, raw_decode
+from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction
+from enginewire.conformance.oracle.values import complete, differences, neutral
+from enginewire.conformance.oracle.wire import compare_wire, expected_wire, raw_decode
 
 
 def as_bytes(frames: Sequence[Any]) -> list[bytes]:

@@ -1,6 +1,6 @@
 """Golden vectors: the target must write vLLM's bytes exactly and read them back.
 
-Every file under ``conformance/data/golden/`` (see :mod:`enginewire.conformance.golden`)
+Every file under ``conformance/data/golden/`` (see :mod:`enginewire.conformance.oracle.golden`)
 becomes two checks:
 
 - ``codec.golden.<name>.encode``: encoding the vector's value (with the vector's threshold)
@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from enginewire.conformance.golden import payload_type
-from enginewire.conformance.registry import CheckFailure, CheckSkip, Reproduction, check
-from enginewire.conformance.values import TensorValue, complete, differences, neutral
-
-from ._helpers import as_bytes
+from enginewire.conformance.checks._helpers import as_bytes
+from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction, check
+from enginewire.conformance.oracle.golden import payload_type
+from enginewire.conformance.oracle.values import TensorValue, complete, differences, neutral
 
 #: The clause a vector of each kind is first about (struct kinds: their layout clause).
 KIND_CLAUSES = {
@@ -68,7 +67,7 @@ def _configured(codec: Any, ctx: Any, threshold: int) -> Any:
     if threshold == ctx.spec.surface("tensors").threshold_default:
         return codec
     if not ctx.target.has("codec.threshold"):
-        from enginewire.conformance.registry import NotImplementedSurface
+        from enginewire.conformance.framework.registry import NotImplementedSurface
 
         raise NotImplementedSurface(
             f"this vector was written with threshold {threshold}: needs codec.threshold"
@@ -78,9 +77,9 @@ def _configured(codec: Any, ctx: Any, threshold: int) -> Any:
 
 def _register(vector: Any, spec: Any) -> None:
     clauses = _clauses(spec, vector.kind, vector.value)
-    base = f"codec.golden.{vector.name.replace('_', '-').lower()}"
+    base = f"codec/golden/{vector.name.replace('_', '-').lower()}"
 
-    @check(f"{base}.encode", clauses=clauses, surface="codec",
+    @check(f"{base}/encode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (encode, byte-exact)")
     def _encode(codec: Any, ctx: Any) -> None:
         configured = _configured(codec, ctx, vector.threshold)
@@ -107,7 +106,7 @@ def _register(vector: Any, spec: Any) -> None:
                              notes={"problems": problems, "threshold": vector.threshold}),
             )
 
-    @check(f"{base}.decode", clauses=clauses, surface="codec",
+    @check(f"{base}/decode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (decode)")
     def _decode(codec: Any, ctx: Any) -> None:
         try:
@@ -150,7 +149,7 @@ def _register_all() -> None:
     from enginewire.spec import load
 
     try:
-        from enginewire.conformance.golden import load_vectors
+        from enginewire.conformance.oracle.golden import load_vectors
         vectors = load_vectors()
     except (ImportError, FileNotFoundError) as exc:
         reason = f"no golden vectors: {exc}"
@@ -159,7 +158,7 @@ def _register_all() -> None:
         reason = "conformance/data/golden/ holds no vectors"
     if not vectors:
 
-        @check("codec.golden.vectors-present", clauses=["frames.payload-msgpack-first"],
+        @check("codec/golden/vectors-present", clauses=["frames.payload-msgpack-first"],
                surface="codec", description="golden vectors are installed")
         def _absent(codec: Any, ctx: Any) -> None:
             raise CheckSkip(reason)

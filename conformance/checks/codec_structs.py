@@ -1,7 +1,7 @@
 """Struct layout checks, generated from ``spec/data/structs/*.toml``.
 
 For every struct the spec defines (except those that only travel inside vLLM's multimodal
-encoding, :data:`~enginewire.conformance.samples.CONTEXTUAL`) the suite registers:
+encoding, :data:`~enginewire.conformance.oracle.samples.CONTEXTUAL`) the suite registers:
 
 - ``codec.struct.<name>.layout``: a value with every field set encodes to the spec's wire form
   (array: every field in spec order; map: by name, defaults omitted when the struct omits
@@ -24,15 +24,20 @@ from typing import Any
 
 import msgspec
 
-from enginewire.conformance.registry import CheckFailure, Reproduction, check
-from enginewire.conformance.samples import CONTEXTUAL, Sampler
-from enginewire.conformance.values import default_of, neutral
-from enginewire.conformance.wire import expected_wire, raw_decode
+from enginewire.conformance.checks._helpers import (
+    decode,
+    encode,
+    expect_rejection,
+    expect_value,
+    expect_wire,
+)
+from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
+from enginewire.conformance.oracle.samples import CONTEXTUAL, Sampler
+from enginewire.conformance.oracle.values import default_of, neutral
+from enginewire.conformance.oracle.wire import expected_wire, raw_decode
 from enginewire.spec import load
 from enginewire.spec.schema import StructSpec
 from enginewire.spec.types import parse_type
-
-from ._helpers import decode, encode, expect_rejection, expect_value, expect_wire
 
 #: Structs that are a whole message payload (frame 0 of a message kind).
 PAYLOADS = (
@@ -101,11 +106,11 @@ def _minimal_wire(spec: Any, name: str) -> tuple[dict[str, Any], Any]:
 def _register_struct(item: StructSpec) -> None:
     name = item.name
     encoding = item.encoding
-    base = f"codec.struct.{slug(name)}"
+    base = f"codec/struct/{slug(name)}"
     layout = LAYOUT_CLAUSES[encoding]
     is_array = encoding in ("array", "tuple")
 
-    @check(f"{base}.layout", clauses=layout, surface="codec",
+    @check(f"{base}/layout", clauses=layout, surface="codec",
            description=f"{name} with every field set encodes as the spec's {encoding}")
     def _layout(codec: Any, ctx: Any) -> None:
         value = _full_sample(ctx.spec, name)
@@ -114,14 +119,14 @@ def _register_struct(item: StructSpec) -> None:
 
     if encoding == "map" and item.omit_defaults:
 
-        @check(f"{base}.omit-defaults", clauses=[OMIT_CLAUSE], surface="codec",
+        @check(f"{base}/omit-defaults", clauses=[OMIT_CLAUSE], surface="codec",
                description=f"{name} leaves fields at their default out of the map")
         def _omit(codec: Any, ctx: Any) -> None:
             value = Sampler(ctx.spec).required(name)
             frames = encode(codec, name, value)
             expect_wire(frames, value, name, ctx.spec, what=name, strict_omit=True)
 
-    @check(f"{base}.round-trip", clauses=layout, surface="codec",
+    @check(f"{base}/round-trip", clauses=layout, surface="codec",
            description=f"{name} decodes back to the value it was encoded from")
     def _round_trip(codec: Any, ctx: Any) -> None:
         value = _full_sample(ctx.spec, name)
@@ -134,7 +139,7 @@ def _register_struct(item: StructSpec) -> None:
     required = [f for f in item.fields if f.required]
     if optional:
 
-        @check(f"{base}.defaults", clauses=[DEFAULTS_CLAUSES[encoding]], surface="codec",
+        @check(f"{base}/defaults", clauses=[DEFAULTS_CLAUSES[encoding]], surface="codec",
                description=f"{name} with only its required fields decodes with spec defaults")
         def _defaults(codec: Any, ctx: Any) -> None:
             value, wire = _minimal_wire(ctx.spec, name)
@@ -147,7 +152,7 @@ def _register_struct(item: StructSpec) -> None:
 
     if required:
 
-        @check(f"{base}.missing-required", clauses=[REQUIRED_CLAUSES[encoding]], surface="codec",
+        @check(f"{base}/missing-required", clauses=[REQUIRED_CLAUSES[encoding]], surface="codec",
                description=f"{name} without its last required field is rejected")
         def _missing(codec: Any, ctx: Any) -> None:
             spec_item = ctx.spec.struct(name)
@@ -164,7 +169,7 @@ def _register_struct(item: StructSpec) -> None:
 
     if encoding == "tuple":
 
-        @check(f"{base}.extra-rejected", clauses=[TUPLE_EXTRA_CLAUSE], surface="codec",
+        @check(f"{base}/extra-rejected", clauses=[TUPLE_EXTRA_CLAUSE], surface="codec",
                description=f"{name} (a tuple) with one element too many is rejected")
         def _tuple_extra(codec: Any, ctx: Any) -> None:
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), _full_sample(ctx.spec, name))
@@ -175,7 +180,7 @@ def _register_struct(item: StructSpec) -> None:
 
     if encoding in ("map", "dataclass"):
 
-        @check(f"{base}.unknown-keys", clauses=[UNKNOWN_KEYS_CLAUSE], surface="codec",
+        @check(f"{base}/unknown-keys", clauses=[UNKNOWN_KEYS_CLAUSE], surface="codec",
                description=f"{name} with a key it does not know decodes (the key is ignored)")
         def _unknown_keys(codec: Any, ctx: Any) -> None:
             value, wire = _minimal_wire(ctx.spec, name)
@@ -187,7 +192,7 @@ def _register_struct(item: StructSpec) -> None:
 
     if name in PAYLOADS and encoding == "array":
 
-        @check(f"{base}.extra-trailing", clauses=[EXTRA_CLAUSE], surface="codec",
+        @check(f"{base}/extra-trailing", clauses=[EXTRA_CLAUSE], surface="codec",
                description=f"{name} with an unknown trailing element decodes (the element "
                            "is ignored)")
         def _extra(codec: Any, ctx: Any) -> None:
@@ -198,7 +203,7 @@ def _register_struct(item: StructSpec) -> None:
             expect_value(decoded, value, name, ctx.spec, what=f"{name} with an extra element",
                          sent=frames, fields=list(value))
 
-        @check(f"{base}.map-rejected", clauses=[TYPE_CLAUSE], surface="codec",
+        @check(f"{base}/map-rejected", clauses=[TYPE_CLAUSE], surface="codec",
                description=f"{name} sent as a map instead of an array is rejected")
         def _as_map(codec: Any, ctx: Any) -> None:
             spec_item = ctx.spec.struct(name)
@@ -213,7 +218,7 @@ def _register_struct(item: StructSpec) -> None:
         if typed is not None:
             type_clause = TYPE_CLAUSE if is_array else "frames.payload-matches-type"
 
-            @check(f"{base}.wrong-type", clauses=[type_clause], surface="codec",
+            @check(f"{base}/wrong-type", clauses=[type_clause], surface="codec",
                    description=f"{name} whose {typed.name} has the wrong msgpack type is "
                                "rejected")
             def _wrong_type(codec: Any, ctx: Any) -> None:
@@ -241,7 +246,7 @@ def _register_all() -> None:
 _register_all()
 
 
-@check("codec.struct.array-defaults-written", clauses=["structs.array.every-field-written"],
+@check("codec/struct/array-defaults-written", clauses=["structs.array.every-field-written"],
        surface="codec")
 def _array_omit_defaults(codec: Any, ctx: Any) -> None:
     """An array struct that omits defaults still writes every field, defaults in place."""

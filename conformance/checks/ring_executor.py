@@ -1,15 +1,15 @@
 """Ring checks of what travels on the ring in vLLM's executor, and of socket and segment set-up.
 
-- ``ring.worker.*`` (capability ``ring.worker``): the target is a worker; the suite is its
+- ``ring/worker/*`` (capability ``ring.worker``): the target is a worker; the suite is its
   executor: it writes the broadcast ring, reads the worker's response ring, and checks every
   reply ``(status, value)`` and on which ranks one comes.
-- ``ring.executor.*`` (capability ``ring.executor``): the target is the executor; the suite plays
-  its workers (:class:`~enginewire.conformance.executor_peer.SuiteWorker`): it reads every
+- ``ring/executor/*`` (capability ``ring.executor``): the target is the executor; the suite plays
+  its workers (:class:`~enginewire.conformance.peers.executor_peer.SuiteWorker`): it reads every
   request ``(method, args, kwargs, output_rank)`` and answers, or fails, or stays silent.
-- ``ring.reader.executor-request-carried`` / ``ring.writer.executor-request-carried``: any ring
+- ``ring/reader/executor-request-carried`` / ``ring/writer/executor-request-carried``: any ring
   carries an executor request intact (a tuple stays a tuple, bytes stay bytes).
-- ``ring.reader.notify-sub-conflate`` (capability ``ring.sockets``) and
-  ``ring.writer.segment-owner-only``: set-up nobody can watch from the other end.
+- ``ring/reader/notify-sub-conflate`` (capability ``ring.sockets``) and
+  ``ring/writer/segment-owner-only``: set-up nobody can watch from the other end.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 from typing import Any
 
 from enginewire.conformance.checks._helpers import Background
-from enginewire.conformance.executor_peer import (
+from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction, check
+from enginewire.conformance.peers.executor_peer import (
     ConformanceWorker,
     ResponseStatus,
     SuiteWorker,
@@ -30,8 +31,7 @@ from enginewire.conformance.executor_peer import (
     method_bytes,
     names_response_status,
 )
-from enginewire.conformance.registry import CheckFailure, CheckSkip, Reproduction, check
-from enginewire.conformance.ring_peer import SuiteRingReader, SuiteRingWriter, pickle_buffers
+from enginewire.conformance.peers.ring_peer import SuiteRingReader, SuiteRingWriter, pickle_buffers
 
 RING_TIMEOUT = 25.0
 CHUNK = 65536
@@ -115,7 +115,7 @@ def _expect_reply(got: Any, want: tuple[ResponseStatus, Any], rank: int, what: s
                            Reproduction(sent=sent))
 
 
-@check("ring.worker.named-method", clauses=["ring.executor.rpc-request",
+@check("ring/worker/named-method", clauses=["ring.executor.rpc-request",
                                             "ring.executor.response",
                                             "ring.executor.topology"],
        surface="ring", requires=["ring.worker"], timeout=RING_TIMEOUT)
@@ -134,7 +134,7 @@ def _named_method(ring: Any, ctx: Any) -> None:
                            Reproduction(sent=sent))
 
 
-@check("ring.worker.pickled-callable", clauses=["ring.executor.rpc-request"], surface="ring",
+@check("ring/worker/pickled-callable", clauses=["ring.executor.rpc-request"], surface="ring",
        requires=["ring.worker"], timeout=RING_TIMEOUT)
 def _pickled_callable(ring: Any, ctx: Any) -> None:
     """A method sent as pickled bytes is called with the worker as first argument."""
@@ -145,7 +145,7 @@ def _pickled_callable(ring: Any, ctx: Any) -> None:
         _expect_reply(got, (ResponseStatus.SUCCESS, 10 + rank), rank, "add_rank", sent)
 
 
-@check("ring.worker.failure-reply", clauses=["ring.executor.response"], surface="ring",
+@check("ring/worker/failure-reply", clauses=["ring.executor.response"], surface="ring",
        requires=["ring.worker"], timeout=RING_TIMEOUT)
 def _failure_reply(ring: Any, ctx: Any) -> None:
     """A method that raises is answered (ResponseStatus.FAILURE, str(exception)).
@@ -161,7 +161,7 @@ def _failure_reply(ring: Any, ctx: Any) -> None:
                   sent)
 
 
-@check("ring.worker.reply-rank", clauses=["ring.executor.reply-rank"], surface="ring",
+@check("ring/worker/reply-rank", clauses=["ring.executor.reply-rank"], surface="ring",
        requires=["ring.worker"], timeout=RING_TIMEOUT)
 def _reply_rank(ring: Any, ctx: Any) -> None:
     """With output_rank 1 both workers execute but only rank 1 replies.
@@ -243,7 +243,7 @@ def _expect_request(buffers: list[bytes], got: Any, want: tuple[Any, ...], what:
                            Reproduction(received=buffers))
 
 
-@check("ring.executor.request-tuple", clauses=["ring.executor.rpc-request",
+@check("ring/executor/request-tuple", clauses=["ring.executor.rpc-request",
                                                "ring.executor.response",
                                                "ring.executor.topology"],
        surface="ring", requires=["ring.executor"], timeout=RING_TIMEOUT)
@@ -276,7 +276,7 @@ def _request_tuple(ring: Any, ctx: Any) -> None:
         raise CheckFailure(f"collective_rpc(add_rank) returned {result!r}, expected [5, 6]")
 
 
-@check("ring.executor.unique-reply-rank", clauses=["ring.executor.reply-rank"], surface="ring",
+@check("ring/executor/unique-reply-rank", clauses=["ring.executor.reply-rank"], surface="ring",
        requires=["ring.executor"], timeout=RING_TIMEOUT)
 def _unique_reply_rank(ring: Any, ctx: Any) -> None:
     """With unique_reply_rank=1 the executor waits for rank 1's reply only.
@@ -299,7 +299,7 @@ def _unique_reply_rank(ring: Any, ctx: Any) -> None:
                            "expected rank 1's value 'one' alone")
 
 
-@check("ring.executor.failure-raises", clauses=["ring.executor.failure",
+@check("ring/executor/failure-raises", clauses=["ring.executor.failure",
                                                 "ring.executor.response"],
        surface="ring", requires=["ring.executor"], timeout=RING_TIMEOUT)
 def _failure_raises(ring: Any, ctx: Any) -> None:
@@ -329,7 +329,7 @@ def _failure_raises(ring: Any, ctx: Any) -> None:
                                Reproduction(sent=sent))
 
 
-@check("ring.executor.timeout", clauses=["ring.executor.timeout"], surface="ring",
+@check("ring/executor/timeout", clauses=["ring.executor.timeout"], surface="ring",
        requires=["ring.executor"], timeout=RING_TIMEOUT)
 def _timeout(ring: Any, ctx: Any) -> None:
     """A timed call without reply raises TimeoutError('RPC call to <method> timed out.').
@@ -367,7 +367,7 @@ def _carried(got: Any, want: tuple[Any, ...], buffers: list[bytes] | None) -> No
                            Reproduction(sent=buffers))
 
 
-@check("ring.reader.executor-request-carried", clauses=["ring.executor.rpc-request",
+@check("ring/reader/executor-request-carried", clauses=["ring.executor.rpc-request",
                                                         "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _reader_carries(ring: Any, ctx: Any) -> None:
@@ -389,7 +389,7 @@ def _reader_carries(ring: Any, ctx: Any) -> None:
         _carried(reader.dequeue(timeout=ctx.wait(5.0)), request, buffers)
 
 
-@check("ring.writer.executor-request-carried", clauses=["ring.executor.rpc-request",
+@check("ring/writer/executor-request-carried", clauses=["ring.executor.rpc-request",
                                                         "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _writer_carries(ring: Any, ctx: Any) -> None:
@@ -413,7 +413,7 @@ def _writer_carries(ring: Any, ctx: Any) -> None:
 # --- set-up nobody sees from the other end --------------------------------------------------------
 
 
-@check("ring.reader.notify-sub-conflate", clauses=["ring.notify.sub-conflate"], surface="ring",
+@check("ring/reader/notify-sub-conflate", clauses=["ring.notify.sub-conflate"], surface="ring",
        requires=["ring.reader", "ring.sockets"], timeout=RING_TIMEOUT)
 def _sub_conflate(ring: Any, ctx: Any) -> None:
     """A local reader's notify socket is a SUB with CONFLATE set (read with getsockopt)."""
@@ -434,7 +434,7 @@ def _sub_conflate(ring: Any, ctx: Any) -> None:
                            f"{conflate}, expected a SUB ({zmq.SUB}) with CONFLATE 1")
 
 
-@check("ring.writer.segment-owner-only", clauses=["ring.payload.trusted-only"], surface="ring",
+@check("ring/writer/segment-owner-only", clauses=["ring.payload.trusted-only"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _segment_owner_only(ring: Any, ctx: Any) -> None:
     """The segment the writer creates is readable and writable by its owner only (0600).

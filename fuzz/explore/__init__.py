@@ -6,22 +6,27 @@ preemption bound, or sampled with PCT) under a sequentially consistent, a TSO-li
 store-reordering memory model. See ``docs/explorer.md``.
 
 - :mod:`.model`: memory models, the ring's address map, which actions commute;
-- :mod:`.engine`: the threads' operation trees and one execution over them (scheduling points,
-  store buffers);
+- :mod:`.execution`: the threads' operation trees and one execution over them (scheduling
+  points, store buffers);
 - :mod:`.checks`: flag discipline and the messages each reader receives;
-- :mod:`.strategies`: depth-first search, PCT, replay;
+- :mod:`.search`: depth-first search, PCT, replay;
 - :mod:`.shrink`, :mod:`.trace`, :mod:`.schedule`: shrinking, printing, replay strings;
-- :mod:`.targets`, :mod:`.vllm_target`: the reference ring and vLLM's ``MessageQueue``;
+- :mod:`.ring_targets`, :mod:`.vllm_ring`: the reference ring and vLLM's ``MessageQueue``;
+  :mod:`.builtin_rings`: the targets by name;
 - :mod:`.explorer`: :func:`explore` and :func:`replay`.
+
+This package may import ``enginewire.spec``, ``enginewire.reference``, ``enginewire.conformance``
+and vLLM (inside functions), never the rest of fuzz, bench or the command line.
 """
 
-from .engine import ExplorerError, ThreadContext, ThreadMemory, Violation
-from .explorer import ExploreResult, Finding, explore, replay
-from .model import MemoryModel
-from .schedule import RingConfig, Schedule
-from .strategies import ScheduleError
-from .targets import ReferenceTarget, RingTarget, builtin_targets, resolve_target
-from .vllm_target import VllmTarget
+from enginewire.fuzz.explore.builtin_rings import builtin_targets, resolve_target
+from enginewire.fuzz.explore.execution import ExplorerError, ThreadContext, ThreadMemory, Violation
+from enginewire.fuzz.explore.explorer import ExploreResult, Finding, explore, replay
+from enginewire.fuzz.explore.model import MemoryModel
+from enginewire.fuzz.explore.ring_targets import ReferenceTarget, RingTarget
+from enginewire.fuzz.explore.schedule import RingConfig, Schedule
+from enginewire.fuzz.explore.search import ScheduleError
+from enginewire.fuzz.explore.vllm_ring import VllmTarget
 
 __all__ = [
     "ExploreResult",

@@ -24,10 +24,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from enginewire.fuzz.explore.model import AddressMap, Place, Region
 from enginewire.reference.errors import RingError
 from enginewire.reference.ring.protocol import ChunkState, classify
-
-from .model import AddressMap, Place, Region
 
 WRITER = "writer"
 

@@ -71,11 +71,11 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .engine import ExplorerError
-    from .explorer import explore, replay
-    from .schedule import RingConfig, Schedule
-    from .targets import resolve_target
-    from .trace import format_events
+    from enginewire.fuzz.explore.builtin_rings import resolve_target
+    from enginewire.fuzz.explore.execution import ExplorerError
+    from enginewire.fuzz.explore.explorer import explore, replay
+    from enginewire.fuzz.explore.schedule import RingConfig, Schedule
+    from enginewire.fuzz.explore.trace import format_events
 
     def usage(message: str) -> int:
         print(f"enginewire explore: {message}", file=sys.stderr)
@@ -91,7 +91,7 @@ def main(args: argparse.Namespace) -> int:
         if result.findings:
             print(result.findings[0].format())
         else:
-            from .model import AddressMap
+            from enginewire.fuzz.explore.model import AddressMap
 
             amap = AddressMap(target.layout(schedule.config))
             print("\n".join(format_events(amap, result.events)))

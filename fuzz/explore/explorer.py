@@ -18,7 +18,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .engine import (
+from enginewire.fuzz.explore.builtin_rings import resolve_target
+from enginewire.fuzz.explore.execution import (
     Event,
     ExplorerError,
     Outcome,
@@ -28,13 +29,13 @@ from .engine import (
     outcome_of,
     run_forward,
 )
-from .model import AddressMap, MemoryModel
-from .schedule import RingConfig, Schedule
-from .shrink import shortest_schedule
-from .shrink import shrink as shrink_outcome
-from .strategies import PctStrategy, ReplayStrategy, search
-from .targets import RingTarget, resolve_target
-from .trace import format_events, format_received, format_violation
+from enginewire.fuzz.explore.model import AddressMap, MemoryModel
+from enginewire.fuzz.explore.ring_targets import RingTarget
+from enginewire.fuzz.explore.schedule import RingConfig, Schedule
+from enginewire.fuzz.explore.search import PctStrategy, ReplayStrategy, search
+from enginewire.fuzz.explore.shrink import shortest_schedule
+from enginewire.fuzz.explore.shrink import shrink as shrink_outcome
+from enginewire.fuzz.explore.trace import format_events, format_received, format_violation
 
 CHECKS = ("all", "behavior")
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .model import MemoryModel
+from enginewire.fuzz.explore.model import MemoryModel
 
 DEFAULT_PAYLOAD_BYTES = 2
 _CHOICE = re.compile(r"^(d?(?:w|r\d+)(?:\.\d+)?)(?:\*(\d+))?$")

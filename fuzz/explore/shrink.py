@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .engine import Outcome, Simulator, World
+from enginewire.fuzz.explore.execution import Outcome, Simulator, World
 
 #: Replays a choice list leniently.
 Runner = Callable[[Sequence[str]], Outcome]

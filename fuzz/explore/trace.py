@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .checks import hex_bytes
-from .engine import Event, Violation
-from .model import AddressMap, Region
+from enginewire.fuzz.explore.checks import hex_bytes
+from enginewire.fuzz.explore.execution import Event, Violation
+from enginewire.fuzz.explore.model import AddressMap, Region
 
 _VERBS = {
     "load": "load", "read": "read", "store": "store", "write": "write", "buffer": "buffer",

@@ -1,11 +1,19 @@
 """The mutant catalogue: deliberately broken variants of the reference, one change each.
 
 Every mutant is modelled on a real failure and cites it. ``MUTANTS`` maps a name to a
-:class:`Mutant`; calling one returns a conformance :class:`~enginewire.conformance.targets.Target`
-(so ``enginewire check --target mutant:NAME`` works), and a flag-protocol mutant also gives the
-schedule explorer a ring target (:meth:`Mutant.explorer_target`). ``enginewire mutants`` runs
-the checks that apply to each and prints which of them kill it (:mod:`.matrix`).
+:class:`Mutant`; calling one returns a conformance
+:class:`~enginewire.conformance.targets.contract.Target` (so ``enginewire check --target
+mutant:NAME`` works), and a flag-protocol mutant also gives the schedule explorer a ring target
+(:meth:`Mutant.explorer_target`). ``enginewire mutants`` runs the checks that apply to each and
+prints which of them kill it (:mod:`.matrix`).
+
+Modules: :mod:`.codec_mutants`, :mod:`.ring_mutants`, :mod:`.peer_mutants` (the broken
+surfaces), :mod:`.matrix` (the kill matrix). Importing this package registers the ``mutant``
+target provider (:func:`enginewire.conformance.targets.resolve.register_provider`).
 See ``docs/mutants.md``.
+
+This package may import ``enginewire.spec``, ``enginewire.reference``,
+``enginewire.conformance`` and the rest of ``enginewire.fuzz``, never bench or the command line.
 """
 
 from __future__ import annotations
@@ -14,9 +22,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from enginewire.conformance.targets import Target
-
-from . import codec, peers, ring
+from enginewire.conformance.targets.contract import Target, TargetError
+from enginewire.conformance.targets.resolve import register_provider
+from enginewire.fuzz.mutants import codec_mutants as codec
+from enginewire.fuzz.mutants import peer_mutants as peers
+from enginewire.fuzz.mutants import ring_mutants as ring
 
 
 @dataclass(frozen=True)
@@ -53,7 +63,7 @@ class Mutant:
 
     def explorer_target(self) -> Any:
         """The explorer's ring target running this mutant's writer and reader classes."""
-        from enginewire.fuzz.explore.targets import ReferenceTarget
+        from enginewire.fuzz.explore.ring_targets import ReferenceTarget
         from enginewire.reference.ring.protocol import RingReader, RingWriter
 
         return ReferenceTarget(writer_cls=self.writer_cls or RingWriter,
@@ -63,13 +73,13 @@ class Mutant:
 
 #: Codec kinds the fuzz campaign feeds a codec mutant (the input message every engine decodes).
 FUZZ_KINDS = ("add",)
-CODEC_CHECKS = ("codec.*",)
+CODEC_CHECKS = ("codec/*",)
 #: The ring checks that run the queue over real shared memory, not the instrumented
-#: ``ring.memory.*`` ones: on x86 they cannot see a missing fence or a reordered flag store,
+#: ``ring/memory/*`` ones: on x86 they cannot see a missing fence or a reordered flag store,
 #: which is why the explorer is the check for those two mutants.
-REAL_MEMORY_RING_CHECKS = ("ring.writer.*", "ring.reader.*", "ring.pair.*")
-FRAMING_CHECKS = ("ring.writer.chunk-framing", "ring.writer.exact-fit-stays-in-ring",
-                  "ring.writer.one-byte-*", "ring.writer.overflow-message")
+REAL_MEMORY_RING_CHECKS = ("ring/writer/*", "ring/reader/*", "ring/pair/*")
+FRAMING_CHECKS = ("ring/writer/chunk-framing", "ring/writer/exact-fit-stays-in-ring",
+                  "ring/writer/one-byte-*", "ring/writer/overflow-message")
 
 
 def _ring(**classes: Any) -> Callable[[], Any]:
@@ -117,11 +127,11 @@ _CATALOGUE = [
     Mutant("reuses-partly-read-chunk", "the writer reuses a chunk only some readers have read",
            "vLLM issue 27858; shm_broadcast.py acquire_write (read_count == n_reader)",
            "ring", _ring(writer_cls=ring.ReusesPartlyReadChunk),
-           ("ring.writer.waits-for-every-reader", "ring.memory.*"),
+           ("ring/writer/waits-for-every-reader", "ring/memory/*"),
            writer_cls=ring.ReusesPartlyReadChunk, explorer_model="sc", explorer_config=(2, 2, 3)),
     Mutant("marks-read-before-copy", "the reader marks the chunk read before copying it",
            "vLLM issues 53217 (aliasing a released slot), 45224 (release after the read)",
-           "ring", _ring(reader_cls=ring.MarksReadBeforeCopy), ("ring.memory.*",),
+           "ring", _ring(reader_cls=ring.MarksReadBeforeCopy), ("ring/memory/*",),
            reader_cls=ring.MarksReadBeforeCopy, explorer_model="sc", explorer_config=(2, 2, 3)),
     # --- ring: framing and waiting -------------------------------------------------------
     Mutant("overflow-off-by-one", "the overflow test is > where vLLM has >=",
@@ -136,24 +146,37 @@ _CATALOGUE = [
     Mutant("lost-notification", "a waiting reader trusts notifications and never rechecks",
            "vLLM issue 45224 (lost notifications)",
            "ring", _ring(queue_cls=ring.NoRecheckAfterNotification),
-           ("ring.reader.finds-write-without-notification",)),
+           ("ring/reader/finds-write-without-notification",)),
     Mutant("no-release-on-error", "the read flag is not set when decoding raises",
            "vLLM issue 45224 (read slot released in finally)",
            "ring", _ring(queue_cls=ring.NoReleaseOnError),
-           ("ring.reader.release-on-error",)),
+           ("ring/reader/release-on-error",)),
     # --- peers ---------------------------------------------------------------------------
     Mutant("identity-big-endian", "the engine's routing identity is big-endian",
            "vLLM issue 23247 (identity confusion on reconnect); core.py to_bytes(2, 'little')",
-           "engine", _engine(peers.BigEndianIdentity), ("engine.identity.*",)),
+           "engine", _engine(peers.BigEndianIdentity), ("engine/identity/*",)),
     Mutant("frame-buffer-reused", "an output frame buffer is reused while zmq still sends it",
            "vLLM issues 15207, 17203, PR 50053",
            "engine", _engine(peers.ReusedFrameBuffer),
-           ("engine.serve.*", "engine.utility.*")),
+           ("engine/serve/*", "engine/utility/*")),
 ]
 
 #: name -> mutant (each callable: returns a fresh conformance target).
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _CATALOGUE}
 
+
+def mutant_target(name: str) -> Target:
+    """The conformance target of mutant ``name`` (the ``mutant:NAME`` target provider)."""
+    mutant = MUTANTS.get(name)
+    if mutant is None:
+        known = ", ".join(sorted(MUTANTS))
+        raise TargetError(f"mutant:{name}: no such mutant (known: {known})")
+    return mutant()
+
+
+# Importing the catalogue makes ``--target mutant:NAME`` resolve (the suite itself never
+# imports this layer; the ``enginewire`` command line imports this package).
+register_provider("mutant", mutant_target, "mutant:NAME (enginewire.fuzz.mutants)")
 
 
 class _ExplorerTargets:
@@ -170,4 +193,4 @@ class _ExplorerTargets:
 
 EXPLORER = _ExplorerTargets()
 
-__all__ = ["EXPLORER", "MUTANTS", "Mutant"]
+__all__ = ["EXPLORER", "MUTANTS", "Mutant", "mutant_target"]

@@ -41,8 +41,14 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from . import MUTANTS
-    from .matrix import BOUNDED, FULL, MutantResult, kill_matrix, render_matrix
+    from enginewire.fuzz.mutants import MUTANTS
+    from enginewire.fuzz.mutants.matrix import (
+        BOUNDED,
+        FULL,
+        MutantResult,
+        kill_matrix,
+        render_matrix,
+    )
 
     if args.list:
         for mutant in MUTANTS.values():

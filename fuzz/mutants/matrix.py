@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import Mutant
+from enginewire.fuzz.mutants import Mutant
 
 FUZZ_SEED = 0
 COLUMNS = ("conformance", "fuzz", "explorer")
@@ -94,7 +94,7 @@ class _Baselines:
     """Reference verdicts, computed once each: conformance checks and explorer kinds."""
 
     def __init__(self, spec: Any, budget: Budget) -> None:
-        from enginewire.conformance.reference_target import reference_target
+        from enginewire.conformance.targets.reference import reference_target
 
         self.spec = spec
         self.budget = budget
@@ -103,7 +103,7 @@ class _Baselines:
         self._kinds: dict[tuple[str, tuple[int, int, int]], set[str]] = {}
 
     def check_status(self, item: Any) -> str:
-        from enginewire.conformance.runner import run_check
+        from enginewire.conformance.framework.runner import run_check
 
         if item.id not in self._checks:
             self._checks[item.id] = run_check(item, self.target, self.spec).status
@@ -113,7 +113,7 @@ class _Baselines:
         """Violation kinds the reference itself shows under ``model`` and ``config``."""
         key = (model, config)
         if key not in self._kinds:
-            from enginewire.fuzz.explore.targets import ReferenceTarget
+            from enginewire.fuzz.explore.ring_targets import ReferenceTarget
 
             result = _explore(ReferenceTarget(), model, config, self.budget)
             self._kinds[key] = {f.violation.kind for f in result.findings}
@@ -132,8 +132,9 @@ def _explore(target: Any, model: str, config: tuple[int, int, int], budget: Budg
 
 
 def run_conformance(mutant: Mutant, baselines: _Baselines) -> Column:
-    from enginewire.conformance.registry import all_checks, select
-    from enginewire.conformance.runner import FAILED, PASSED, run_check
+    from enginewire.conformance.framework.outcomes import FAILED, PASSED
+    from enginewire.conformance.framework.registry import all_checks, select
+    from enginewire.conformance.framework.runner import run_check
 
     column = Column(ran=True)
     started = time.monotonic()
@@ -155,17 +156,17 @@ def run_conformance(mutant: Mutant, baselines: _Baselines) -> Column:
 
 
 def run_fuzz(mutant: Mutant, budget: Budget) -> Column:
-    from .. import runner
+    from enginewire.fuzz import campaigns
 
     column = Column(ran=True)
     started = time.monotonic()
     target = mutant()
     try:
-        campaign = runner.CodecCampaign(target_name=f"mutant-{mutant.name}",
+        campaign = campaigns.CodecCampaign(target_name=f"mutant-{mutant.name}",
                                         max_examples=budget.fuzz_examples, seed=FUZZ_SEED,
                                         database=None, shrink_seconds=0.0)
         kinds = list(dict.fromkeys((*mutant.fuzz_kinds, *budget.fuzz_extra_kinds)))
-        report = runner.fuzz_codec(target.codec.decode, kinds, campaign)
+        report = campaigns.fuzz_codec(target.codec.decode, kinds, campaign)
     finally:
         target.close()
     for finding in report.findings:

@@ -13,6 +13,8 @@ Read it in this order:
 - :mod:`.executor`: vLLM's executor and worker ends of that RPC over ``MessageQueue``.
 
 The spec of all of it is ``spec/data/ring.toml`` (``enginewire spec show ring.<clause>``).
+
+This package may import ``enginewire.spec`` and the rest of ``enginewire.reference``.
 """
 
 from .executor import Executor, Worker

@@ -1,0 +1,435 @@
+"""One bench run: set every contender up, then measure round after round.
+
+A round is one pass over every cell of every bench. Inside a cell the contenders run back to
+back, in an order that rotates from round to round, so slow drift of the machine (another
+process, thermal throttling) falls on all of them alike and each round's figures can be
+compared pairwise (:mod:`.results`).
+
+Set-up happens once, before the first round: reader processes, codec values, engine processes
+and front ends. Then the garbage collector's heap is frozen (``gc.freeze()``, as vLLM's own
+processes do after start-up), so a full collection over torch's and vLLM's objects does not
+land in the middle of some cell. A failed measurement is recorded as a missing sample with
+its error; the run goes on. Ctrl-C stops the run after cleaning up; what was measured is kept.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any, TextIO
+
+from enginewire.bench.config import BenchConfig
+from enginewire.bench.results import BORROWED, Results, Series
+from enginewire.bench.stats import percentile
+
+#: Contender names of the baselines.
+MEMCPY, ZMQ, MSGSPEC, ROUTER_DEALER = "memcpy", "zmq_push_pull", "msgspec", "router_dealer"
+#: Payloads from this size on also get a GB/s figure (and zero-copy read contenders).
+BANDWIDTH_FROM = 1 << 20
+
+
+@dataclass
+class Step:
+    """One measurement of one contender in one cell: ``run(round_index)`` records it."""
+
+    label: str
+    run: Callable[[int], None]
+
+
+class Progress:
+    """A one-line progress bar with an estimate of the time left, on a terminal; a line every
+    10% otherwise."""
+
+    def __init__(self, total: int, stream: TextIO | None = None,
+                 enabled: bool = True) -> None:
+        self.total = max(total, 1)
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.tty = self.stream.isatty()
+        self.started = time.monotonic()
+        self.done = 0
+        self._last_decile = -1
+
+    def update(self, label: str) -> None:
+        if not self.enabled:
+            return
+        fraction = self.done / self.total
+        elapsed = time.monotonic() - self.started
+        left = elapsed / fraction * (1 - fraction) if self.done else 0.0
+        if self.tty:
+            width = 28
+            bar = "#" * int(width * fraction) + "-" * (width - int(width * fraction))
+            line = (f"\r[{bar}] {fraction:4.0%} {self.done}/{self.total} "
+                    f"{elapsed:4.0f}s elapsed, ~{left:3.0f}s left  {label}")
+            self.stream.write(line[:118].ljust(118))
+        else:
+            decile = int(fraction * 10)
+            if decile != self._last_decile:
+                self._last_decile = decile
+                self.stream.write(f"bench: {fraction:4.0%} after {elapsed:.0f}s  {label}\n")
+        self.stream.flush()
+
+    def advance(self) -> None:
+        self.done += 1
+
+    def finish(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\r" + " " * 118 + "\r")
+            self.stream.flush()
+
+
+def environment() -> dict[str, Any]:
+    """Where the figures come from: versions, processor, load."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for name in ("enginewire", "vllm", "msgspec", "pyzmq", "numpy", "torch"):
+        try:
+            versions[name] = version(name)
+        except PackageNotFoundError:
+            versions[name] = None
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model or platform.processor(),
+        "versions": versions,
+        "load_average_start": list(os.getloadavg()),
+    }
+
+
+class Run:
+    """The state of one run; see :func:`run`."""
+
+    def __init__(self, config: BenchConfig, results: Results) -> None:
+        self.config = config
+        self.results = results
+        self.stack = ExitStack()
+        self.targets: dict[str, Any] = {}  # text -> conformance Target
+        self.roles: dict[str, str] = {}
+        self.ring: Any = None
+        self.codec_ops: dict[str, Any] = {}
+        self.peers: dict[tuple[str, str], Any] = {}
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    def wanted(self) -> list[str]:
+        """The target texts to load: the asked ones, and vLLM for the comparison."""
+        wanted = list(dict.fromkeys(self.config.targets))
+        if self.config.include_vllm and "vllm" not in wanted:
+            wanted.append("vllm")
+        return wanted
+
+    def load_targets(self) -> None:
+        from enginewire.conformance.targets.contract import TargetError
+        from enginewire.conformance.targets.resolve import load_target
+
+        for text in self.wanted():
+            try:
+                target = load_target(text)
+            except (TargetError, ImportError) as exc:
+                reason = str(exc)
+                if text == "vllm":
+                    reason = f"vLLM is not importable ({exc}): no vs-vLLM ratios"
+                self.results.skipped[text] = reason
+                continue
+            self.targets[text] = target
+            self.stack.callback(target.close)
+            self.roles[text] = "vllm" if text == "vllm" else "target"
+            self.roles[text + BORROWED] = "target"
+
+    def ring_targets(self) -> list[str]:
+        found = []
+        for text, target in self.targets.items():
+            ring = target.ring
+            if ring is not None and hasattr(ring, "create_writer") and hasattr(
+                    ring, "attach_reader"):
+                found.append(text)
+            else:
+                self.results.notes.append(f"ring: {text} has no ring writer and reader")
+        return found
+
+    def start_readers(self) -> None:
+        """Start the ring's reader processes before anything else: they import the targets'
+        modules while this process imports its own."""
+        from enginewire.bench.ring_bench import RingBench
+
+        self.ring = RingBench(self.config, self.wanted())
+        self.stack.callback(self.ring.close)
+        self.ring.start()
+
+    def set_up_codec(self) -> list[str]:
+        from enginewire.bench import codec_bench
+
+        for text, target in self.targets.items():
+            try:
+                if text == "reference":
+                    self.codec_ops[text] = codec_bench.reference_operations()
+                elif text == "vllm":
+                    self.codec_ops[text] = codec_bench.vllm_operations()
+                elif target.codec is not None:
+                    self.codec_ops[text] = codec_bench.surface_operations(target.codec)
+                    self.results.notes.append(
+                        f"codec: {text} is timed through the codec surface (neutral values "
+                        "in): its figures include building its own values")
+                else:
+                    self.results.notes.append(f"codec: {text} has no codec")
+            except Exception as exc:  # one broken contender must not stop the run
+                self.results.notes.append(f"codec: {text} could not be set up: {exc}")
+        self.codec_ops[MSGSPEC] = codec_bench.msgspec_operations()
+        self.roles[MSGSPEC] = "ceiling"
+        return [t for t in self.targets if t in self.codec_ops]
+
+    def set_up_peers(self) -> list[str]:
+        from enginewire.bench.peer_bench import SESSIONS
+
+        names = [t for t in self.targets if t in SESSIONS]
+        for text in self.targets:
+            if text not in SESSIONS:
+                self.results.notes.append(
+                    f"peers: {text} is not measured (the peers bench drives the reference "
+                    "front end and vLLM's client)")
+        self.roles[ROUTER_DEALER] = "ceiling"
+        starting = {}
+        for transport in self.config.transports:
+            for name in [*names, ROUTER_DEALER]:
+                try:
+                    session = SESSIONS[name](transport, self.config.timeout)
+                except Exception as exc:  # recorded; the other sessions still run
+                    self.results.notes.append(
+                        f"peers: {name} over {transport} could not start: {exc}")
+                    continue
+                self.stack.callback(session.close)
+                starting[(name, transport)] = session
+        for (name, transport), session in starting.items():
+            try:
+                session.wait_ready()
+            except Exception as exc:
+                self.results.notes.append(
+                    f"peers: {name} over {transport} did not get ready: {exc}")
+                continue
+            self.peers[(name, transport)] = session
+        return names
+
+    # --- steps ----------------------------------------------------------------------------
+
+    def _series(self, bench: str, metric: str, unit: str, better: str,
+                case: dict[str, Any], contender: str) -> Series:
+        return self.results.series_for(bench, metric, unit, better, case, contender,
+                                       self.roles.get(contender, "baseline"))
+
+    def _record(self, round_index: int, bench: str, case: dict[str, Any], contender: str,
+                measure: Callable[[], tuple[dict[str, float], list[float]]],
+                units: dict[str, tuple[str, str]]) -> None:
+        """Run ``measure`` and record each metric it returns (all missing if it raised)."""
+        try:
+            figures, observations = measure()
+            error = None
+        except Exception as exc:  # a failed cell is a missing sample, not a failed run
+            figures, observations, error = {}, [], f"{type(exc).__name__}: {exc}"
+        for metric, (unit, better) in units.items():
+            series = self._series(bench, metric, unit, better, case, contender)
+            self.results.record(series, round_index, figures.get(metric), error)
+            if metric == next(iter(units)):
+                series.observations.extend(observations)
+
+    def ring_steps(self, texts: list[str], round_index: int) -> Iterator[Step]:
+        config, ring = self.config, self.ring
+        first_readers: dict[tuple[int, int], int] = {}
+        for payload, readers, chunks in config.ring_cases():
+            first_readers.setdefault((payload, chunks), readers)
+        for payload, readers, chunks in config.ring_cases():
+            case = {"payload_bytes": payload, "readers": readers, "chunks": chunks}
+            units = {"messages_per_s": ("msg/s", "higher")}
+            if payload >= BANDWIDTH_FROM:
+                units["gb_per_s"] = ("GB/s", "higher")
+            if first_readers[(payload, chunks)] == readers:
+                memcpy_case = {"payload_bytes": payload, "chunks": chunks}
+                yield Step(f"ring {_label(memcpy_case)} {MEMCPY}", _bind(
+                    self._record, "ring", memcpy_case, MEMCPY,
+                    _pair(partial(ring.memcpy, payload, chunks)), units))
+            contenders = [(text, _pair(partial(ring.throughput, text, self.targets[text],
+                                               payload, readers, chunks)))
+                          for text in texts]
+            if payload >= BANDWIDTH_FROM:
+                contenders += [(text + BORROWED, _pair(partial(
+                    ring.throughput, text, self.targets[text], payload, readers, chunks,
+                    borrowed=True))) for text in texts if _borrows(self.targets[text])]
+            contenders.append((ZMQ, _pair(partial(ring.zmq_throughput, payload, readers,
+                                                  chunks))))
+            for name, measure in _rotate(contenders, round_index):
+                yield Step(f"ring {_label(case)} {name}",
+                           _bind(self._record, "ring", case, name, measure, units))
+        latency_units = {"p50_us": ("µs", "lower"), "p99_us": ("µs", "lower")}
+        for readers in config.latency_readers:
+            case = {"payload_bytes": config.latency_payload, "readers": readers}
+            contenders = [(text, partial(ring.latency, text, self.targets[text], readers))
+                          for text in texts]
+            contenders.append((ZMQ, partial(ring.zmq_latency, readers)))
+            for name, measure in _rotate(contenders, round_index):
+                yield Step(f"ring latency {_label(case)} {name}",
+                           _bind(self._record, "ring_latency", case, name, measure,
+                                 latency_units))
+
+    def codec_steps(self, texts: list[str], round_index: int) -> Iterator[Step]:
+        from enginewire.bench.codec_bench import OPERATIONS, WORKLOADS
+
+        seconds = self.config.codec_seconds
+        for workload in WORKLOADS:
+            for operation in OPERATIONS:
+                case = {"workload": workload}
+                metric = f"{operation}_us"
+                contenders = []
+                for name in [*texts, MSGSPEC]:
+                    call = getattr(self.codec_ops[name][workload], operation)
+                    contenders.append((name, _pair(partial(_micros, metric, call, seconds))))
+                for name, measure in _rotate(contenders, round_index):
+                    yield Step(f"codec {workload} {operation} {name}",
+                               _bind(self._record, "codec", case, name, measure,
+                                     {metric: ("µs", "lower")}))
+
+    def peers_steps(self, round_index: int) -> Iterator[Step]:
+        count = self.config.round_trips
+        units = {"rtt_p50_us": ("µs", "lower"), "rtt_p99_us": ("µs", "lower")}
+        for transport in self.config.transports:
+            case = {"transport": transport}
+            contenders = []
+            for (name, where), session in self.peers.items():
+                if where == transport:
+                    contenders.append((name, partial(_round_trips, session, count,
+                                                     f"bench-{name}-r{round_index}")))
+            for name, measure in _rotate(contenders, round_index):
+                yield Step(f"peers {transport} {name}",
+                           _bind(self._record, "peers", case, name, measure, units))
+
+
+def _borrows(target: Any) -> bool:
+    """Does the target's ring offer zero-copy reads (``borrowed_reads``)?"""
+    return bool(getattr(target.ring, "borrowed_reads", False))
+
+
+def _micros(metric: str, call: Callable[[], Any], seconds: float) -> dict[str, float]:
+    from enginewire.bench.codec_bench import time_call
+
+    return {metric: time_call(call, seconds) * 1e6}
+
+
+def _round_trips(session: Any, count: int, prefix: str) -> tuple[dict[str, float], list]:
+    times = [t * 1e6 for t in session.measure(count, prefix)]
+    return {"rtt_p50_us": percentile(times, 50), "rtt_p99_us": percentile(times, 99)}, times
+
+
+def _pair(call: Callable[[], dict[str, float]]) -> Callable[[], tuple[dict[str, float], list]]:
+    return lambda: (call(), [])
+
+
+def _bind(record: Callable[..., None], *args: Any) -> Callable[[int], None]:
+    return lambda round_index: record(round_index, *args)
+
+
+def _label(case: dict[str, Any]) -> str:
+    from enginewire.bench.results import case_label
+
+    return case_label(case)
+
+
+def _rotate(items: list[Any], shift: int) -> list[Any]:
+    if not items:
+        return items
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+def run(config: BenchConfig, *, progress: bool = True, command: str = "",
+        stream: TextIO | None = None) -> Results:
+    """Measure everything ``config`` asks for; returns the results (also when interrupted by
+    Ctrl-C: then ``results.notes`` says so and the missing rounds are missing samples)."""
+    # vLLM logs to stderr at import and when its client starts; the figures need none of it.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    started = time.monotonic()
+    results = Results(config=config.to_builtins(), environment=environment(),
+                      targets=list(config.targets), command=command,
+                      started_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    state = Run(config, results)
+    bar: Progress | None = None
+    frozen = False
+    try:
+        with state.stack:
+            setup: dict[str, float] = {}
+            results.environment["setup_s"] = setup
+            clock = time.monotonic()
+
+            def phase(name: str) -> None:
+                nonlocal clock
+                now = time.monotonic()
+                setup[name] = round(now - clock, 2)
+                clock = now
+
+            if "ring" in config.benches:
+                state.start_readers()
+            state.load_targets()
+            phase("targets")
+            ring_texts = state.ring_targets() if "ring" in config.benches else []
+            codec_texts = state.set_up_codec() if "codec" in config.benches else []
+            phase("codec")
+            peers_ready = "peers" in config.benches
+            if peers_ready:
+                state.set_up_peers()
+            phase("peers")
+            if state.ring is not None:
+                problems = state.ring.pool.wait_ready()
+                for text, problem in problems.items():
+                    if text in ring_texts:  # the others were skipped already
+                        results.notes.append(f"ring: readers could not load {text}: {problem}")
+                        ring_texts = [t for t in ring_texts if t != text]
+            phase("readers")
+            gc.collect()
+            gc.freeze()
+            frozen = True
+
+            def steps(round_index: int) -> Iterator[Step]:
+                if state.ring is not None:
+                    yield from state.ring_steps(ring_texts, round_index)
+                if "codec" in config.benches:
+                    yield from state.codec_steps(codec_texts, round_index)
+                if peers_ready:
+                    yield from state.peers_steps(round_index)
+
+            total = sum(1 for _ in steps(0)) * config.rounds
+            bar = Progress(total, stream=stream, enabled=progress)
+            for round_index in range(config.rounds):
+                for step in steps(round_index):
+                    bar.update(f"round {round_index + 1}/{config.rounds}: {step.label}")
+                    step.run(round_index)
+                    bar.advance()
+            bar.update("done")
+    except KeyboardInterrupt:
+        results.notes.append("interrupted (Ctrl-C): later rounds are missing")
+    finally:
+        if bar is not None:
+            bar.finish()
+        if frozen:
+            gc.unfreeze()
+        results.duration_s = round(time.monotonic() - started, 1)
+        results.environment["load_average_end"] = list(os.getloadavg())
+        for series in results.series:
+            while len(series.samples) < config.rounds:
+                series.samples.append(None)
+    return results

@@ -1,0 +1,1197 @@
+"""Codec checks: tensors and arrays, enums, maps, floats, nil, utility results, multimodal items,
+insecure serialization, and every message kind's frames (request types, handshake messages,
+outputs, ENGINE_CORE_DEAD), with malformed input for each.
+
+Tensor checks carry their tensor in ``EngineCoreOutput.pooling_output`` (a ``tensor``) and
+their array in ``EngineCoreOutput.routed_experts`` (an ``ndarray``); malformed tuples are put
+there by hand with msgspec and handed to ``decode("EngineCoreOutput", frames)``.
+"""
+
+from __future__ import annotations
+
+import fractions
+import pickle
+from typing import Any
+
+import msgspec
+
+from enginewire.conformance.checks._helpers import (
+    decode,
+    encode,
+    expect_rejection,
+    expect_value,
+    expect_wire,
+    field_value,
+)
+from enginewire.conformance.framework.registry import (
+    CheckFailure,
+    CheckSkip,
+    Reproduction,
+    check,
+)
+from enginewire.conformance.oracle.samples import Sampler, minimal_outputs, minimal_request
+from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
+from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
+
+Ext = msgspec.msgpack.Ext
+RAW_VIEW = 3
+#: A rejection may also cite the general rule that a payload must match its type.
+GENERAL = "frames.payload-matches-type"
+OUTPUT = "EngineCoreOutput"
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _index(spec: Any, struct: str, field: str) -> int:
+    return [f.name for f in spec.struct(struct).fields].index(field)
+
+
+def _output(**fields: Any) -> dict[str, Any]:
+    return {"request_id": "req-t", "new_token_ids": [1], **fields}
+
+
+def _threshold(spec: Any) -> int:
+    return int(spec.surface("tensors").threshold_default)
+
+
+def _uint8(n: int) -> Any:
+    import torch
+
+    return (torch.arange(n, dtype=torch.int64) % 251).to(torch.uint8)
+
+
+def _uint8_array(n: int) -> Any:
+    import numpy as np
+
+    return (np.arange(n) % 251).astype("|u1")
+
+
+def _tuple_in(frames: list[bytes], spec: Any, field: str = "pooling_output") -> Any:
+    wire = raw_decode(frames[0])
+    try:
+        return wire[_index(spec, OUTPUT, field)]
+    except (TypeError, IndexError, KeyError) as exc:
+        raise CheckFailure(
+            f"EngineCoreOutput frame 0 is not the spec's array (no {field})",
+            Reproduction(received=frames),
+        ) from exc
+
+
+def _output_frames(spec: Any, data_tuple: Any, oob: list[bytes] | tuple = (),
+                   field: str = "pooling_output") -> list[bytes]:
+    """An EngineCoreOutput whose ``field`` holds ``data_tuple`` exactly as given."""
+    wire = list(expected_wire(_output(), OUTPUT, spec).value)
+    wire[_index(spec, OUTPUT, field)] = data_tuple
+    return [msgspec.msgpack.encode(wire), *oob]
+
+
+def _decoded_tensor(codec: Any, frames: list[bytes], field: str = "pooling_output") -> Any:
+    value = decode(codec, OUTPUT, frames)
+    return neutral(field_value(value, field))
+
+
+def _expect_placement(frames: list[bytes], spec: Any, value: Any, *, inline: bool,
+                      field: str, threshold: int, rule: str) -> None:
+    entry = _tuple_in(frames, spec, field)
+    tv = tensor_value(value)
+    notes = {"nbytes": len(tv.data), "threshold": threshold, "shape": list(tv.shape)}
+    if not isinstance(entry, list) or len(entry) != 3:
+        raise CheckFailure(f"{field} is not a [dtype, shape, data] array: {show(entry)}",
+                           Reproduction(received=frames, notes=notes))
+    data = entry[2]
+    if inline:
+        if not (isinstance(data, Ext) and data.code == RAW_VIEW):
+            raise CheckFailure(
+                f"{len(tv.data)} bytes with threshold {threshold} must go inline as "
+                f"Ext({RAW_VIEW}) ({rule}), got {show(data)}"[:300],
+                Reproduction(received=frames, notes=notes),
+            )
+        if bytes(data.data) != tv.data:
+            raise CheckFailure("inline data bytes differ from the tensor's bytes",
+                               Reproduction(received=frames, notes=notes))
+        if len(frames) != 1:
+            raise CheckFailure(f"inline data but {len(frames) - 1} out-of-band frames",
+                               Reproduction(received=frames, notes=notes))
+    else:
+        if not isinstance(data, int) or isinstance(data, bool) or data != 1:
+            raise CheckFailure(
+                f"{len(tv.data)} bytes with threshold {threshold} must go out of band as "
+                f"index 1 ({rule}), got {show(data)}"[:300],
+                Reproduction(received=frames, notes=notes),
+            )
+        if len(frames) != 2 or frames[1] != tv.data:
+            raise CheckFailure(
+                "the out-of-band frame must be frame 1 and hold exactly the tensor's bytes",
+                Reproduction(received=frames, notes=notes),
+            )
+
+
+def _codec_with(codec: Any, threshold: int) -> Any:
+    return codec.with_threshold(threshold)
+
+
+# --- tensor placement: the inline threshold ------------------------------------------------
+
+
+def _register_threshold_checks() -> None:
+    cases = (("minus-one", -1, True), ("exact", 0, False), ("plus-one", 1, False))
+    for family, field, make, clause in (
+        ("tensor", "pooling_output", _uint8, "tensors.tensor-inline-below-threshold"),
+        ("ndarray", "routed_experts", _uint8_array, "tensors.ndarray-inline-below-threshold"),
+    ):
+        for label, delta, inline in cases:
+
+            def run(codec: Any, ctx: Any, *, _delta: int = delta, _inline: bool = inline,
+                    _field: str = field, _make: Any = make, _family: str = family) -> None:
+                threshold = _threshold(ctx.spec)
+                value = _make(threshold + _delta)
+                frames = encode(codec, OUTPUT, _output(**{_field: value}))
+                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                                  threshold=threshold, rule="inline iff nbytes < threshold")
+                decoded = _decoded_tensor(codec, frames, _field)
+                if decoded != tensor_value(value):
+                    raise CheckFailure(f"decoded {_family} differs: {decoded!r}",
+                                       Reproduction(received=frames))
+
+            check(
+                f"codec/{family}/inline-threshold-{label}",
+                clauses=[clause],
+                surface="codec",
+                description=f"a {family} of threshold{delta:+d} bytes goes "
+                            f"{'inline' if inline else 'out of band'} (default threshold)",
+            )(run)
+
+        for threshold, size, inline, label in ((16, 15, True, "custom-minus-one"),
+                                                (16, 16, False, "custom-exact"),
+                                                (1024, 512, True, "custom-raised")):
+
+            def run_custom(codec: Any, ctx: Any, *, _t: int = threshold, _n: int = size,
+                           _inline: bool = inline, _field: str = field, _make: Any = make) -> None:
+                configured = _codec_with(codec, _t)
+                value = _make(_n)
+                frames = encode(configured, OUTPUT, _output(**{_field: value}))
+                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                                  threshold=_t, rule="inline iff nbytes < threshold")
+
+            check(
+                f"codec/{family}/threshold-{label}",
+                clauses=[clause, "tensors.threshold-configurable"],
+                surface="codec",
+                requires=["codec.threshold"],
+                description=f"with threshold {threshold}, a {size}-byte {family} goes "
+                            f"{'inline' if inline else 'out of band'}",
+            )(run_custom)
+
+
+_register_threshold_checks()
+
+
+@check("codec/tensor/zero-dim-by-size", clauses=["tensors.tensor-inline-below-threshold"],
+       surface="codec", requires=["codec.threshold"])
+def _tensor_zero_dim(codec: Any, ctx: Any) -> None:
+    """A 0-d tensor follows the size rule: 8 bytes with threshold 4 go out of band."""
+    import torch
+
+    value = torch.tensor(2.5, dtype=torch.float64)
+    frames = encode(_codec_with(codec, 4), OUTPUT, _output(pooling_output=value))
+    _expect_placement(frames, ctx.spec, value, inline=False, field="pooling_output",
+                      threshold=4, rule="0-d tensors are placed by size")
+
+
+@check("codec/ndarray/zero-dim-always-inline", clauses=["tensors.ndarray-inline-below-threshold"],
+       surface="codec", requires=["codec.threshold"])
+def _ndarray_zero_dim(codec: Any, ctx: Any) -> None:
+    """A 0-d ndarray goes inline whatever the threshold (8 bytes with threshold 1)."""
+    import numpy as np
+
+    value = np.array(2.5, dtype="<f8")
+    frames = encode(_codec_with(codec, 1), OUTPUT, _output(routed_experts=value))
+    _expect_placement(frames, ctx.spec, value, inline=True, field="routed_experts",
+                      threshold=1, rule="a 0-d ndarray is always inline")
+
+
+@check("codec/tensor/non-cpu-out-of-band", clauses=["tensors.non-cpu-out-of-band"],
+       surface="codec")
+def _non_cpu(codec: Any, ctx: Any) -> None:
+    """A tensor on an accelerator goes out of band whatever its size, as CPU bytes."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CheckSkip("no CUDA device: a non-CPU tensor cannot be made here")
+    value = torch.arange(4, dtype=torch.float32, device="cuda")
+    frames = encode(codec, OUTPUT, _output(pooling_output=value))
+    _expect_placement(frames, ctx.spec, value.cpu(), inline=False, field="pooling_output",
+                      threshold=_threshold(ctx.spec), rule="non-CPU tensors go out of band")
+
+
+# --- the tuple and its parts ---------------------------------------------------------------
+
+
+@check("codec/tensor/tuple-layout", clauses=["tensors.tuple-layout", "structs.tensor-fields"],
+       surface="codec")
+def _tuple_layout(codec: Any, ctx: Any) -> None:
+    """A tensor field travels as [dtype, shape, data]: three elements in that order."""
+    import torch
+
+    value = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    frames = encode(codec, OUTPUT, _output(pooling_output=value))
+    entry = _tuple_in(frames, ctx.spec)
+    expected = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
+    if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == expected[0]
+            and entry[1] == expected[1] and isinstance(entry[2], Ext)
+            and bytes(entry[2].data) == expected[2].data):
+        raise CheckFailure(f"expected {show(expected)}, got {show(entry)}"[:400],
+                           Reproduction(received=frames))
+
+
+@check("codec/tensor/type-from-schema", clauses=["tensors.type-from-schema"], surface="codec")
+def _type_from_schema(codec: Any, ctx: Any) -> None:
+    """A tensor field decodes to a tensor, an ndarray field to an array, an untyped one stays
+    a plain [dtype, shape, bytes] array."""
+    import numpy as np
+    import torch
+
+    tensor = torch.arange(3, dtype=torch.int16)
+    array = np.arange(3, dtype="<i2")
+    raw = Ext(RAW_VIEW, array.tobytes())
+    wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
+    wire[_index(ctx.spec, OUTPUT, "pooling_output")] = ["int16", [3], raw]
+    wire[_index(ctx.spec, OUTPUT, "routed_experts")] = ["<i2", [3], raw]
+    wire[_index(ctx.spec, OUTPUT, "kv_transfer_params")] = {"t": ["<i2", [3], raw]}
+    frames = [msgspec.msgpack.encode(wire)]
+    value = decode(codec, OUTPUT, frames)
+    got_tensor = neutral(field_value(value, "pooling_output"))
+    got_array = neutral(field_value(value, "routed_experts"))
+    got_any = neutral(field_value(value, "kv_transfer_params"))
+    problems = []
+    if not (isinstance(got_tensor, TensorValue) and got_tensor.family == "tensor"
+            and got_tensor == tensor_value(tensor)):
+        problems.append(f"pooling_output: expected a torch tensor, got {got_tensor!r}")
+    if not (isinstance(got_array, TensorValue) and got_array.family == "ndarray"
+            and got_array == tensor_value(array)):
+        problems.append(f"routed_experts: expected an ndarray, got {got_array!r}")
+    if got_any != {"t": ["<i2", [3], array.tobytes()]}:
+        problems.append(f"kv_transfer_params.t: expected the plain array, got {got_any!r}")
+    if problems:
+        raise CheckFailure("; ".join(problems), Reproduction(sent=frames, received=neutral(value)))
+
+
+def _dtype_bytes(itemsize: int, is_bool: bool) -> bytes:
+    if is_bool:
+        return b"\x01\x00\x01\x01"[: 2 * itemsize]
+    return bytes(range(1, 2 * itemsize + 1))
+
+
+def _register_dtype_checks() -> None:
+    from enginewire.spec import load
+
+    tensors = load().surface("tensors")
+    for name in tensors.torch_dtypes:
+
+        def run(codec: Any, ctx: Any, *, _name: str = name) -> None:
+            import torch
+
+            dtype = getattr(torch, _name, None)
+            if not isinstance(dtype, torch.dtype):
+                raise CheckSkip(f"this torch has no dtype {_name}")
+            size = torch.empty((), dtype=dtype).element_size()
+            raw = _dtype_bytes(size, dtype == torch.bool)
+            value = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
+            frames = encode(codec, OUTPUT, _output(pooling_output=value))
+            entry = _tuple_in(frames, ctx.spec)
+            if not isinstance(entry, list) or not entry or entry[0] != _name:
+                raise CheckFailure(
+                    f"a torch.{_name} tensor must carry dtype {_name!r}, got "
+                    f"{entry[0] if isinstance(entry, list) and entry else entry!r}",
+                    Reproduction(received=frames),
+                )
+            decoded = _decoded_tensor(codec, frames)
+            if decoded != TensorValue(_name, (2,), raw, "tensor"):
+                raise CheckFailure(f"torch.{_name} round trip gave {decoded!r}",
+                                   Reproduction(received=frames))
+
+        check(f"codec/tensor/dtype/{name}", clauses=["tensors.torch-dtype-name"],
+              surface="codec", description=f"a torch.{name} tensor travels as dtype "
+              f"{name!r} and decodes to the same bytes")(run)
+
+    for text in tensors.numpy_dtypes:
+
+        def run_np(codec: Any, ctx: Any, *, _text: str = text) -> None:
+            import numpy as np
+
+            dtype = np.dtype(_text)
+            raw = _dtype_bytes(dtype.itemsize, dtype.kind == "b")
+            value = np.frombuffer(raw, dtype=dtype)
+            frames = encode(codec, OUTPUT, _output(routed_experts=value))
+            entry = _tuple_in(frames, ctx.spec, "routed_experts")
+            if not isinstance(entry, list) or not entry or entry[0] != _text:
+                raise CheckFailure(
+                    f"an ndarray of {_text} must carry dtype {_text!r}, got "
+                    f"{entry[0] if isinstance(entry, list) and entry else entry!r}",
+                    Reproduction(received=frames),
+                )
+            decoded = _decoded_tensor(codec, frames, "routed_experts")
+            if decoded != TensorValue(_text, (2,), raw, "ndarray"):
+                raise CheckFailure(f"{_text} round trip gave {decoded!r}",
+                                   Reproduction(received=frames))
+
+        slug = text.replace("<", "le-").replace(">", "be-").replace("|", "")
+        check(f"codec/ndarray/dtype/{slug}", clauses=["tensors.numpy-dtype-str"],
+              surface="codec", description=f"an ndarray of {text} travels as dtype "
+              f"{text!r} and decodes to the same bytes")(run_np)
+
+
+_register_dtype_checks()
+
+
+def _bad_tensor(ctx: Any, entry: Any, oob: list[bytes] | tuple = (),
+                field: str = "pooling_output") -> list[bytes]:
+    return _output_frames(ctx.spec, entry, oob, field)
+
+
+_FOUR_FLOATS = bytes(16)
+
+_MALFORMED: list[tuple[str, list[str], str, Any, tuple, str]] = [
+    # id suffix, clauses, description, tuple, oob frames, field
+    ("tensor/dtype-alias-rejected", ["tensors.torch-dtype-name"],
+     "the torch alias 'half' as dtype", ["half", [2], Ext(RAW_VIEW, bytes(4))], (),
+     "pooling_output"),
+    ("tensor/dtype-prefixed-rejected", ["tensors.torch-dtype-name"],
+     "the dtype 'torch.float32' (prefixed)",
+     ["torch.float32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
+    ("tensor/dtype-unknown-rejected", ["tensors.torch-dtype-name"],
+     "an unknown dtype name (float33)", ["float33", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (),
+     "pooling_output"),
+    ("ndarray/dtype-spelling-rejected", ["tensors.numpy-dtype-str"],
+     "the dtype spelling 'int32' (not a dtype.str)",
+     ["int32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "routed_experts"),
+    ("ndarray/dtype-object-rejected", ["tensors.numpy-dtype-str", "tensors.no-object-arrays"],
+     "the object dtype '|O'", ["|O", [2], Ext(RAW_VIEW, bytes(16))], (),
+     "routed_experts"),
+    ("tensor/shape-negative-rejected", ["tensors.shape-non-negative"],
+     "a shape of [-1]", ["float32", [-1], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
+    ("tensor/shape-bool-rejected", ["tensors.shape-non-negative"],
+     "a shape of [true]", ["uint8", [True], Ext(RAW_VIEW, b"\x01")], (), "pooling_output"),
+    ("tensor/shape-float-rejected", ["tensors.shape-non-negative"],
+     "a shape of [4.0]", ["float32", [4.0], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
+    ("tensor/shape-not-array-rejected", ["tensors.shape-non-negative"],
+     "a shape that is an int", ["float32", 4, Ext(RAW_VIEW, _FOUR_FLOATS)], (),
+     "pooling_output"),
+    ("tensor/bytes-short-rejected", ["tensors.byte-length-matches-shape"],
+     "12 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(12))], (), "pooling_output"),
+    ("tensor/bytes-long-rejected", ["tensors.byte-length-matches-shape"],
+     "20 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(20))], (), "pooling_output"),
+    ("ndarray/bytes-short-rejected", ["tensors.byte-length-matches-shape"],
+     "12 bytes for 2 <i8", ["<i8", [2], Ext(RAW_VIEW, bytes(12))], (), "routed_experts"),
+    ("tensor/bytes-oob-short-rejected", ["tensors.byte-length-matches-shape"],
+     "an out-of-band frame of 12 bytes for 4 float32", ["float32", [4], 1], (bytes(12),),
+     "pooling_output"),
+    ("tensor/data-bin-rejected", ["tensors.data-form"],
+     "data as msgpack bin instead of Ext 3", ["float32", [4], _FOUR_FLOATS], (),
+     "pooling_output"),
+    ("tensor/data-bool-rejected", ["tensors.data-form"],
+     "data true (not an index)", ["float32", [4], True], (_FOUR_FLOATS,), "pooling_output"),
+    ("tensor/data-str-rejected", ["tensors.data-form"],
+     "data as a string", ["float32", [4], "abcdabcdabcdabcd"], (), "pooling_output"),
+    ("tensor/data-float-rejected", ["tensors.data-form"],
+     "data as a float", ["float32", [4], 1.0], (_FOUR_FLOATS,), "pooling_output"),
+    ("tensor/tuple-short-rejected", ["tensors.tuple-layout"],
+     "a two-element tuple", ["float32", [4]], (), "pooling_output"),
+    ("tensor/tuple-long-rejected", ["tensors.tuple-layout"],
+     "a four-element tuple", ["float32", [4], Ext(RAW_VIEW, _FOUR_FLOATS), 0], (),
+     "pooling_output"),
+    ("tensor/index-negative-rejected", ["tensors.index-in-range"],
+     "index -1", ["float32", [4], -1], (_FOUR_FLOATS,), "pooling_output"),
+    ("tensor/index-past-end-rejected", ["tensors.index-in-range", "frames.oob-count-matches"],
+     "index 2 with one out-of-band frame", ["float32", [4], 2], (_FOUR_FLOATS,),
+     "pooling_output"),
+    ("tensor/index-missing-frame-rejected", ["frames.oob-count-matches",
+                                             "tensors.index-in-range"],
+     "index 1 with no out-of-band frame", ["float32", [4], 1], (), "pooling_output"),
+    ("tensor/ipc-handle-rejected", ["tensors.ipc-handle-needs-side-channel"],
+     "an IPC handle map without a side channel",
+     ["float32", [4], {"sender_id": "s", "message_id": 1, "tensor_id": 0}], (),
+     "pooling_output"),
+    ("ext/pickle-rejected", ["tensors.ext-pickle-opt-in"],
+     "Ext 1 (pickle) without the opt-in", ["float32", [1], Ext(1, pickle.dumps(4))], (),
+     "pooling_output"),
+]
+
+
+def _register_malformed() -> None:
+    for suffix, clauses, what, entry, oob, field in _MALFORMED:
+
+        def run(codec: Any, ctx: Any, *, _entry: Any = entry, _oob: tuple = oob,
+                _field: str = field, _what: str = what, _clauses: list = clauses) -> None:
+            frames = _bad_tensor(ctx, _entry, list(_oob), _field)
+            expect_rejection(codec, OUTPUT, frames, _clauses, f"{_field} with {_what}")
+
+        check(f"codec/{suffix}", clauses=clauses, surface="codec",
+              description=f"a decoder rejects {what}")(run)
+
+
+_register_malformed()
+
+
+@check("codec/tensor/index-zero-rejected", clauses=["tensors.index-in-range"], surface="codec")
+def _index_zero(codec: Any, ctx: Any) -> None:
+    """Index 0 (the msgpack frame itself) is rejected, even when its length fits the shape."""
+    length = 64
+    for _ in range(8):
+        frames = _output_frames(ctx.spec, ["uint8", [length], 0])
+        if len(frames[0]) == length:
+            break
+        length = len(frames[0])
+    expect_rejection(codec, OUTPUT, frames, "tensors.index-in-range",
+                     f"pooling_output with index 0 and shape [{length}] (frame 0's length)")
+
+
+@check("codec/tensor/index-shared-rejected", clauses=["tensors.index-used-once"],
+       surface="codec")
+def _index_shared(codec: Any, ctx: Any) -> None:
+    """Two values naming the same out-of-band frame are rejected."""
+    wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
+    wire[_index(ctx.spec, OUTPUT, "pooling_output")] = ["float32", [4], 1]
+    wire[_index(ctx.spec, OUTPUT, "prompt_token_id_logprobs")] = ["float32", [4], 1]
+    frames = [msgspec.msgpack.encode(wire), _FOUR_FLOATS]
+    expect_rejection(codec, OUTPUT, frames, "tensors.index-used-once",
+                     "two tensors naming out-of-band frame 1")
+
+
+@check("codec/tensor/unreferenced-frame-rejected", clauses=["frames.oob-count-matches"],
+       surface="codec")
+def _unreferenced_frame(codec: Any, ctx: Any) -> None:
+    """A payload with an out-of-band frame nothing refers to is rejected."""
+    frames = _output_frames(ctx.spec, ["float32", [4], 1], [_FOUR_FLOATS, b"spare"])
+    expect_rejection(codec, OUTPUT, frames, "frames.oob-count-matches",
+                     "an out-of-band frame no value names")
+
+
+@check("codec/ext/unknown-code-rejected", clauses=["tensors.ext-codes-known"], surface="codec")
+def _unknown_ext(codec: Any, ctx: Any) -> None:
+    """An extension type other than 1, 2 and 3 is rejected (in an untyped position)."""
+    wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
+    wire[_index(ctx.spec, OUTPUT, "kv_transfer_params")] = {"x": Ext(9, b"\x00\x01")}
+    expect_rejection(codec, OUTPUT, [msgspec.msgpack.encode(wire)], "tensors.ext-codes-known",
+                     "Ext 9 in kv_transfer_params")
+
+
+@check("codec/ext/pickle-in-any-rejected", clauses=["tensors.ext-pickle-opt-in"],
+       surface="codec")
+def _pickle_any(codec: Any, ctx: Any) -> None:
+    """Ext 1 (pickle) and Ext 2 (cloudpickle) in an untyped field are rejected without opt-in."""
+    for code in (1, 2):
+        wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
+        wire[_index(ctx.spec, OUTPUT, "kv_transfer_params")] = {"x": Ext(code, pickle.dumps(7))}
+        expect_rejection(codec, OUTPUT, [msgspec.msgpack.encode(wire)],
+                         "tensors.ext-pickle-opt-in", f"Ext {code} in kv_transfer_params")
+
+
+@check("codec/ext/insecure-function-cloudpickle", clauses=["tensors.insecure-function-cloudpickle"],
+       surface="codec", requires=["codec.insecure"])
+def _insecure_encoding(codec: Any, ctx: Any) -> None:
+    """With the opt-in, a function goes as Ext 2 and another object as Ext 1 (pickle)."""
+    insecure = codec.with_insecure_serialization()
+
+    def probe(x: int) -> int:
+        return x
+
+    frames = encode(insecure, "utility", [0, 1, "m", [probe, fractions.Fraction(1, 3)]])
+    payload = raw_decode(frames[1])
+    args = payload[3] if isinstance(payload, list) and len(payload) == 4 else None
+    if not (isinstance(args, list) and len(args) == 2 and isinstance(args[0], Ext)
+            and isinstance(args[1], Ext)):
+        raise CheckFailure(f"expected two extension values in args, got {show(args)}",
+                           Reproduction(received=frames))
+    if args[0].code != 2 or args[1].code != 1:
+        raise CheckFailure(
+            f"a function must travel as Ext 2 and a Fraction as Ext 1, got Ext {args[0].code} "
+            f"and Ext {args[1].code}", Reproduction(received=frames))
+    if pickle.loads(args[1].data) != fractions.Fraction(1, 3):  # noqa: S301 - our own value
+        raise CheckFailure("the Ext 1 payload does not unpickle to the value sent",
+                           Reproduction(received=frames))
+
+
+# --- tensors: encoder duties ---------------------------------------------------------------
+
+
+@check("codec/tensor/non-contiguous-c-order", clauses=["tensors.c-order-bytes"], surface="codec")
+def _non_contiguous(codec: Any, ctx: Any) -> None:
+    """A transposed (non-contiguous) tensor travels as its elements in C order."""
+    import torch
+
+    value = torch.arange(6, dtype=torch.int32).reshape(2, 3).t()
+    frames = encode(codec, OUTPUT, _output(pooling_output=value))
+    entry = _tuple_in(frames, ctx.spec)
+    want = tensor_value(value)
+    data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
+    got = bytes(data.data) if isinstance(data, Ext) else (
+        frames[data] if isinstance(data, int) and 0 < data < len(frames) else None)
+    if entry[:2] != ["int32", [3, 2]] or got != want.data:
+        raise CheckFailure(
+            f"expected ['int32', [3, 2], <C-order bytes {want.data.hex()}>], got "
+            f"{show(entry[:2])} with {got.hex() if got is not None else show(data)}",
+            Reproduction(received=frames))
+
+
+@check("codec/ndarray/non-contiguous-c-order", clauses=["tensors.c-order-bytes"],
+       surface="codec")
+def _non_contiguous_array(codec: Any, ctx: Any) -> None:
+    """A transposed ndarray travels as its elements in C order."""
+    import numpy as np
+
+    value = np.arange(6, dtype="<i4").reshape(2, 3).T
+    frames = encode(codec, OUTPUT, _output(routed_experts=value))
+    entry = _tuple_in(frames, ctx.spec, "routed_experts")
+    data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
+    got = bytes(data.data) if isinstance(data, Ext) else None
+    if entry[:2] != ["<i4", [3, 2]] or got != np.ascontiguousarray(value).tobytes():
+        raise CheckFailure(f"expected C-order bytes of the transposed array, got {show(entry)}",
+                           Reproduction(received=frames))
+
+
+@check("codec/tensor/empty", clauses=["tensors.empty"], surface="codec")
+def _empty(codec: Any, ctx: Any) -> None:
+    """A tensor with a zero in its shape carries no bytes and decodes to the empty tensor."""
+    import torch
+
+    value = torch.empty((0, 4), dtype=torch.float32)
+    frames = encode(codec, OUTPUT, _output(pooling_output=value))
+    entry = _tuple_in(frames, ctx.spec)
+    data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
+    carried = bytes(data.data) if isinstance(data, Ext) else (
+        frames[data] if isinstance(data, int) and 0 < data < len(frames) else None)
+    if entry[:2] != ["float32", [0, 4]] or carried != b"":
+        raise CheckFailure(f"expected ['float32', [0, 4], <no bytes>], got {show(entry)}",
+                           Reproduction(received=frames))
+    decoded = _decoded_tensor(codec, frames)
+    if decoded != TensorValue("float32", (0, 4), b"", "tensor"):
+        raise CheckFailure(f"the empty tensor decoded as {decoded!r}",
+                           Reproduction(received=frames))
+
+
+@check("codec/tensor/decoder-accepts-large-inline", clauses=["tensors.decoder-accepts-both-forms"],
+       surface="codec")
+def _large_inline(codec: Any, ctx: Any) -> None:
+    """A decoder takes 4 KiB of tensor data sent inline (a peer with a higher threshold)."""
+    data = bytes(range(256)) * 16
+    frames = _output_frames(ctx.spec, ["uint8", [4096], Ext(RAW_VIEW, data)])
+    decoded = _decoded_tensor(codec, frames)
+    if decoded != TensorValue("uint8", (4096,), data, "tensor"):
+        raise CheckFailure(f"decoded {decoded!r}", Reproduction(sent=frames))
+
+
+@check("codec/tensor/decoder-accepts-small-out-of-band",
+       clauses=["tensors.decoder-accepts-both-forms"], surface="codec")
+def _small_oob(codec: Any, ctx: Any) -> None:
+    """A decoder takes 4 bytes of tensor data sent out of band (a peer with a lower threshold)."""
+    frames = _output_frames(ctx.spec, ["uint8", [4], 1], [b"\x01\x02\x03\x04"])
+    decoded = _decoded_tensor(codec, frames)
+    if decoded != TensorValue("uint8", (4,), b"\x01\x02\x03\x04", "tensor"):
+        raise CheckFailure(f"decoded {decoded!r}", Reproduction(sent=frames))
+
+
+def _feature(data: Any) -> dict[str, Any]:
+    """A MultiModalFeatureSpec whose one field ``x`` holds ``data``."""
+    return {"data": {"x": {"data": data, "field": ["batched", {"keep_on_cpu": False}]}},
+            "modality": "image", "identifier": "i",
+            "mm_position": {"offset": 0, "length": 1, "is_embed": None}, "mm_hash": None}
+
+
+@check("codec/tensor/nested-tensors", clauses=["tensors.nested-tensors"], surface="codec")
+def _nested_tensors(codec: Any, ctx: Any) -> None:
+    """A multimodal field's data [small, [big, 2, 0.5], []] travels as a tensor tuple inline,
+    an array holding a tuple out of band and two numbers, and an empty array; it decodes with
+    tensors at every depth."""
+    small, big = _uint8(4), _uint8(max(_threshold(ctx.spec), 1))
+    frames = encode(codec, "MultiModalFeatureSpec", _feature([small, [big, 2, 0.5], []]))
+    raw = raw_decode(frames[0])
+    data = raw.get("data", {}).get("x", {}).get("data") if isinstance(raw, dict) else None
+    want = [["uint8", [4], Ext(RAW_VIEW, bytes(range(4)))], [["uint8", [len(big)], 1], 2, 0.5],
+            []]
+    if data != want or frames[1:] != [tensor_value(big).data]:
+        raise CheckFailure(f"data travels as {show(data)} with {len(frames) - 1} out-of-band "
+                           f"frame(s); expected {show(want)} with 1",
+                           Reproduction(received=frames))
+    decoded = neutral(decode(codec, "MultiModalFeatureSpec", frames))
+    got = decoded.get("data", {}).get("x", {}).get("data") if isinstance(decoded, dict) else None
+    expected = [tensor_value(small), [tensor_value(big), 2, 0.5], []]
+    if got != expected:
+        raise CheckFailure(f"data decoded as {got!r}, expected {expected!r}",
+                           Reproduction(sent=frames, received=decoded))
+    for bad in ("text", [1, "x"], {"k": 1}):
+        wire = dict(raw)
+        wire["data"] = {"x": {**raw["data"]["x"], "data": bad}}
+        expect_rejection(codec, "MultiModalFeatureSpec", [msgspec.msgpack.encode(wire)],
+                         ["tensors.nested-tensors", GENERAL], f"nested tensors {bad!r}")
+
+
+@check("codec/tensor/index-order", clauses=["tensors.index-base-one",
+                                            "frames.payload-msgpack-first"], surface="codec")
+def _index_order(codec: Any, ctx: Any) -> None:
+    """Out-of-band values are numbered 1, 2, 3 in the order they are written."""
+    threshold = _threshold(ctx.spec)
+    first, second, third = _uint8(threshold), _uint8(threshold + 1), _uint8(threshold + 2)
+    value = {
+        "outputs": [
+            _output(pooling_output=first, prompt_token_id_logprobs=second),
+            {"request_id": "req-u", "new_token_ids": [], "pooling_output": third},
+        ],
+        "timestamp": 1.5,
+    }
+    frames = encode(codec, "EngineCoreOutputs", value)
+    expect_wire(frames, value, "EngineCoreOutputs", ctx.spec, threshold=threshold,
+                what="three out-of-band tensors")
+
+
+@check("codec/tensor/round-trip-request-embeds", clauses=["structs.tensor-fields",
+                                                          "frames.payload-msgpack-first"],
+       surface="codec")
+def _prompt_embeds(codec: Any, ctx: Any) -> None:
+    """An ADD's prompt_embeds (bfloat16, out of band) survives encode and decode."""
+    import torch
+
+    embeds = torch.arange(256, dtype=torch.float32).reshape(64, 4).to(torch.bfloat16)
+    value = minimal_request(prompt_embeds=embeds, prompt_token_ids=None)
+    frames = encode(codec, "add", value)
+    decoded = decode(codec, "add", frames)
+    expect_value(decoded, value, "EngineCoreRequest", ctx.spec, what="prompt_embeds",
+                 sent=frames, fields=["request_id", "prompt_embeds", "prompt_token_ids"])
+
+
+@check("codec/ndarray/object-refused", clauses=["tensors.no-object-arrays",
+                                                "structs.no-implicit-pickle"], surface="codec")
+def _object_array(codec: Any, ctx: Any) -> None:
+    """An encoder refuses an object ndarray (it is not wire data)."""
+    import numpy as np
+
+    value = np.array([object(), object()], dtype=object)
+    _expect_encode_refused(codec, OUTPUT, _output(routed_experts=value), "an object ndarray")
+
+
+def _expect_encode_refused(codec: Any, kind: str, value: Any, what: str) -> None:
+    try:
+        frames = codec.encode(kind, value)
+    except Exception:  # noqa: BLE001 - refusing is the expected behaviour
+        return
+    raise CheckFailure(f"the encoder accepted {what}",
+                       Reproduction(received=list(frames), notes={"value": repr(value)[:200]}))
+
+
+# --- structs beyond layout -----------------------------------------------------------------
+
+
+@check("codec/struct/private-fields-travel", clauses=["structs.map.private-fields-travel"],
+       surface="codec")
+def _private_fields(codec: Any, ctx: Any) -> None:
+    """SamplingParams._all_stop_token_ids is written and read like any field."""
+    value = {"stop_token_ids": [9], "_all_stop_token_ids": {9}}
+    frames = encode(codec, "SamplingParams", value)
+    wire = raw_decode(frames[0])
+    if not isinstance(wire, dict) or wire.get("_all_stop_token_ids") != [9]:
+        raise CheckFailure(f"expected _all_stop_token_ids: [9] on the wire, got {show(wire)}",
+                           Reproduction(received=frames))
+    decoded = decode(codec, "SamplingParams", frames)
+    got = neutral(field_value(decoded, "_all_stop_token_ids"))
+    if set(got or ()) != {9}:
+        raise CheckFailure(f"_all_stop_token_ids decoded as {got!r}", Reproduction(sent=frames))
+
+
+@check("codec/struct/declared-fields-only", clauses=["structs.map.declared-fields-only"],
+       surface="codec")
+def _declared_only(codec: Any, ctx: Any) -> None:
+    """Only declared fields of SamplingParams and StructuredOutputsParams reach the wire."""
+    problems = []
+    for name, value in (("SamplingParams", Sampler(ctx.spec).struct("SamplingParams")),
+                        ("StructuredOutputsParams", {"regex": "a+"})):
+        declared = {f.name for f in ctx.spec.struct(name).fields}
+        frames = encode(codec, name, value)
+        wire = raw_decode(frames[0])
+        extra = sorted(set(wire) - declared) if isinstance(wire, dict) else ["<not a map>"]
+        if extra:
+            problems.append(f"{name}: undeclared keys {extra}")
+    if problems:
+        raise CheckFailure("; ".join(problems))
+
+
+@check("codec/enum/value-on-wire", clauses=["structs.enum.value"], surface="codec")
+def _enum_value(codec: Any, ctx: Any) -> None:
+    """finish_reason LENGTH travels as the int 1, an event type as its int."""
+    value = _output(finish_reason=1, events=[{"type": 3, "timestamp": 2.5}])
+    frames = encode(codec, OUTPUT, value)
+    expect_wire(frames, value, OUTPUT, ctx.spec, what="enums as values")
+    decoded = decode(codec, OUTPUT, frames)
+    expect_value(decoded, value, OUTPUT, ctx.spec, what="enums", sent=frames,
+                 fields=["finish_reason", "events"])
+
+
+@check("codec/enum/unknown-value-rejected", clauses=["structs.enum.value"], surface="codec")
+def _enum_unknown(codec: Any, ctx: Any) -> None:
+    """A finish_reason that is not a member (9) is rejected."""
+    wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
+    wire[_index(ctx.spec, OUTPUT, "finish_reason")] = 9
+    expect_rejection(codec, OUTPUT, [msgspec.msgpack.encode(wire)],
+                     ["structs.enum.value", GENERAL], "finish_reason 9")
+
+
+@check("codec/enum/name-rejected", clauses=["structs.enum.value"], surface="codec")
+def _enum_name(codec: Any, ctx: Any) -> None:
+    """A finish_reason sent by name ("LENGTH") is rejected. A str where the array-encoded
+    EngineCoreOutput has an int field also breaks structs.array.type-checked."""
+    wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
+    wire[_index(ctx.spec, OUTPUT, "finish_reason")] = "LENGTH"
+    expect_rejection(codec, OUTPUT, [msgspec.msgpack.encode(wire)],
+                     ["structs.enum.value", "structs.array.type-checked", GENERAL],
+                     "finish_reason 'LENGTH'")
+
+
+@check("codec/dict/int-keys", clauses=["structs.enum.dict-keys"], surface="codec")
+def _int_keys(codec: Any, ctx: Any) -> None:
+    """SamplingParams.logit_bias keys travel as msgpack ints, never strings."""
+    value = {"logit_bias": {5: 0.5, 70000: -1.0}}
+    frames = encode(codec, "SamplingParams", value)
+    wire = raw_decode(frames[0])
+    bias = wire.get("logit_bias") if isinstance(wire, dict) else None
+    if not isinstance(bias, dict) or set(bias) != {5, 70000}:
+        raise CheckFailure(f"expected int keys 5 and 70000, got {bias!r}",
+                           Reproduction(received=frames))
+    decoded = decode(codec, "SamplingParams", frames)
+    if neutral(field_value(decoded, "logit_bias")) != {5: 0.5, 70000: -1.0}:
+        raise CheckFailure("logit_bias did not round trip", Reproduction(sent=frames))
+
+
+@check("codec/dict/enum-keys", clauses=["structs.enum.dict-keys"], surface="codec")
+def _enum_keys(codec: Any, ctx: Any) -> None:
+    """PrefixCacheStats.hits_by_source keys travel as the enum's values ("device")."""
+    value = {"hits_by_source": {"device": 3, "disk": 1}}
+    frames = encode(codec, "PrefixCacheStats", value)
+    wire = raw_decode(frames[0])
+    keys = wire.get("hits_by_source") if isinstance(wire, dict) else None
+    if keys != {"device": 3, "disk": 1}:
+        raise CheckFailure(f"expected {{'device': 3, 'disk': 1}}, got {keys!r}",
+                           Reproduction(received=frames))
+
+
+@check("codec/set/array", clauses=["structs.set.array"], surface="codec")
+def _set_array(codec: Any, ctx: Any) -> None:
+    """finished_requests (a set) travels as an array and decodes to the same set."""
+    value = {"finished_requests": {"a", "b", "c"}, "timestamp": 1.5}
+    frames = encode(codec, "EngineCoreOutputs", value)
+    wire = raw_decode(frames[0])
+    got = wire[_index(ctx.spec, "EngineCoreOutputs", "finished_requests")]
+    if not isinstance(got, list) or sorted(got) != ["a", "b", "c"]:
+        raise CheckFailure(f"expected an array of a, b, c, got {got!r}",
+                           Reproduction(received=frames))
+
+
+@check("codec/set/duplicates-collapse", clauses=["structs.set.array"], surface="codec")
+def _set_duplicates(codec: Any, ctx: Any) -> None:
+    """A set arriving with a repeated element decodes to one element."""
+    wire = list(expected_wire({"timestamp": 1.5}, "EngineCoreOutputs", ctx.spec).value)
+    wire[_index(ctx.spec, "EngineCoreOutputs", "finished_requests")] = ["a", "a", "b"]
+    frames = [msgspec.msgpack.encode(wire)]
+    decoded = decode(codec, "EngineCoreOutputs", frames)
+    got = neutral(field_value(decoded, "finished_requests"))
+    if set(got) != {"a", "b"} or len(got) != 2:
+        raise CheckFailure(f"expected {{'a', 'b'}}, got {got!r}", Reproduction(sent=frames))
+
+
+@check("codec/float/float64-on-wire", clauses=["structs.float.float64"], surface="codec")
+def _float64(codec: Any, ctx: Any) -> None:
+    """A float field (arrival_time 0.5) is written as msgpack float64 (0xcb)."""
+    frames = encode(codec, "EngineCoreRequest", minimal_request(arrival_time=0.5))
+    if b"\xcb\x3f\xe0\x00\x00\x00\x00\x00\x00" not in frames[0]:
+        raise CheckFailure("arrival_time 0.5 is not written as cb 3fe0000000000000",
+                           Reproduction(received=frames))
+
+
+@check("codec/float/accepts-float32-and-int", clauses=["structs.float.float64"],
+       surface="codec")
+def _float_forms(codec: Any, ctx: Any) -> None:
+    """A decoder takes float32 (0xca) and an integer for a float field."""
+    index = _index(ctx.spec, "EngineCoreRequest", "arrival_time")
+    base = expected_wire(minimal_request(), "EngineCoreRequest", ctx.spec).value
+    for label, raw, want in (("float32", b"\xca\x3f\x00\x00\x00", 0.5), ("int", b"\x07", 7.0)):
+        marker = 123456.75
+        wire = list(base)
+        wire[index] = marker
+        encoded = msgspec.msgpack.encode(wire)
+        frame = encoded.replace(msgspec.msgpack.encode(marker), raw)
+        decoded = decode(codec, "EngineCoreRequest", [frame], form=label)
+        got = field_value(decoded, "arrival_time")
+        if got != want:
+            raise CheckFailure(f"arrival_time sent as {label} decoded as {got!r}",
+                               Reproduction(sent=[frame]))
+
+
+@check("codec/none/nil", clauses=["structs.none.nil"], surface="codec")
+def _nil(codec: Any, ctx: Any) -> None:
+    """A None field travels as nil; nil for a non-nullable field (request_id) is rejected."""
+    frames = encode(codec, "EngineCoreRequest", minimal_request())
+    wire = raw_decode(frames[0])
+    nullable = _index(ctx.spec, "EngineCoreRequest", "cache_salt")
+    if wire[nullable] is not None:
+        raise CheckFailure(f"cache_salt None travelled as {wire[nullable]!r}",
+                           Reproduction(received=frames))
+    wire[_index(ctx.spec, "EngineCoreRequest", "request_id")] = None
+    expect_rejection(codec, "EngineCoreRequest", [msgspec.msgpack.encode(wire)],
+                     ["structs.none.nil", "structs.array.type-checked", GENERAL],
+                     "request_id nil")
+
+
+@check("codec/utility-result/pair", clauses=["structs.utility-result.pair",
+                                             "frames.utility-reply"], surface="codec")
+def _utility_pair(codec: Any, ctx: Any) -> None:
+    """A utility result travels as [null, value] inside UtilityOutput."""
+    value = {"timestamp": 1.5, "utility_output": {
+        "call_id": 77, "result": {"type_info": None, "value": [1, "two", {"k": 3}]}}}
+    frames = encode(codec, "EngineCoreOutputs", value)
+    wire = raw_decode(frames[0])
+    got = wire[_index(ctx.spec, "EngineCoreOutputs", "utility_output")]
+    if got != [77, None, [None, [1, "two", {"k": 3}]]]:
+        raise CheckFailure(f"expected [77, null, [null, [1, 'two', {{'k': 3}}]]], got {show(got)}",
+                           Reproduction(received=frames))
+    decoded = decode(codec, "EngineCoreOutputs", frames)
+    out = neutral(field_value(decoded, "utility_output"))
+    if out.get("call_id") != 77 or (out.get("result") or {}).get("value") != [1, "two", {"k": 3}]:
+        raise CheckFailure(f"utility_output decoded as {out!r}", Reproduction(sent=frames))
+
+
+@check("codec/utility-result/type-info-rejected",
+       clauses=["structs.utility-result.type-info-insecure-only"], surface="codec")
+def _utility_type_info(codec: Any, ctx: Any) -> None:
+    """A UtilityResult whose type_info is not nil is rejected without the opt-in."""
+    wire = list(expected_wire({"timestamp": 1.5}, "EngineCoreOutputs", ctx.spec).value)
+    wire[_index(ctx.spec, "EngineCoreOutputs", "utility_output")] = [
+        5, None, [["builtins", "int"], 3]]
+    expect_rejection(codec, "EngineCoreOutputs", [msgspec.msgpack.encode(wire)],
+                     "structs.utility-result.type-info-insecure-only",
+                     "type_info ['builtins', 'int']")
+
+
+@check("codec/no-implicit-pickle", clauses=["structs.no-implicit-pickle"], surface="codec")
+def _no_pickle(codec: Any, ctx: Any) -> None:
+    """An encoder fails on a value the spec does not describe (a Fraction in utility args)."""
+    _expect_encode_refused(codec, "utility", [0, 1, "m", [fractions.Fraction(1, 3)]],
+                           "a fractions.Fraction in utility args")
+
+
+def _mm_request(spec: Any, factory: str, kwargs: dict[str, Any]) -> list[bytes]:
+    feature = {
+        "data": {"pixel_values": {"data": ["float32", [2], Ext(RAW_VIEW, bytes(8))],
+                                  "field": [factory, kwargs]}},
+        "modality": "image",
+        "identifier": "img-0",
+        "mm_position": {"offset": 0, "length": 2, "is_embed": None},
+        "mm_hash": None,
+    }
+    wire = list(expected_wire(minimal_request(), "EngineCoreRequest", spec).value)
+    wire[_index(spec, "EngineCoreRequest", "mm_features")] = [feature]
+    return [b"\x00", msgspec.msgpack.encode(wire)]
+
+
+@check("codec/mm/item-map", clauses=["structs.mm-item.map"], surface="codec")
+def _mm_item(codec: Any, ctx: Any) -> None:
+    """An ADD with one multimodal item ({data, field: ['batched', kwargs]}) decodes."""
+    frames = _mm_request(ctx.spec, "batched", {"keep_on_cpu": False})
+    decoded = neutral(decode(codec, "add", frames))
+    features = decoded.get("mm_features") if isinstance(decoded, dict) else None
+    if not features or features[0].get("identifier") != "img-0":
+        raise CheckFailure(f"mm_features decoded as {features!r}"[:300],
+                           Reproduction(sent=frames))
+
+
+@check("codec/mm/unknown-factory-rejected", clauses=["structs.mm-item.known-factories-only"],
+       surface="codec")
+def _mm_factory(codec: Any, ctx: Any) -> None:
+    """A multimodal field naming a factory other than batched, flat, shared is rejected."""
+    frames = _mm_request(ctx.spec, "flat_from_sizes", {"modality": "image"})
+    expect_rejection(codec, "add", frames, ["structs.mm-item.known-factories-only",
+                                            "frames.payload-matches-type"],
+                     "factory 'flat_from_sizes'")
+
+
+@check("codec/mm/slice-triple", clauses=["structs.slice.triple"], surface="codec")
+def _slices(codec: Any, ctx: Any) -> None:
+    """A flat multimodal field's slices travel as [start, stop, step] triples and decode."""
+    frames = _mm_request(ctx.spec, "flat", {"keep_on_cpu": False, "slices": [[0, 2, None]],
+                                            "dim": 0})
+    decoded = decode(codec, "add", frames)
+    features = neutral(decoded).get("mm_features")
+    if not features:
+        raise CheckFailure("mm_features lost", Reproduction(sent=frames))
+    text = repr(features[0])
+    if "slice(0, 2, None)" not in text and "[0, 2, None]" not in text:
+        raise CheckFailure(f"the slice [0, 2, null] did not survive: {text[:300]}",
+                           Reproduction(sent=frames))
+
+
+# --- message kinds -------------------------------------------------------------------------
+
+#: A sample value for every message kind the codec surface names.
+MESSAGE_SAMPLES: dict[str, Any] = {
+    "hello": {"status": "HELLO", "local": True, "headless": False},
+    "ready": {"status": "READY", "local": True, "headless": False},
+    "init": {"addresses": {"inputs": ["ipc:///tmp/ew-in"], "outputs": ["ipc:///tmp/ew-out"]},
+             "parallel_config": {}},
+    "add": minimal_request(),
+    "abort": ["req-0", "req-1"],
+    "utility": [0, 7, "is_sleeping", []],
+    "outputs": minimal_outputs(),
+    "engine_core_dead": None,
+    "utility_reply": {"engine_index": 0, "outputs": [], "timestamp": 2.5,
+                      "utility_output": {"call_id": 9, "failure_message": None,
+                                         "result": {"type_info": None, "value": [1, 2]}}},
+    "start_dp_wave": [3, 1],
+    "coordinator_outputs": {"engine_index": 1, "outputs": [], "timestamp": 3.5,
+                            "wave_complete": 2},
+    "stats_update": [[[1, 2, 0.5], [0, 3, 0.25]], 4, True],
+    "coordinator_subscribe": None,
+    "coordinator_ready": None,
+}
+
+
+def _message(spec: Any, kind: str) -> Any:
+    for message in spec.surface("frames").messages:
+        if message.kind == kind:
+            return message
+    raise CheckSkip(f"the spec has no message kind {kind!r}")
+
+
+def _sample(spec: Any, kind: str) -> Any:
+    if kind == "ready_response":
+        return Sampler(spec).required("EngineCoreReadyResponse")
+    return MESSAGE_SAMPLES[kind]
+
+
+def _check_frames(spec: Any, kind: str, frames: list[bytes], value: Any) -> list[str]:
+    """Problems with ``frames`` against the spec's frame list for ``kind`` (sender side)."""
+    message = _message(spec, kind)
+    problems: list[str] = []
+    position = 0
+    for frame_spec in message.frames:
+        if frame_spec.content == "identity":
+            continue
+        if frame_spec.repeated:
+            position = len(frames)
+            continue
+        if position >= len(frames):
+            problems.append(f"missing frame {frame_spec.name!r}")
+            break
+        frame = frames[position]
+        if frame_spec.content in ("type_byte", "literal"):
+            want = bytes.fromhex(frame_spec.literal_hex or "")
+            if frame != want:
+                problems.append(f"frame {position} ({frame_spec.name}) must be {want.hex()}, "
+                                f"got {frame.hex()}")
+        elif frame_spec.content == "msgpack":
+            try:
+                actual = raw_decode(frame)
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"frame {position} is not msgpack: {exc}")
+            else:
+                form = expected_wire(value, frame_spec.payload or "any", spec)
+                from enginewire.conformance.oracle.wire import compare_wire
+
+                problems += [f"payload {p}" for p in compare_wire(form.value, actual)[:3]]
+        position += 1
+    if position < len(frames):
+        problems.append(f"{len(frames) - position} unexpected trailing frame(s)")
+    return problems
+
+
+def _register_message_checks() -> None:
+    frame_clauses = {
+        "hello": ["handshake.hello-first", "handshake.message-keys", "frames.frame-count"],
+        "ready": ["handshake.message-keys", "frames.frame-count"],
+        "init": ["handshake.init-answers-hello", "handshake.init-addresses",
+                 "frames.plain-msgpack-control"],
+        "ready_response": ["frames.ready-response-first", "frames.plain-msgpack-control"],
+        "add": ["frames.type-byte-before-payload", "request_types.one-byte-frame",
+                "request_types.byte-table"],
+        "abort": ["frames.abort-payload", "request_types.byte-table"],
+        "utility": ["frames.utility-payload", "request_types.byte-table"],
+        "outputs": ["frames.outputs-payload"],
+        "engine_core_dead": ["frames.engine-core-dead-literal"],
+        "utility_reply": ["frames.utility-reply"],
+        "start_dp_wave": ["frames.start-dp-wave-payload", "frames.type-byte-before-payload"],
+        "coordinator_outputs": ["frames.coordinator-outputs-single-frame"],
+        "stats_update": ["frames.stats-update-payload"],
+        "coordinator_subscribe": ["frames.coordinator-subscribe-first"],
+        "coordinator_ready": ["frames.coordinator-subscribe-first"],
+    }
+    for kind, clauses in frame_clauses.items():
+        slug = kind.replace("_", "-")
+
+        def run(codec: Any, ctx: Any, *, _kind: str = kind) -> None:
+            value = _sample(ctx.spec, _kind)
+            frames = encode(codec, _kind, value)
+            problems = _check_frames(ctx.spec, _kind, frames, value)
+            if problems:
+                raise CheckFailure(f"{_kind}: {problems[0]}"
+                                   + (f" (and {len(problems) - 1} more)"
+                                      if len(problems) > 1 else ""),
+                                   Reproduction(received=frames, notes={"value": value,
+                                                                        "problems": problems}))
+
+        check(f"codec/message/{slug}/frames", clauses=clauses, surface="codec",
+              description=f"{kind} encodes to the frames the spec lists")(run)
+
+        if MESSAGE_SAMPLES.get(kind, 0) is None:
+            continue
+
+        def run_trip(codec: Any, ctx: Any, *, _kind: str = kind) -> None:
+            value = _sample(ctx.spec, _kind)
+            frames = encode(codec, _kind, value)
+            decoded = decode(codec, _kind, frames)
+            payload = next(f.payload for f in _message(ctx.spec, _kind).frames
+                           if f.content == "msgpack")
+            expect_value(decoded, value, payload, ctx.spec, what=f"{_kind} round trip",
+                         sent=frames)
+
+        check(f"codec/message/{slug}/round-trip", clauses=[clauses[0]], surface="codec",
+              description=f"{kind} decodes back to the value it was encoded from")(run_trip)
+
+
+_register_message_checks()
+
+
+@check("codec/message/untyped-payload-no-oob", clauses=["frames.untyped-payload-no-oob"],
+       surface="codec")
+def _untyped_oob(codec: Any, ctx: Any) -> None:
+    """A utility call whose args hold a large tensor is refused, not sent with a buffer."""
+    try:
+        frames = codec.encode("utility", [0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]])
+    except Exception:  # noqa: BLE001 - refusing is conformant
+        return
+    frames = list(frames)
+    if len(frames) > 2:
+        raise CheckFailure(f"utility went out with {len(frames) - 2} out-of-band frame(s)",
+                           Reproduction(received=frames))
+
+
+@check("codec/message/control-no-extensions", clauses=["frames.plain-msgpack-control"],
+       surface="codec")
+def _control_plain(codec: Any, ctx: Any) -> None:
+    """Handshake messages and the ready response are one frame of plain msgpack."""
+    for kind in ("hello", "ready", "init", "ready_response"):
+        frames = encode(codec, kind, _sample(ctx.spec, kind))
+        if len(frames) != 1:
+            raise CheckFailure(f"{kind} has {len(frames)} frames", Reproduction(received=frames))
+        found: list[int] = []
+
+        def note(code: int, data: memoryview, _found: list[int] = found) -> None:
+            _found.append(code)
+
+        msgspec.msgpack.decode(frames[0], ext_hook=note)
+        if found:
+            raise CheckFailure(f"{kind} carries extension types {found}",
+                               Reproduction(received=frames))
+
+
+def _payload_of(codec: Any, kind: str, spec: Any) -> list[bytes]:
+    return encode(codec, kind, _sample(spec, kind))
+
+
+_BAD_INPUT: list[tuple[str, str, list[str], str, Any]] = [
+    # suffix, kind, clauses, what, frames builder (valid frames -> bad frames)
+    ("unknown-type-byte", "add", ["request_types.unknown-byte-rejected"],
+     "type byte 0x07", lambda f: [b"\x07", *f[1:]]),
+    ("sentinel-executor-failed", "add", ["request_types.sentinels-never-on-wire",
+                                         "request_types.unknown-byte-rejected"],
+     "type byte 0x04 (EXECUTOR_FAILED)", lambda f: [b"\x04", *f[1:]]),
+    ("sentinel-wakeup", "abort", ["request_types.sentinels-never-on-wire",
+                                  "request_types.unknown-byte-rejected"],
+     "type byte 0x05 (WAKEUP)", lambda f: [b"\x05", *f[1:]]),
+    ("type-frame-two-bytes", "add", ["request_types.one-byte-frame",
+                                     "request_types.unknown-byte-rejected"],
+     "a two-byte type frame 00 00", lambda f: [b"\x00\x00", *f[1:]]),
+    ("type-frame-empty", "abort", ["request_types.one-byte-frame",
+                                   "request_types.unknown-byte-rejected"],
+     "an empty type frame", lambda f: [b"", *f[1:]]),
+    ("wrong-type-for-kind", "abort", ["frames.frame-count", "request_types.byte-table",
+                                      "request_types.unknown-byte-rejected"],
+     "an ABORT payload under type byte 0x03 (UTILITY)", lambda f: [b"\x03", *f[1:]]),
+    ("missing-payload", "add", ["frames.frame-count"],
+     "a type frame with no payload", lambda f: f[:1]),
+    ("extra-frame-after-abort", "abort", ["frames.frame-count",
+                                          "frames.untyped-payload-no-oob"],
+     "an abort followed by a stray frame", lambda f: [*f, b"stray"]),
+    ("garbage-payload", "add", ["frames.payload-matches-type"],
+     "payload bytes c1 (never valid msgpack)", lambda f: [f[0], b"\xc1"]),
+    ("truncated-payload", "add", ["frames.payload-matches-type"],
+     "a payload cut in half", lambda f: [f[0], f[1][: len(f[1]) // 2]]),
+    ("abort-not-strings", "abort", ["frames.abort-payload", "frames.payload-matches-type"],
+     "an abort payload [1, 2]", lambda f: [f[0], msgspec.msgpack.encode([1, 2])]),
+    ("abort-not-array", "abort", ["frames.abort-payload", "frames.payload-matches-type"],
+     "an abort payload that is a string", lambda f: [f[0], msgspec.msgpack.encode("req-0")]),
+    ("utility-short", "utility", ["frames.utility-payload", "frames.payload-matches-type"],
+     "a utility payload of three elements",
+     lambda f: [f[0], msgspec.msgpack.encode([0, 7, "is_sleeping"])]),
+    ("utility-call-id-string", "utility", ["frames.utility-payload",
+                                           "frames.payload-matches-type"],
+     "a utility call_id that is a string",
+     lambda f: [f[0], msgspec.msgpack.encode([0, "7", "is_sleeping", []])]),
+    ("engine-core-dead-extra-frame", "engine_core_dead", ["frames.engine-core-dead-literal"],
+     "ENGINE_CORE_DEAD plus an empty frame", lambda f: [*f, b""]),
+    ("engine-core-dead-wrong-bytes", "engine_core_dead", ["frames.engine-core-dead-literal"],
+     "the frame ENGINE_CORE_DEAD with a trailing space", lambda f: [f[0] + b" "]),
+    ("hello-missing-headless", "hello", ["handshake.message-keys"],
+     "a HELLO without headless",
+     lambda f: [msgspec.msgpack.encode({"status": "HELLO", "local": True})]),
+    ("hello-not-a-map", "hello", ["handshake.message-keys", "frames.payload-matches-type"],
+     "a HELLO that is an array", lambda f: [msgspec.msgpack.encode(["HELLO", True, False])]),
+    ("hello-two-frames", "hello", ["frames.frame-count", "frames.untyped-payload-no-oob"],
+     "a HELLO of two frames", lambda f: [*f, b""]),
+    ("init-missing-addresses", "init", ["handshake.init-addresses",
+                                        "structs.map.absent-key-default"],
+     "an init map without addresses",
+     lambda f: [msgspec.msgpack.encode({"parallel_config": {}})]),
+    ("outputs-garbage", "outputs", ["frames.payload-matches-type"],
+     "an outputs frame that is not msgpack", lambda f: [b"\xc1\xc1"]),
+]
+
+
+def _register_bad_input() -> None:
+    for suffix, kind, clauses, what, make in _BAD_INPUT:
+
+        def run(codec: Any, ctx: Any, *, _kind: str = kind, _clauses: list = clauses,
+                _what: str = what, _make: Any = make) -> None:
+            frames = [bytes(f) for f in _make(_payload_of(codec, _kind, ctx.spec))]
+            expect_rejection(codec, _kind, frames, _clauses, f"{_kind}: {_what}")
+
+        check(f"codec/reject/{suffix}", clauses=clauses, surface="codec",
+              description=f"decoding {kind} rejects {what}")(run)
+
+
+_register_bad_input()
+
+
+@check("codec/spec/array-structs-append-only", clauses=["structs.array.append-only"],
+       surface="codec")
+def _append_only(codec: Any, ctx: Any) -> None:
+    """(Spec structure, any target) Every array-encoded struct only ever grew at its end:
+    no field appears in an earlier vLLM version than a field before it, and no field before
+    the end was removed."""
+    from enginewire.spec import load
+    from enginewire.spec.versions import VersionRange
+
+    full = load()  # the reference version; each field carries its own version range
+    problems = []
+    for item in full.structs.values():
+        if getattr(item, "encoding", None) not in ("array", "tuple"):
+            continue
+        earliest = None
+        for index, fld in enumerate(item.fields):
+            bounds = VersionRange.parse(fld.versions or item.versions)
+            if bounds.high is not None and index < len(item.fields) - 1:
+                problems.append(f"{item.name}.{fld.name} ({fld.versions}) was removed before "
+                                "the end of the struct")
+            if earliest is not None and bounds.low < earliest:
+                problems.append(f"{item.name}.{fld.name} ({fld.versions}) is older than a "
+                                "field before it")
+            earliest = bounds.low if earliest is None else max(earliest, bounds.low)
+    if problems:
+        raise CheckFailure(f"array structs changed other than by appending: {problems[0]}",
+                           Reproduction(notes={"problems": problems}))

@@ -1,0 +1,153 @@
+"""Run checks against a target, each under its own time limit, and collect the verdicts.
+
+Every check runs in a worker thread joined with the check's time limit: a target that hangs
+turns into a failure ("timed out after N s"), the check's clean-up callbacks then close its
+sockets and stop its processes, and the run goes on. Checks run one at a time, in registry
+order, so a report is reproducible.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from enginewire.conformance.framework.context import CheckContext
+from enginewire.conformance.framework.expected import ExpectedFailures
+from enginewire.conformance.framework.outcomes import (
+    FAILED,
+    NOT_APPLICABLE,
+    NOT_IMPLEMENTED,
+    NOT_RUN,
+    PASSED,
+    SKIPPED,
+    CheckResult,
+    RunResult,
+)
+from enginewire.conformance.framework.registry import (
+    Check,
+    CheckFailure,
+    CheckSkip,
+    NotImplementedSurface,
+)
+from enginewire.conformance.targets.contract import MODES, Target
+
+ProgressCallback = Callable[[int, int, Check, "CheckResult | None"], None]
+
+
+def run_check(
+    item: Check,
+    target: Target,
+    spec: Any,
+    *,
+    strict: bool = False,
+    timeout_scale: float = 1.0,
+    options: dict[str, Any] | None = None,
+) -> CheckResult:
+    """Run one check and return its verdict; never raises for anything the check does."""
+    level = item.level(spec)
+    if level != "MUST" and not strict:
+        return CheckResult(item, level, NOT_RUN, f"{level} check: runs with --strict")
+    for needed in (item.surface, *item.requires):
+        if not target.has(needed):
+            return CheckResult(
+                item, level, NOT_IMPLEMENTED,
+                f"target {target.name!r} does not implement {needed}",
+            )
+    for needed in item.requires:
+        if needed in MODES and not target.applies(needed):
+            return CheckResult(
+                item, level, NOT_APPLICABLE,
+                f"target {target.name!r} works without {needed} by design",
+            )
+    surface = getattr(target, item.surface)
+    limit = item.timeout * timeout_scale
+    ctx = CheckContext(spec=spec, target=target, timeout=limit, strict=strict, options=options)
+    verdict: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            item.func(surface, ctx)
+            verdict.update(status=PASSED)
+        except CheckFailure as exc:
+            verdict.update(status=FAILED, message=exc.message, reproduction=exc.reproduction)
+        except CheckSkip as exc:
+            verdict.update(status=SKIPPED, message=str(exc))
+        except NotImplementedSurface as exc:
+            verdict.update(status=NOT_IMPLEMENTED, message=str(exc))
+        except BaseException as exc:  # noqa: BLE001 - any escape from a check is its verdict
+            clause = getattr(exc, "clause", None)
+            where = f" [{clause}]" if clause else ""
+            verdict.update(
+                status=FAILED,
+                message=f"{type(exc).__name__}{where}: {exc}".strip(),
+                traceback=traceback.format_exc(),
+            )
+
+    started = time.monotonic()
+    worker = threading.Thread(target=body, name=f"check {item.id}", daemon=True)
+    worker.start()
+    worker.join(limit)
+    hung = worker.is_alive()
+    ctx.close()
+    if hung:
+        worker.join(1.0)
+    duration = time.monotonic() - started
+    if hung:
+        result = CheckResult(
+            item, level, FAILED,
+            f"timed out after {limit:g} s: the target did not answer in time",
+            duration_s=duration,
+        )
+    else:
+        result = CheckResult(
+            item, level,
+            verdict.get("status", FAILED),
+            verdict.get("message", ""),
+            verdict.get("reproduction"),
+            verdict.get("traceback"),
+            duration,
+        )
+    if ctx.cleanup_errors and result.status == PASSED:
+        result.status = FAILED
+        result.message = "clean-up failed: " + "; ".join(ctx.cleanup_errors)
+    return result
+
+
+def run(
+    checks: Sequence[Check],
+    target: Target,
+    spec: Any,
+    *,
+    strict: bool = False,
+    expected: ExpectedFailures | None = None,
+    progress: ProgressCallback | None = None,
+    timeout_scale: float = 1.0,
+    options: dict[str, Any] | None = None,
+) -> RunResult:
+    """Run ``checks`` in order against ``target`` and apply the expected-failure list."""
+    started_wall = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    started = time.monotonic()
+    results: list[CheckResult] = []
+    for index, item in enumerate(checks):
+        if progress is not None:
+            progress(index, len(checks), item, None)
+        result = run_check(
+            item, target, spec, strict=strict, timeout_scale=timeout_scale, options=options
+        )
+        results.append(result)
+        if progress is not None:
+            progress(index + 1, len(checks), item, result)
+    run_result = RunResult(
+        target=target.name,
+        spec_version=spec.version,
+        strict=strict,
+        results=results,
+        started=started_wall,
+        duration_s=time.monotonic() - started,
+    )
+    (expected or ExpectedFailures()).apply(run_result)
+    return run_result

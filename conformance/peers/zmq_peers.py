@@ -1,0 +1,359 @@
+"""The suite as a peer over ZMQ: a conformance front end and a conformance engine core.
+
+Both speak the wire through the spec oracle
+(:func:`~enginewire.conformance.oracle.wire.expected_wire` to write,
+:func:`~enginewire.conformance.oracle.wire.from_wire` to read), not through the reference
+codec, and both can send any frames at all (:meth:`SuiteFrontend.send_input`,
+:meth:`SuiteEngine.push_raw`) for the bad-input checks.
+
+- :class:`SuiteFrontend` binds what a front end binds (handshake ROUTER, one input ROUTER and
+  one output PULL per client) and drives a target engine through the handshake and requests.
+- :class:`SuiteEngine` connects what an engine connects (a handshake DEALER with its identity,
+  then an input DEALER and an output PUSH per client) and serves a target front end.
+
+Every receive takes a timeout and raises ``TimeoutError``; every socket and ipc file is
+released by ``close`` (registered with the check's context).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import zmq
+
+from enginewire.conformance.oracle.wire import expected_wire, from_wire, raw_decode
+
+ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+TYPE_BYTES = {"add": b"\x00", "abort": b"\x01", "start_dp_wave": b"\x02", "utility": b"\x03"}
+
+
+def identity_of(rank: int) -> bytes:
+    """The engine identity the spec prescribes: the rank as 2 bytes little-endian."""
+    return rank.to_bytes(2, "little")
+
+
+def encode(value: Any, type_text: str, spec: Any, threshold: int = 256) -> list[bytes]:
+    """``value`` as the spec's frames: ``[msgpack, oob...]``."""
+    form = expected_wire(value, type_text, spec, threshold=threshold)
+    return [msgspec.msgpack.encode(form.value), *form.oob]
+
+
+def decode(frames: Sequence[bytes], type_text: str, spec: Any) -> Any:
+    """Frames ``[msgpack, oob...]`` as a neutral value of ``type_text``."""
+    return from_wire(raw_decode(frames[0]), type_text, spec, [bytes(f) for f in frames[1:]])
+
+
+def ready_response_value(rank: int, dp_size: int = 1) -> dict[str, Any]:
+    """A plausible EngineCoreReadyResponse for a conformance engine of ``rank``."""
+    return {
+        "max_model_len": 2048, "num_gpu_blocks": 512, "block_size": 16,
+        "dp_stats_address": None, "dtype": "bfloat16", "vllm_version": "0.33.0",
+        "world_size": 1, "data_parallel_size": dp_size, "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1, "decode_context_parallel_size": 1,
+        "data_parallel_rank": rank, "max_num_seqs": 64, "max_num_batched_tokens": 4096,
+        "instance_id": f"conformance-engine-{rank}", "supports_lora": False, "max_loras": 0,
+    }
+
+
+class _Net:
+    """A ZMQ context, its sockets and the ipc files they bound."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.context = zmq.Context()
+        self.sockets: list[zmq.Socket] = []
+        self.files: list[str] = []
+
+    def socket(self, kind: int, identity: bytes | None = None) -> zmq.Socket:
+        sock = self.context.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if kind in (zmq.ROUTER, zmq.DEALER, zmq.PUSH):
+            sock.setsockopt(zmq.SNDHWM, 0)
+        if kind in (zmq.ROUTER, zmq.DEALER, zmq.PULL):
+            sock.setsockopt(zmq.RCVHWM, 0)
+        if identity is not None:
+            sock.setsockopt(zmq.IDENTITY, identity)
+        self.sockets.append(sock)
+        return sock
+
+    def address(self, name: str, transport: str = "ipc") -> str:
+        if transport == "tcp":
+            return "tcp://127.0.0.1:0"
+        if transport == "tcp6":
+            return "tcp://[::1]:0"
+        return f"ipc://{self.directory}/{name}-{uuid.uuid4().hex[:10]}"
+
+    def bind(self, sock: zmq.Socket, address: str) -> str:
+        if address.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.bind(address)
+        if address.startswith("ipc://"):
+            self.files.append(address[len("ipc://"):])
+            return address
+        return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(linger=0)
+        self.sockets.clear()
+        if not self.context.closed:
+            self.context.term()
+        for path in self.files:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self.files.clear()
+
+
+def recv(sock: zmq.Socket, timeout: float, what: str) -> list[bytes]:
+    if not sock.poll(int(max(timeout, 0.0) * 1000)):
+        raise TimeoutError(f"{what}: nothing within {timeout:g} s")
+    return sock.recv_multipart()
+
+
+@dataclass
+class Handshake:
+    """What an engine said during a handshake run by :meth:`SuiteFrontend.handshake`."""
+
+    identity: bytes
+    hello: dict[str, Any]
+    ready: dict[str, Any]
+    #: The ready-response frames per client input socket, identity frame first.
+    ready_responses: list[list[bytes]] = field(default_factory=list)
+
+
+class SuiteFrontend:
+    """The suite as the front end of ``clients`` clients (it binds everything)."""
+
+    def __init__(self, spec: Any, directory: str, *, clients: int = 1,
+                 transport: str = "ipc") -> None:
+        self.spec = spec
+        self.net = _Net(directory)
+        try:
+            self.handshake_socket = self.net.socket(zmq.ROUTER)
+            self.handshake_address = self.net.bind(
+                self.handshake_socket, self.net.address("handshake", transport))
+            self.input_sockets, self.input_addresses = [], []
+            self.output_sockets, self.output_addresses = [], []
+            for client in range(clients):
+                sock = self.net.socket(zmq.ROUTER)
+                self.input_addresses.append(
+                    self.net.bind(sock, self.net.address(f"input{client}", transport)))
+                self.input_sockets.append(sock)
+                pull = self.net.socket(zmq.PULL)
+                self.output_addresses.append(
+                    self.net.bind(pull, self.net.address(f"output{client}", transport)))
+                self.output_sockets.append(pull)
+        except BaseException:
+            self.net.close()
+            raise
+
+    def close(self) -> None:
+        self.net.close()
+
+    # -- handshake ------------------------------------------------------------------------
+
+    def recv_handshake(self, timeout: float) -> list[bytes]:
+        return recv(self.handshake_socket, timeout, "a handshake message")
+
+    def init_value(self, **overrides: Any) -> dict[str, Any]:
+        value = {"addresses": {"inputs": list(self.input_addresses),
+                               "outputs": list(self.output_addresses)},
+                 "parallel_config": {}}
+        value.update(overrides)
+        return value
+
+    def send_init(self, identity: bytes, value: dict[str, Any] | None = None) -> None:
+        payload = encode(value or self.init_value(), "EngineHandshakeMetadata", self.spec)
+        self.handshake_socket.send_multipart([identity, *payload])
+
+    def handshake(self, timeout: float, *, expect: bytes | None = None) -> Handshake:
+        """Run one engine's handshake: HELLO, init, ready responses, READY."""
+        deadline = time.monotonic() + timeout
+        frames = self.recv_handshake(timeout)
+        if len(frames) != 2:
+            raise HandshakeProblem(f"HELLO arrived as {len(frames)} frames at the ROUTER, "
+                                   "expected 2 (identity, payload)", frames)
+        identity, payload = frames
+        if expect is not None and identity != expect:
+            raise HandshakeProblem(f"HELLO came from identity {identity.hex()}, expected "
+                                   f"{expect.hex()}", frames)
+        hello = _map(payload, "HELLO", frames)
+        self.send_init(identity)
+        responses = []
+        for client, sock in enumerate(self.input_sockets):
+            got = recv(sock, deadline - time.monotonic(), f"the ready response on input {client}")
+            responses.append(got)
+        ready_frames = recv(self.handshake_socket, deadline - time.monotonic(), "READY")
+        if len(ready_frames) != 2 or ready_frames[0] != identity:
+            raise HandshakeProblem("READY must be [identity, payload] from the same identity",
+                                   ready_frames)
+        ready = _map(ready_frames[1], "READY", ready_frames)
+        return Handshake(identity, hello, ready, responses)
+
+    # -- requests -------------------------------------------------------------------------
+
+    def send_input(self, identity: bytes, frames: Sequence[bytes], client: int = 0) -> None:
+        self.input_sockets[client].send_multipart([identity, *frames])
+
+    def add(self, identity: bytes, request: dict[str, Any], client: int = 0) -> None:
+        self.send_input(identity, [TYPE_BYTES["add"], *encode(request, "EngineCoreRequest",
+                                                               self.spec)], client)
+
+    def abort(self, identity: bytes, request_ids: list[str], client: int = 0) -> None:
+        self.send_input(identity, [TYPE_BYTES["abort"], msgspec.msgpack.encode(request_ids)],
+                        client)
+
+    def utility(self, identity: bytes, call_id: int, method: str, args: list[Any],
+                client: int = 0) -> None:
+        payload = msgspec.msgpack.encode([client, call_id, method, args])
+        self.send_input(identity, [TYPE_BYTES["utility"], payload], client)
+
+    def recv_output_frames(self, timeout: float, client: int = 0) -> list[bytes]:
+        return recv(self.output_sockets[client], timeout, f"a message on output {client}")
+
+    def outputs(self, timeout: float, client: int = 0) -> dict[str, Any]:
+        frames = self.recv_output_frames(timeout, client)
+        if frames == [ENGINE_CORE_DEAD]:
+            raise ConnectionError("ENGINE_CORE_DEAD")
+        return decode(frames, "EngineCoreOutputs", self.spec)
+
+    def call(self, identity: bytes, method: str, args: list[Any], timeout: float, *,
+             call_id: int = 7, client: int = 0) -> dict[str, Any]:
+        """Send a utility call and return the UtilityOutput answering it (request outputs
+        read meanwhile are dropped)."""
+        self.utility(identity, call_id, method, args, client)
+        deadline = time.monotonic() + timeout
+        while True:
+            outputs = self.outputs(deadline - time.monotonic(), client)
+            reply = outputs.get("utility_output")
+            if reply is not None and reply.get("call_id") == call_id:
+                return outputs
+
+    def finish(self, request_id: str, timeout: float, client: int = 0) -> list[dict[str, Any]]:
+        """Read outputs until ``request_id`` finishes; return its EngineCoreOutput entries."""
+        deadline = time.monotonic() + timeout
+        seen = []
+        while True:
+            outputs = self.outputs(deadline - time.monotonic(), client)
+            for output in outputs.get("outputs") or []:
+                if output.get("request_id") == request_id:
+                    seen.append({**output, "_engine_index": outputs.get("engine_index")})
+                    if output.get("finish_reason") is not None:
+                        return seen
+
+
+class HandshakeProblem(ValueError):
+    def __init__(self, message: str, frames: Sequence[bytes]) -> None:
+        super().__init__(message)
+        self.frames = list(frames)
+
+
+def _map(payload: bytes, what: str, frames: Sequence[bytes]) -> dict[str, Any]:
+    try:
+        value = raw_decode(payload)
+    except Exception as exc:  # noqa: BLE001
+        raise HandshakeProblem(f"{what} is not msgpack: {exc}", frames) from exc
+    if not isinstance(value, dict):
+        raise HandshakeProblem(f"{what} must be a msgpack map, got {type(value).__name__}",
+                               frames)
+    return value
+
+
+class SuiteEngine:
+    """The suite as engine core ``rank`` (it connects; the front end binds)."""
+
+    def __init__(self, spec: Any, directory: str, handshake_address: str | None, rank: int = 0,
+                 *, local: bool = True, headless: bool = False, input_rcvhwm: int = 0) -> None:
+        """``handshake_address`` None: a front end without a handshake channel (the engine is
+        given its addresses, :meth:`connect_direct`). ``input_rcvhwm``: the receive
+        high-water mark of the input DEALERs; 1 makes the engine a slow reader whose pending
+        input piles up at the front end's ROUTER, where a high-water mark would drop it."""
+        self.spec = spec
+        self.rank = rank
+        self.identity = identity_of(rank)
+        self.local = local
+        self.headless = headless
+        self.input_rcvhwm = input_rcvhwm
+        self.net = _Net(directory)
+        self.handshake_socket: zmq.Socket | None = None
+        if handshake_address is not None:
+            self.handshake_socket = self.net.socket(zmq.DEALER, self.identity)
+            self.handshake_socket.connect(handshake_address)
+        self.inputs: list[zmq.Socket] = []
+        self.outputs: list[zmq.Socket] = []
+
+    def close(self) -> None:
+        self.net.close()
+
+    def hello(self, **overrides: Any) -> None:
+        value = {"status": "HELLO", "local": self.local, "headless": self.headless, **overrides}
+        self.handshake_socket.send(msgspec.msgpack.encode(value))
+
+    def ready(self, **overrides: Any) -> None:
+        value = {"status": "READY", "local": self.local, "headless": self.headless, **overrides}
+        self.handshake_socket.send(msgspec.msgpack.encode(value))
+
+    def recv_init(self, timeout: float) -> list[bytes]:
+        return recv(self.handshake_socket, timeout, "init after HELLO")
+
+    def connect(self, init: dict[str, Any]) -> None:
+        for address in init["addresses"]["inputs"]:
+            sock = self.net.socket(zmq.DEALER, self.identity)
+            if self.input_rcvhwm:
+                sock.setsockopt(zmq.RCVHWM, self.input_rcvhwm)
+            sock.connect(address)
+            self.inputs.append(sock)
+        for address in init["addresses"]["outputs"]:
+            sock = self.net.socket(zmq.PUSH)
+            sock.connect(address)
+            self.outputs.append(sock)
+
+    def connect_direct(self, input_address: str, output_address: str) -> None:
+        """Connect to a front end without a handshake channel, as if init had named these."""
+        self.connect({"addresses": {"inputs": [input_address], "outputs": [output_address]}})
+
+    def send_ready_response(self, value: dict[str, Any] | None = None, *,
+                            raw: bytes | None = None) -> None:
+        payload = raw if raw is not None else msgspec.msgpack.encode(
+            expected_wire(value or ready_response_value(self.rank),
+                          "EngineCoreReadyResponse", self.spec).value)
+        for sock in self.inputs:
+            sock.send(payload)
+
+    def start(self, timeout: float) -> dict[str, Any]:
+        """The whole engine side of the handshake; returns the init value."""
+        self.hello()
+        frames = self.recv_init(timeout)
+        init = decode(frames, "EngineHandshakeMetadata", self.spec)
+        self.connect(init)
+        self.send_ready_response()
+        self.ready()
+        return init
+
+    def recv_request(self, timeout: float, client: int = 0) -> list[bytes]:
+        return recv(self.inputs[client], timeout, f"a request on input {client}")
+
+    def push_raw(self, frames: Sequence[bytes], client: int = 0) -> list[bytes]:
+        """Send ``frames`` on output ``client``; returns them (for reproductions)."""
+        self.outputs[client].send_multipart(list(frames))
+        return list(frames)
+
+    def push(self, outputs: dict[str, Any], client: int = 0) -> list[bytes]:
+        # A fixed timestamp keeps reproductions byte-identical from run to run.
+        value = {"engine_index": self.rank, "timestamp": 0.0, **outputs}
+        return self.push_raw(encode(value, "EngineCoreOutputs", self.spec), client)
+
+    def reply(self, call_id: int, *, result: Any = None, failure: str | None = None,
+              client: int = 0) -> list[bytes]:
+        utility = {"call_id": call_id, "failure_message": failure,
+                   "result": None if failure is not None else {"type_info": None,
+                                                               "value": result}}
+        return self.push({"utility_output": utility}, client)

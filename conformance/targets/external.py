@@ -1,0 +1,379 @@
+"""External programs as targets: ``enginewire check --target-cmd [SURFACE=]COMMAND``.
+
+A command names the program for one surface. Without ``SURFACE=`` the surface is read from
+the placeholders: ``{input}`` or ``{output}`` means ``frontend``, ``{handshake}`` ``engine``;
+anything else is ``codec`` unless written ``ring=...``. Placeholders are filled in (and the
+result split like a shell would) each time the suite starts the program.
+
+``engine`` -- started once per engine the suite needs::
+
+    myengine --handshake {handshake} --rank {rank} --dp-size {dp_size}
+             [--remote {remote}] [--headless {headless}] [--init-timeout {init_timeout}]
+
+``{handshake}`` is the suite's handshake ROUTER address, ``{rank}`` the engine index,
+``{dp_size}`` the data parallel size, ``{local}``/``{remote}``/``{headless}`` are ``true`` or
+``false``, ``{init_timeout}`` is in seconds. The program is the engine: it connects, serves,
+and is stopped with SIGTERM (then SIGKILL after 5 s). Its stderr goes to a file in the check's
+temporary directory.
+
+``frontend``, ``codec`` and ``ring`` -- a long-running program speaking JSON lines: the suite
+writes one request per line on its stdin and the program answers each with one line on its
+stdout. Every request carries ``"seq"`` (an int) and its answer echoes it; answers may come in
+any order (a program may serve requests concurrently; a ring program must, because the
+collective ``wait_until_ready`` blocks until the other ends call theirs). An answer is
+``{"seq": N, "ok": true, ...}`` or ``{"seq": N, "ok": false, "error": TEXT, "kind": KIND,
+"clause": CLAUSE_ID_OR_NULL}`` where KIND is ``"timeout"`` (the suite raises TimeoutError),
+``"dead"`` (ConnectionError) or ``"error"``. Values are neutral values as the tagged JSON of
+:mod:`enginewire.conformance.oracle.golden` (``{"$tensor": {...}}``, ``{"$set": [...]}``, ...);
+frames and buffers are lists of hex strings.
+
+- ``frontend`` (``{handshake} {input} {output} {engines}`` filled in; the program binds them):
+  ``wait_ready {timeout}``; ``add {engine, request}``; ``abort {engine, request_ids}``;
+  ``utility {engine, method, args, timeout}`` -> ``result``; ``outputs {timeout}`` ->
+  ``outputs``; ``stop``.
+- ``codec``: ``encode {kind, value, threshold}`` -> ``frames``; ``decode {kind, frames,
+  threshold}`` -> ``value`` (``threshold`` null: the spec's default).
+- ``ring``: ``create_writer {n_reader, max_chunk_bytes, max_chunks}`` -> ``id``, ``handle``;
+  ``attach_reader {handle, rank}`` -> ``id``; ``wait_until_ready {id, timeout}``; ``enqueue {id,
+  buffers, timeout}``; ``dequeue {id, timeout}`` -> ``buffers``; ``close {id}``. The suite
+  pickles and unpickles; the program only moves ``[main, oob...]`` buffers through the ring.
+
+``python -m enginewire.conformance.targets.command_server --surface S --target T`` serves these
+protocols for any in-process target; it is also a worked example.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from enginewire.conformance.targets.contract import RingHandle, TargetError
+
+SURFACE_PREFIXES = ("codec=", "ring=", "engine=", "frontend=")
+
+
+def split_command(text: str) -> tuple[str, str]:
+    """``(surface, command)`` of one ``--target-cmd`` entry."""
+    for prefix in SURFACE_PREFIXES:
+        if text.startswith(prefix):
+            return prefix[:-1], text[len(prefix):]
+    if "{input}" in text or "{output}" in text:
+        return "frontend", text
+    if "{handshake}" in text:
+        return "engine", text
+    return "codec", text
+
+
+def command_surfaces(commands: Sequence[str]) -> dict[str, Any]:
+    surfaces: dict[str, Any] = {}
+    for text in commands:
+        surface, command = split_command(text)
+        if not command.strip():
+            raise TargetError(f"--target-cmd {text!r}: empty command")
+        if surface in surfaces:
+            raise TargetError(f"--target-cmd: two commands for {surface}")
+        surfaces[surface] = {
+            "engine": CommandEngine, "frontend": CommandFrontend,
+            "codec": CommandCodec, "ring": CommandRing,
+        }[surface](command)
+    return surfaces
+
+
+def _argv(template: str, **values: Any) -> list[str]:
+    filled = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}
+    try:
+        return shlex.split(template.format(**filled))
+    except KeyError as exc:
+        raise TargetError(f"unknown placeholder {exc} in {template!r} (known: "
+                          f"{', '.join(sorted(filled))})") from None
+
+
+class CommandFailed(RuntimeError):
+    """The program answered ``ok: false``; ``clause`` is the clause it names, if any."""
+
+    def __init__(self, message: str, clause: str | None = None) -> None:
+        super().__init__(message)
+        self.clause = clause
+
+
+# --- processes ---------------------------------------------------------------------------
+
+
+class ProcessPeer:
+    """A started program: SIGTERM then SIGKILL on :meth:`stop`."""
+
+    def __init__(self, argv: list[str], *, stdin: Any = subprocess.DEVNULL,
+                 stdout: Any = subprocess.DEVNULL) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="ewc-target-", suffix=".log",  # noqa: SIM115
+                                               delete=False)
+        try:
+            self.popen = subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=self.log,
+                                          start_new_session=True)
+        except OSError as exc:
+            self.log.close()
+            os.unlink(self.log.name)
+            raise TargetError(f"cannot start {argv[0]!r}: {exc}") from exc
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.popen.stdin is not None and self.alive():
+            # A line-protocol program ends when its stdin does: let it clean up first.
+            try:
+                self.popen.stdin.close()
+                self.popen.wait(timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout)
+        for stream in (self.popen.stdin, self.popen.stdout):
+            if stream is not None:
+                stream.close()
+        self.log.close()
+        try:
+            os.unlink(self.log.name)
+        except FileNotFoundError:
+            pass
+
+    def log_tail(self, limit: int = 2000) -> str:
+        try:
+            with open(self.log.name, "rb") as handle:
+                return handle.read()[-limit:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+class LineRpc:
+    """JSON-lines requests and answers over a program's stdin/stdout, matched by ``seq``."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.peer = ProcessPeer(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._seq = itertools.count(1)
+        self._pending: dict[int, Future[dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, daemon=True, name="target stdout")
+        self._reader.start()
+
+    def _read(self) -> None:
+        stdout = self.peer.popen.stdout
+        assert stdout is not None
+        for raw in stdout:
+            try:
+                answer = json.loads(raw)
+                future = self._pending.pop(int(answer["seq"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+            future.set_result(answer)
+        with self._lock:
+            for future in self._pending.values():
+                future.set_exception(ConnectionError(
+                    "the target program exited: " + self.peer.log_tail(500)))
+            self._pending.clear()
+
+    def call(self, op: str, rpc_timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
+        """Send ``{"op": op, **fields}`` and wait ``rpc_timeout`` s for its answer."""
+        seq = next(self._seq)
+        future: Future[dict[str, Any]] = Future()
+        with self._lock:
+            if not self.peer.alive():
+                raise ConnectionError("the target program is not running: "
+                                      + self.peer.log_tail(500))
+            self._pending[seq] = future
+        line = json.dumps({"seq": seq, "op": op, **fields}) + "\n"
+        stdin = self.peer.popen.stdin
+        assert stdin is not None
+        try:
+            stdin.write(line.encode())
+            stdin.flush()
+        except (BrokenPipeError, ValueError) as exc:
+            self._pending.pop(seq, None)
+            raise ConnectionError(f"the target program closed its stdin: {exc}") from exc
+        try:
+            answer = future.result(rpc_timeout)
+        except TimeoutError:
+            self._pending.pop(seq, None)
+            raise TimeoutError(f"the target program did not answer {op!r} within "
+                               f"{rpc_timeout:g} s") from None
+        if answer.get("ok"):
+            return answer
+        kind = answer.get("kind")
+        message = str(answer.get("error", "failed"))
+        if kind == "timeout":
+            raise TimeoutError(message)
+        if kind == "dead":
+            raise ConnectionError(message)
+        raise CommandFailed(message, answer.get("clause"))
+
+    def close(self) -> None:
+        self.peer.stop()
+
+
+# --- surfaces ----------------------------------------------------------------------------
+
+
+class CommandEngine:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def start_engine(self, launch: Any) -> ProcessPeer:
+        return ProcessPeer(_argv(
+            self.command, handshake=launch.handshake_address, rank=launch.engine_index,
+            dp_size=launch.dp_size, local=launch.local, remote=not launch.local,
+            headless=launch.headless, init_timeout=launch.init_timeout,
+        ))
+
+
+class _CommandFrontendClient:
+    def __init__(self, rpc: LineRpc) -> None:
+        self.rpc = rpc
+
+    def wait_ready(self, timeout: float) -> None:
+        self.rpc.call("wait_ready", timeout + 5, timeout=timeout)
+
+    def add_request(self, request: dict[str, Any], engine_index: int = 0) -> None:
+        from enginewire.conformance.oracle.golden import to_json
+
+        self.rpc.call("add", engine=engine_index, request=to_json(request))
+
+    def abort(self, request_ids: list[str], engine_index: int = 0) -> None:
+        self.rpc.call("abort", engine=engine_index, request_ids=list(request_ids))
+
+    def call_utility(self, method: str, args: list[Any], engine_index: int = 0,
+                     timeout: float = 5.0) -> Any:
+        from enginewire.conformance.oracle.golden import from_json, to_json
+
+        answer = self.rpc.call("utility", timeout + 5, engine=engine_index, method=method,
+                               args=to_json(list(args)), timeout=timeout)
+        return from_json(answer.get("result"))
+
+    def next_outputs(self, timeout: float) -> Any:
+        from enginewire.conformance.oracle.golden import from_json
+
+        return from_json(self.rpc.call("outputs", timeout + 5, timeout=timeout)["outputs"])
+
+    def stop(self, timeout: float = 5.0) -> None:
+        try:
+            self.rpc.call("stop", timeout)
+        except (TimeoutError, ConnectionError, CommandFailed):
+            pass
+        self.rpc.close()
+
+    def alive(self) -> bool:
+        return self.rpc.peer.alive()
+
+
+class CommandFrontend:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def start_frontend(self, launch: Any) -> _CommandFrontendClient:
+        return _CommandFrontendClient(LineRpc(_argv(
+            self.command, handshake=launch.handshake_address, input=launch.input_address,
+            output=launch.output_address, engines=launch.engine_count,
+        )))
+
+
+class CommandCodec:
+    def __init__(self, command: str, rpc: LineRpc | None = None,
+                 threshold: int | None = None) -> None:
+        self.command = command
+        self._rpc = rpc
+        self.threshold = threshold
+
+    @property
+    def rpc(self) -> LineRpc:
+        if self._rpc is None:
+            self._rpc = LineRpc(_argv(self.command))
+        return self._rpc
+
+    def with_threshold(self, threshold: int) -> CommandCodec:
+        return CommandCodec(self.command, self.rpc, threshold)
+
+    def encode(self, kind: str, value: Any) -> list[bytes]:
+        from enginewire.conformance.oracle.golden import to_json
+
+        answer = self.rpc.call("encode", kind=kind, value=to_json(value),
+                               threshold=self.threshold)
+        return [bytes.fromhex(f) for f in answer["frames"]]
+
+    def decode(self, kind: str, frames: Sequence[Any]) -> Any:
+        from enginewire.conformance.oracle.golden import from_json
+
+        answer = self.rpc.call("decode", kind=kind, frames=[bytes(f).hex() for f in frames],
+                               threshold=self.threshold)
+        return from_json(answer["value"])
+
+    def close(self) -> None:
+        if self._rpc is not None:
+            self._rpc.close()
+
+
+class _CommandRingEnd:
+    def __init__(self, rpc: LineRpc, end_id: int, handle: RingHandle | None = None) -> None:
+        self.rpc = rpc
+        self.id = end_id
+        if handle is not None:
+            self.handle = handle
+
+    def wait_until_ready(self, timeout: float) -> None:
+        self.rpc.call("wait_until_ready", timeout + 5, id=self.id, timeout=timeout)
+
+    def enqueue(self, obj: Any, timeout: float | None = None) -> None:
+        from enginewire.conformance.peers.ring_peer import pickle_buffers
+
+        self.rpc.call("enqueue", (timeout or 30) + 5, id=self.id, timeout=timeout,
+                      buffers=[b.hex() for b in pickle_buffers(obj)])
+
+    def dequeue(self, timeout: float | None = None) -> Any:
+        from enginewire.conformance.peers.ring_peer import unpickle_buffers
+
+        answer = self.rpc.call("dequeue", (timeout or 30) + 5, id=self.id, timeout=timeout)
+        return unpickle_buffers([bytes.fromhex(b) for b in answer["buffers"]])
+
+    def close(self) -> None:
+        try:
+            self.rpc.call("close", 10, id=self.id)
+        except (TimeoutError, ConnectionError, CommandFailed):
+            pass
+
+
+class CommandRing:
+    def __init__(self, command: str) -> None:
+        self.command = command
+        self._rpc: LineRpc | None = None
+
+    @property
+    def rpc(self) -> LineRpc:
+        if self._rpc is None or not self._rpc.peer.alive():
+            self._rpc = LineRpc(_argv(self.command))
+        return self._rpc
+
+    def create_writer(self, *, n_reader: int, max_chunk_bytes: int,
+                      max_chunks: int) -> _CommandRingEnd:
+        answer = self.rpc.call("create_writer", n_reader=n_reader,
+                               max_chunk_bytes=max_chunk_bytes, max_chunks=max_chunks)
+        return _CommandRingEnd(self.rpc, answer["id"],
+                               RingHandle.from_builtins(answer["handle"]))
+
+    def attach_reader(self, handle: RingHandle, rank: int) -> _CommandRingEnd:
+        answer = self.rpc.call("attach_reader", handle=handle.to_builtins(), rank=rank)
+        return _CommandRingEnd(self.rpc, answer["id"])
+
+    def close(self) -> None:
+        if self._rpc is not None:
+            self._rpc.close()

@@ -1,0 +1,100 @@
+"""Resolve ``--target`` text (and ``--target-cmd`` entries) to a :class:`Target`.
+
+Names the suite knows itself: ``reference`` (default, :mod:`.reference`), ``vllm``
+(:mod:`.vllm.target`), ``none`` (surfaces from ``--target-cmd`` only) and
+``package.module:attr`` (an in-process object or a zero-argument factory of one, see
+:func:`~enginewire.conformance.targets.contract.from_object`).
+
+Layers above the suite add names through :func:`register_provider`: a provider owns a prefix
+(``mutant`` owns ``mutant:NAME``) and turns the text after the colon into a target. The suite
+never imports those layers; ``enginewire.fuzz.mutants`` registers the ``mutant`` provider
+when it is imported, and the ``enginewire`` command line imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from enginewire.conformance.targets.contract import Target, TargetError, from_object
+
+#: A provider: the text after ``PREFIX:`` -> the target (raise :class:`TargetError` for a
+#: name it does not know).
+Provider = Callable[[str], Target]
+
+_PROVIDERS: dict[str, tuple[Provider, str]] = {}
+
+
+def register_provider(prefix: str, provider: Provider, help: str = "") -> None:
+    """Make ``--target PREFIX:NAME`` resolve through ``provider(NAME)``.
+
+    ``prefix`` is a lower-case word that is not a built-in name; registering the same prefix
+    again replaces the provider (re-imports stay harmless). ``help`` is one line for error
+    messages (e.g. ``"mutant:NAME, a mutant of enginewire.fuzz.mutants"``).
+    """
+    if not prefix.isidentifier() or prefix != prefix.lower():
+        raise ValueError(f"provider prefix must be a lower-case identifier, got {prefix!r}")
+    if prefix in ("reference", "vllm", "none"):
+        raise ValueError(f"provider prefix {prefix!r} is a built-in target name")
+    _PROVIDERS[prefix] = (provider, help or f"{prefix}:NAME")
+
+
+def providers() -> dict[str, str]:
+    """The registered prefixes with their help lines."""
+    return {prefix: help for prefix, (_, help) in sorted(_PROVIDERS.items())}
+
+
+def _from_module(text: str) -> Target:
+    module_name, _, attr = text.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        known = ", ".join(providers().values()) or "none registered"
+        raise TargetError(f"{text}: cannot import {module_name}: {exc} "
+                          f"(target providers: {known})") from exc
+    try:
+        obj: Any = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise TargetError(f"{text}: {module_name} has no attribute {attr!r}") from None
+    return from_object(text, obj)
+
+
+def load_target(text: str = "reference", commands: Sequence[str] = ()) -> Target:
+    """Resolve ``--target`` text (and ``--target-cmd`` entries) to a :class:`Target`.
+
+    With only commands and no explicit target text, the target is made of the commands alone.
+    Commands replace the surfaces they name on a built-in or in-process target.
+    """
+    prefix = text.partition(":")[0]
+    if text in ("reference", ""):
+        from enginewire.conformance.targets.reference import reference_target
+
+        target = reference_target()
+    elif text == "vllm":
+        from enginewire.conformance.targets.vllm.target import vllm_target
+
+        target = vllm_target()
+    elif text == "none":
+        target = Target(name="external")
+    elif ":" in text and prefix in _PROVIDERS:
+        target = _PROVIDERS[prefix][0](text.partition(":")[2])
+    elif ":" in text:
+        target = _from_module(text)
+    else:
+        extra = "".join(f", {help}" for help in providers().values())
+        raise TargetError(
+            f"unknown target {text!r}: use reference, vllm{extra} or package.module:attr"
+        )
+    if commands:
+        from enginewire.conformance.targets.external import command_surfaces
+
+        for surface, surface_obj in command_surfaces(commands).items():
+            setattr(target, surface, surface_obj)
+            if hasattr(surface_obj, "close"):
+                target._closers.append(surface_obj.close)
+        if text == "none":
+            target.name = "external: " + "; ".join(commands)
+    return target

@@ -1,0 +1,16 @@
+"""Adapters over the installed vLLM (``--target vllm``), all in one place.
+
+- :mod:`.target`: the ``vllm`` target: codec (``MsgpackEncoder``/``MsgpackDecoder``), ring
+  (``MessageQueue``, executor and workers), engine (``EngineCoreProc``) and front end;
+- :mod:`.frontend_client`: vLLM's front-end client (``AsyncMPClient``) set up against the
+  suite's engines;
+- :mod:`.objects`: vLLM objects with exactly the field values of a reference value, for
+  byte-level comparisons with vLLM's encoder.
+
+The explorer's vLLM ring target (``enginewire explore --target vllm``) stays in
+:mod:`enginewire.fuzz.explore.vllm_ring`: it is built on the explorer's instrumented memory, and
+the suite may not import the explorer.
+
+This package may import vLLM (inside functions: importing it needs no vLLM), ``enginewire.spec``,
+``enginewire.reference`` and ``enginewire.conformance.targets``/``oracle``, nothing higher.
+"""

@@ -1,0 +1,100 @@
+"""Ring targets: the writer and reader code the explorer runs.
+
+A :class:`RingTarget` says how big the ring is for a configuration (:meth:`RingTarget.layout`)
+and runs one writer (:meth:`RingTarget.run_writer`) or one reader
+(:meth:`RingTarget.run_reader`) to completion over the memory it is given. Everything that
+code does to shared memory must go through that memory (or through the stand-ins a target
+installs in :meth:`RingTarget.installed`), because its accesses are the explorer's
+scheduling points.
+
+:class:`ReferenceTarget` runs :class:`~enginewire.reference.ring.protocol.RingWriter` and
+``RingReader`` with the framing of :mod:`enginewire.reference.ring.framing`, the way
+:class:`~enginewire.reference.ring.queue.MessageQueue` drives them, minus the sockets. To
+explore a variant, pass other writer or reader classes (a subclass overriding one step)::
+
+    class FlagsAfterWritten(RingWriter):
+        def commit(self): ...
+
+    explore(ReferenceTarget(writer_cls=FlagsAfterWritten, name="flag-order"), RingConfig())
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+
+from enginewire.fuzz.explore.execution import READER, WRITER, ThreadContext, ThreadSpec
+from enginewire.fuzz.explore.schedule import RingConfig
+from enginewire.reference.errors import RingError
+from enginewire.reference.ring.framing import decode_chunk, framed_size, write_chunk
+from enginewire.reference.ring.layout import RingLayout
+from enginewire.reference.ring.protocol import RingReader, RingWriter
+
+
+class RingTarget(abc.ABC):
+    """A ring implementation the explorer can run; ``name`` appears in schedule strings."""
+
+    name: str = "target"
+
+    @abc.abstractmethod
+    def layout(self, config: RingConfig) -> RingLayout:
+        """The ring's geometry for ``config`` (its chunks fit one message each)."""
+
+    @abc.abstractmethod
+    def run_writer(self, context: ThreadContext) -> None:
+        """Send every message of ``context.payloads``, in order, then return."""
+
+    @abc.abstractmethod
+    def run_reader(self, context: ThreadContext) -> None:
+        """As local reader ``context.rank``, receive ``len(context.payloads)`` messages,
+        calling ``context.received(payload)`` for each, then return."""
+
+    def installed(self) -> contextlib.AbstractContextManager[None]:
+        """Stand-ins that must be in place while the target runs (none by default)."""
+        return contextlib.nullcontext()
+
+    def threads(self, config: RingConfig) -> list[ThreadSpec]:
+        specs = [ThreadSpec("w", "writer", WRITER, None, self.run_writer)]
+        specs += [ThreadSpec(f"r{rank}", f"reader r{rank}", READER, rank, self.run_reader)
+                  for rank in range(config.readers)]
+        return specs
+
+
+class ReferenceTarget(RingTarget):
+    """enginewire's reference ring (see the module docstring)."""
+
+    def __init__(self, *, writer_cls: type[RingWriter] = RingWriter,
+                 reader_cls: type[RingReader] = RingReader, name: str = "reference") -> None:
+        self.writer_cls = writer_cls
+        self.reader_cls = reader_cls
+        self.name = name
+
+    def layout(self, config: RingConfig) -> RingLayout:
+        return RingLayout(config.readers, framed_size([config.payload(0)]), config.chunks)
+
+    def run_writer(self, context: ThreadContext) -> None:
+        memory = context.memory
+        writer = self.writer_cls(memory, context.layout)
+        for payload in context.payloads:
+            while writer.try_acquire() is None:
+                memory.yield_()
+            write_chunk(memory.write, [payload], base=writer.chunk_offset())
+            writer.commit()
+
+    def run_reader(self, context: ThreadContext) -> None:
+        memory = context.memory
+        assert context.rank is not None
+        reader = self.reader_cls(memory, context.layout, context.rank)
+        for _ in context.payloads:
+            while reader.try_acquire() is None:
+                memory.yield_()
+            try:
+                chunk = memory.read(reader.chunk_offset(), context.layout.max_chunk_bytes)
+                decoded = decode_chunk(chunk)
+                if decoded.overflow:
+                    raise RingError("ring.framing.overflow-byte",
+                                    "an overflow marker where the writer wrote in-ring data",
+                                    expected=0, got=1)
+                context.received(bytes(decoded.buffers[0]))
+            finally:
+                reader.release()
