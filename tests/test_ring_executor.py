@@ -325,8 +325,8 @@ def test_workers_in_processes_of_their_own(readers: Any) -> None:
 @contextmanager
 def vllm_workers(broadcast: Any, objects: list[Calls]) -> Iterator[list[Any]]:
     """vLLM's ``WorkerProc`` busy loops (model-less, on threads) on a reference broadcast ring."""
-    from enginewire.conformance.reference_target import ring_handle
-    from enginewire.conformance.vllm_target import VllmRing, sweep
+    from enginewire.conformance.targets.reference import ring_handle
+    from enginewire.conformance.targets.vllm.target import VllmRing, sweep
 
     neutral = ring_handle(broadcast, len(objects))
     peers: list[Any] = []
@@ -368,8 +368,8 @@ def test_reference_executor_drives_vllms_workers() -> None:
 def test_vllms_executor_drives_reference_workers() -> None:
     pytest.importorskip("vllm")
     pytest.importorskip("torch")
-    from enginewire.conformance.reference_target import ring_handle
-    from enginewire.conformance.vllm_target import VllmRing, sweep
+    from enginewire.conformance.targets.reference import ring_handle
+    from enginewire.conformance.targets.vllm.target import VllmRing, sweep
 
     objects = [Calls(0), Calls(1)]
     vllm = VllmRing().create_executor(world_size=2, max_chunk_bytes=CHUNK, max_chunks=CHUNKS)
@@ -397,16 +397,16 @@ def test_vllms_executor_drives_reference_workers() -> None:
 
 # --- the checks catch a broken reference ---------------------------------------------------------
 
-EXECUTOR_RPC_CHECKS = ["ring.worker.named-method", "ring.worker.pickled-callable",
-                       "ring.worker.failure-reply", "ring.worker.reply-rank",
-                       "ring.executor.request-tuple", "ring.executor.unique-reply-rank",
-                       "ring.executor.failure-raises", "ring.executor.timeout"]
+EXECUTOR_RPC_CHECKS = ["ring/worker/named-method", "ring/worker/pickled-callable",
+                       "ring/worker/failure-reply", "ring/worker/reply-rank",
+                       "ring/executor/request-tuple", "ring/executor/unique-reply-rank",
+                       "ring/executor/failure-raises", "ring/executor/timeout"]
 
 
 def _verdicts(patterns: list[str]) -> dict[str, Any]:
-    from enginewire.conformance.reference_target import reference_target
-    from enginewire.conformance.registry import all_checks, select
-    from enginewire.conformance.runner import run
+    from enginewire.conformance.targets.reference import reference_target
+    from enginewire.conformance.framework.registry import all_checks, select
+    from enginewire.conformance.framework.runner import run
     from enginewire.spec import load
 
     checks = select(all_checks(), patterns=patterns)
@@ -419,7 +419,7 @@ def _verdicts(patterns: list[str]) -> dict[str, Any]:
 
 
 def test_the_reference_passes_every_executor_rpc_check() -> None:
-    from enginewire.conformance.runner import PASSED
+    from enginewire.conformance.framework.runner import PASSED
 
     results = _verdicts(EXECUTOR_RPC_CHECKS)
     assert {k: r.status for k, r in results.items()} == dict.fromkeys(results, PASSED), {
@@ -440,20 +440,20 @@ def _no_output_rank(method: Any, args: tuple[Any, ...] = (), kwargs: Any = None,
 
 
 @pytest.mark.parametrize(("name", "broken", "caught_by", "message"), [
-    ("replies", _every_rank_replies, "ring.worker.reply-rank",
+    ("replies", _every_rank_replies, "ring/worker/reply-rank",
      "replied to a request for rank 1"),
-    ("failure", _failure_as_success, "ring.worker.failure-reply",
+    ("failure", _failure_as_success, "ring/worker/failure-reply",
      "answered a raising method with (<ResponseStatus.SUCCESS: 1>, 'boom 7')"),
-    ("reply_error", lambda status, value, rank: None, "ring.executor.failure-raises",
+    ("reply_error", lambda status, value, rank: None, "ring/executor/failure-raises",
      "a FAILURE reply did not make collective_rpc raise"),
-    ("make_request", _no_output_rank, "ring.executor.unique-reply-rank",
+    ("make_request", _no_output_rank, "ring/executor/unique-reply-rank",
      "expected the tuple ('echo', (), {}, 1)"),
     ("rpc_timeout", lambda method: RuntimeError(f"{method} took too long"),
-     "ring.executor.timeout", "expected TimeoutError: RPC call to slow_step timed out."),
+     "ring/executor/timeout", "expected TimeoutError: RPC call to slow_step timed out."),
 ])
 def test_a_broken_reference_is_caught(monkeypatch: pytest.MonkeyPatch, name: str, broken: Any,
                                       caught_by: str, message: str) -> None:
-    from enginewire.conformance.runner import FAILED
+    from enginewire.conformance.framework.runner import FAILED
 
     monkeypatch.setattr(executor_module, name, broken)
     result = _verdicts([caught_by])[caught_by]
