@@ -77,8 +77,9 @@ from .tensors import (
 
 Frame = Any  # bytes | bytearray | memoryview | an object with a ``.buffer`` (zmq.Frame)
 
-PICKLE_EXT = 1
-CLOUDPICKLE_EXT = 2
+#: msgpack extension types of the insecure fallbacks (tensors surface, ext_codes).
+PICKLE_EXT: int = load().ext_code("pickle")
+CLOUDPICKLE_EXT: int = load().ext_code("cloudpickle")
 
 #: Kinds whose empty payload frame stands for None (handshake.ready-response-empty-accepted).
 _EMPTY_MEANS_NONE = frozenset({"ready_response"})
@@ -202,15 +203,6 @@ def _split_path(message: str) -> tuple[str, list[str | int] | None, bool]:
     return message[: match.start()], steps, bool(match.group(1))
 
 
-#: vLLM's multimodal field factories and the field struct each builds (MMF_CLASS_TO_FACTORY,
-#: vllm/v1/serial_utils.py:48-52; structs.mm-item.known-factories-only).
-_MM_FACTORIES = {
-    "batched": "MultiModalBatchedField",
-    "flat": "MultiModalFlatField",
-    "shared": "MultiModalSharedField",
-}
-
-
 class _HookState(threading.local):
     """Per-thread scratch space the msgspec hooks read: one encode or decode at a time."""
 
@@ -270,6 +262,15 @@ class Codec:
         self._internal_type_bytes = frozenset(
             bytes([t.byte]) for t in self.spec.surface("request_types").types if not t.on_wire
         )
+        #: vLLM's multimodal field factories and the field struct each builds (the tagged
+        #: union MultiModalFieldElem.field).
+        self._mm_factories = self.spec.tagged_union("MultiModalFieldElem", "field")
+        #: struct name -> its exactly-one-of field groups, with their clauses.
+        self._exactly_one_of = {
+            name: [c for c in spec.constraints if c.kind == "exactly-one-of"]
+            for name, spec in self.spec.structs.items()
+            if isinstance(spec, StructSpec) and spec.constraints
+        }
         self._handshake_keys = {
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
@@ -779,12 +780,7 @@ class Codec:
         if kind in self._handshake_keys:
             self._validate_handshake_map(kind, value)
         elif kind in ("add", "EngineCoreRequest"):
-            if (value.sampling_params is None) == (value.pooling_params is None):
-                raise PayloadError(
-                    "structs.exclusive-params",
-                    "exactly one of sampling_params and pooling_params is set",
-                    got="both" if value.sampling_params is not None else "neither",
-                )
+            self._validate_constraints("EngineCoreRequest", value)
             for feature in value.mm_features or ():
                 self._validate_mm_item(feature.data)
         elif kind == "MultiModalFeatureSpec":
@@ -825,19 +821,31 @@ class Codec:
                 got=result.type_info,
             )
 
+    def _validate_constraints(self, struct: str, value: Any) -> None:
+        """The struct's ``exactly-one-of`` constraints (spec data, each with its clause)."""
+        for constraint in self._exactly_one_of.get(struct, ()):
+            present = [name for name in constraint.fields if getattr(value, name) is not None]
+            if len(present) != 1:
+                raise PayloadError(
+                    constraint.clause,
+                    f"exactly one of {' and '.join(constraint.fields)} is set",
+                    got=" and ".join(present) if present else "neither",
+                )
+
     def _validate_mm_item(self, item: dict[str, Any] | None) -> None:
         for key, element in (item or {}).items():
             self._validate_mm_element(key, element)
 
     def _validate_mm_element(self, key: str, element: Any) -> None:
         name, field = element.field
-        expected = _MM_FACTORIES.get(name)
+        factories = self._mm_factories
+        expected = factories.tags.get(name)
         if expected is None or type(field).__name__ != expected:
             raise PayloadError(
-                "structs.mm-item.known-factories-only",
+                factories.clause,
                 f"multimodal item {key!r}: field factory {name!r} with a "
                 f"{type(field).__name__}",
-                expected=_MM_FACTORIES,
+                expected=factories.tags,
                 got=name,
             )
         if element.data is not None:
