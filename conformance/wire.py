@@ -24,12 +24,14 @@ from typing import Any
 
 import msgspec
 
+from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructSpec
 from enginewire.spec.types import TypeExpr, parse_type
 
 from .values import TensorValue, _union_member, default_of, neutral, tensor_value
 
-RAW_VIEW_EXT = 3
+#: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
+RAW_VIEW_EXT: int = load().ext_code("raw_view")
 
 
 class OmittableMap(dict):
