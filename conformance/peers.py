@@ -26,10 +26,14 @@ from typing import Any
 import msgspec
 import zmq
 
+from enginewire.spec import load
+
 from .wire import expected_wire, from_wire, raw_decode
 
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
-TYPE_BYTES = {"add": b"\x00", "abort": b"\x01", "start_dp_wave": b"\x02", "utility": b"\x03"}
+#: message kind -> its request type byte (request_types.toml, the on-wire types).
+TYPE_BYTES = {t.message: bytes([t.byte])
+              for t in load().surface("request_types").types if t.on_wire and t.message}
 
 
 def identity_of(rank: int) -> bytes:

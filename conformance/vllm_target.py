@@ -30,10 +30,8 @@ from .values import build, import_class
 
 #: Message kinds on the input channel: kind -> (type byte, payload type).
 INPUT_KINDS = {
-    "add": (b"\x00", "EngineCoreRequest"),
-    "abort": (b"\x01", None),
-    "start_dp_wave": (b"\x02", None),
-    "utility": (b"\x03", None),
+    t.message: (bytes([t.byte]), "EngineCoreRequest" if t.name == "ADD" else None)
+    for t in load().surface("request_types").types if t.on_wire and t.message
 }
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
 #: Single-frame literals: kind -> bytes (vllm/v1/engine/coordinator.py:247-254,
