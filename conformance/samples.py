@@ -57,8 +57,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 #: publisher=None into "null"); minimal samples set those fields so that nested structs compare
 #: cleanly, and the normalization itself is left to the stand-alone checks of each struct.
 REQUIRED_EXTRAS: dict[str, dict[str, Any]] = {
-    # structs.exclusive-params: exactly one of sampling_params and pooling_params.
-    "EngineCoreRequest": {"pooling_params": None},
     "LoRARequest": {"lora_path": "/tmp/adapter"},
     "SamplingParams": {"stop": [], "stop_token_ids": [], "bad_words": [],
                        "skip_reading_prefix_cache": False},
@@ -156,7 +154,10 @@ class Sampler:
     def struct(self, name: str, *, depth: int = 0, full: bool = True) -> dict[str, Any]:
         """A sample of struct ``name``: every field when ``full``, else the required ones."""
         item = self.spec.struct(name)
-        extras = REQUIRED_EXTRAS.get(name, {})
+        # Of each exactly-one-of group the first field is set (by the sample), the rest nil.
+        extras = {other: None for rule in item.constraints if rule.kind == "exactly-one-of"
+                  for other in rule.fields[1:]}
+        extras.update(REQUIRED_EXTRAS.get(name, {}))
         overrides = {**OVERRIDES.get(name, {}), **extras} if full else extras
         out: dict[str, Any] = {}
         for fld in item.fields:
