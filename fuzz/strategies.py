@@ -65,7 +65,7 @@ from hypothesis import strategies as st
 from enginewire.conformance.values import differences
 from enginewire.reference.codec import Codec, Layout, default_codec
 from enginewire.reference.tensors import WireTensor, vocabulary
-from enginewire.spec.schema import EnumSpec, StructSpec
+from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
 from enginewire.spec.types import TypeExpr, parse_type
 
 __all__ = [
@@ -107,15 +107,6 @@ RULES: tuple[tuple[str, str, str], ...] = (
      "handshake.message-keys"),
 )
 
-#: The EngineCoreRequest fields of which exactly one is set (structs.exclusive-params).
-EXCLUSIVE_PARAMS = ("sampling_params", "pooling_params")
-
-#: The factory name vLLM writes for each multimodal field struct (structs.mm-item.map).
-MM_FACTORY_NAMES = {
-    "MultiModalBatchedField": "batched",
-    "MultiModalFlatField": "flat",
-    "MultiModalSharedField": "shared",
-}
 
 _EDGE_INTS = (0, 1, -1, INT_MIN, INT_MAX, 2**63 - 1, 2**63, 2**32, -(2**31) - 1, 127, 128, -33)
 _EDGE_FLOATS = (
@@ -293,11 +284,13 @@ class SpecStrategies:
         cls = self.structs.classes[name]
         overrides = dict(overrides or {})
         overrides.update(self._struct_rules(item, depth))
-        joint = self._exclusive_params(depth) if name == "EngineCoreRequest" else None
+        exclusive = [c for c in item.constraints if c.kind == "exactly-one-of"]
+        joint = self._exactly_one_of(item, exclusive, depth) if exclusive else None
+        in_joint = {name for constraint in exclusive for name in constraint.fields}
         required: dict[str, st.SearchStrategy[Any]] = {}
         optional: dict[str, st.SearchStrategy[Any]] = {}
         for fld in item.fields:
-            if joint is not None and fld.name in EXCLUSIVE_PARAMS:
+            if fld.name in in_joint:
                 continue
             expr = parse_type(fld.type)
             if fld.name in overrides:
@@ -314,20 +307,29 @@ class SpecStrategies:
     def _struct_rules(self, item: StructSpec, depth: int) -> dict[str, st.SearchStrategy[Any]]:
         if item.name == "UtilityResult" and not self.codec.allow_insecure:
             return {"type_info": st.none()}
-        if item.name == "MultiModalFieldElem":
-            return {"field": st.one_of(*(
-                st.tuples(st.just(factory), self.struct(struct, depth + 1))
-                for struct, factory in MM_FACTORY_NAMES.items()
-            ))}
-        return {}
+        # A tagged union travels as [tag, value of the tagged struct] (spec data).
+        return {union.field: st.one_of(*(
+            st.tuples(st.just(tag), self.struct(struct, depth + 1))
+            for tag, struct in union.tags.items()
+        )) for union in item.tagged_unions}
 
-    def _exclusive_params(self, depth: int) -> st.SearchStrategy[dict[str, Any]]:
-        sampling = self.struct("SamplingParams", depth + 1)
-        pooling = self.struct("PoolingParams", depth + 1)
-        return st.one_of(
-            st.fixed_dictionaries({"sampling_params": sampling, "pooling_params": st.none()}),
-            st.fixed_dictionaries({"sampling_params": st.none(), "pooling_params": pooling}),
-        )
+    def _exactly_one_of(self, item: StructSpec, constraints: list[StructConstraint],
+                        depth: int) -> st.SearchStrategy[dict[str, Any]]:
+        """The fields of ``item``'s exactly-one-of constraints: in each, one field drawn
+        from its type without None, the others None."""
+        types = {f.name: parse_type(f.type).without_none() for f in item.fields}
+
+        def one(constraint: StructConstraint) -> st.SearchStrategy[dict[str, Any]]:
+            return st.one_of(*(
+                st.fixed_dictionaries({
+                    name: self.value(types[name], depth + 1) if name == chosen else st.none()
+                    for name in constraint.fields
+                })
+                for chosen in constraint.fields
+            ))
+
+        return st.tuples(*(one(c) for c in constraints)).map(
+            lambda parts: {key: value for part in parts for key, value in part.items()})
 
     # --- tensors -----------------------------------------------------------------------
 
