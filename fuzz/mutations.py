@@ -75,12 +75,15 @@ import msgspec
 from hypothesis import strategies as st
 
 from enginewire.conformance.wire import raw_decode
+from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
 from enginewire.spec.types import TypeExpr, parse_type
 
 from .strategies import Malformed, SpecStrategies
 
 Ext = msgspec.msgpack.Ext
+#: The extension codes that need the insecure opt-in (tensors surface, ext_codes).
+_PICKLE_CODES = [load().ext_code(name) for name in ("pickle", "cloudpickle")]
 
 #: A broken message: frames, clause, description, other clauses it breaks.
 Broken = tuple[list[bytes], str, str, tuple[str, ...]]
@@ -549,7 +552,7 @@ def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
         def ext_pickle(draw: st.DrawFn) -> Broken:
             site = draw(st.sampled_from(inline))
-            code = draw(st.sampled_from([1, 2]))
+            code = draw(st.sampled_from(_PICKLE_CODES))
             return (case.at(site, [*site.raw[:2], Ext(code, b"\x80\x05N.")]),
                     "tensors.ext-pickle-opt-in", f"Ext({code}) as tensor data", case.ext_also())
 
@@ -588,9 +591,11 @@ def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
 
 def _unknown_ext_codes() -> st.SearchStrategy[int]:
-    # -1 is msgpack's timestamp, which decoders handle themselves.
-    return st.one_of(st.sampled_from([0, 4, 5, 127, -2, -128]),
-                     st.integers(4, 127), st.integers(-128, -2))
+    """Application extension codes (-128..127) outside the spec's ext_codes table. -1 is
+    msgpack's timestamp, which decoders handle themselves."""
+    known = {ext.code for ext in load().surface("tensors").ext_codes}
+    return st.one_of(st.sampled_from([0, 127, -2, -128]), st.integers(0, 127),
+                     st.integers(-128, -2)).filter(lambda code: code not in known)
 
 
 def _any_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
@@ -600,7 +605,7 @@ def _any_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
     def ext_pickle(draw: st.DrawFn) -> Broken:
         site = draw(st.sampled_from(untyped))
-        code = draw(st.sampled_from([1, 2]))
+        code = draw(st.sampled_from(_PICKLE_CODES))
         return (case.at(site, Ext(code, b"\x80\x05N.")), "tensors.ext-pickle-opt-in",
                 f"Ext({code}) at untyped position {case.where(site)}", case.ext_also())
 
@@ -651,19 +656,23 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
             by_struct.setdefault(site.resolved.name, []).append(site)
 
     requests = by_struct.get("EngineCoreRequest", [])
-    if requests:
+    rules = spec.constraints("EngineCoreRequest", "exactly-one-of") if requests else []
+    if rules:
         item = spec.struct("EngineCoreRequest")
+        types = {f.name: parse_type(f.type).without_none() for f in item.fields}
 
         def exclusive(draw: st.DrawFn) -> Broken:
+            """Every field of an exactly-one-of group set (both), or none (neither)."""
             site = draw(st.sampled_from(requests))
+            rule = draw(st.sampled_from(rules))
             both = draw(st.booleans())
-            sampling = _raw_of(case, "SamplingParams") if both else None
-            pooling = _raw_of(case, "PoolingParams") if both else None
-            raw = replace_at(case.raw, _field_path(item, site, "sampling_params"), sampling)
-            raw = replace_at(raw, _field_path(item, site, "pooling_params"), pooling)
-            return (case.with_raw(raw), "structs.exclusive-params",
-                    f"EngineCoreRequest with {'both' if both else 'neither'} of sampling_params "
-                    "and pooling_params", _subtree_also(case))
+            raw = case.raw
+            for name in rule.fields:
+                value = _raw_of(case, types[name].name) if both else None
+                raw = replace_at(raw, _field_path(item, site, name), value)
+            return (case.with_raw(raw), rule.clause,
+                    f"EngineCoreRequest with {'all' if both else 'none'} of "
+                    f"{' and '.join(rule.fields)}", _subtree_also(case))
 
         yield "exclusive-params", exclusive
 
