@@ -30,7 +30,10 @@ from enginewire.spec import load
 
 from .wire import expected_wire, from_wire, raw_decode
 
-ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+#: The engine's dying words, the literal frame of the engine_core_dead message (frames.toml).
+ENGINE_CORE_DEAD = bytes.fromhex(next(
+    m.frames[0].literal_hex or "" for m in load().surface("frames").messages
+    if m.kind == "engine_core_dead"))
 #: message kind -> its request type byte (request_types.toml, the on-wire types).
 TYPE_BYTES = {t.message: bytes([t.byte])
               for t in load().surface("request_types").types if t.on_wire and t.message}

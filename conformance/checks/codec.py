@@ -513,7 +513,8 @@ def _insecure_encoding(codec: Any, ctx: Any) -> None:
                            Reproduction(received=frames))
     if args[0].code != CLOUDPICKLE or args[1].code != PICKLE:
         raise CheckFailure(
-            f"a function must travel as Ext 2 and a Fraction as Ext 1, got Ext {args[0].code} "
+            f"a function must travel as Ext {CLOUDPICKLE} and a Fraction as Ext {PICKLE}, got "
+            f"Ext {args[0].code} "
             f"and Ext {args[1].code}", Reproduction(received=frames))
     if pickle.loads(args[1].data) != fractions.Fraction(1, 3):  # noqa: S301 - our own value
         raise CheckFailure("the Ext 1 payload does not unpickle to the value sent",
