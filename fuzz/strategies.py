@@ -66,7 +66,7 @@ from enginewire.conformance.values import differences
 from enginewire.reference.codec import Codec, Layout, default_codec
 from enginewire.reference.tensors import WireTensor, vocabulary
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 __all__ = [
     "INT_MAX",
@@ -166,6 +166,75 @@ def same_value(actual: Any, expected: Any) -> bool:
 # --- the generator -------------------------------------------------------------------------
 
 
+class _StrategyOf(TypeVisitor["st.SearchStrategy[Any]"]):
+    """The strategy for one type expression, built by :class:`SpecStrategies` (its nested
+    types go back through the generator's cache)."""
+
+    def __init__(self, gen: SpecStrategies) -> None:
+        super().__init__(gen.spec.structs)
+        self.gen = gen
+
+    def visit_union(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen._union(expr, depth)
+
+    def visit_int(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.one_of(st.sampled_from(_EDGE_INTS), st.integers(INT_MIN, INT_MAX))
+
+    def visit_float(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.one_of(st.sampled_from(_EDGE_FLOATS), st.floats())
+
+    def visit_str(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return _text()
+
+    def visit_bool(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.booleans()
+
+    def visit_bytes(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.binary(max_size=64)
+
+    def visit_none(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.none()
+
+    def visit_slice(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        bound = st.none() | st.one_of(st.sampled_from(_EDGE_INTS),
+                                      st.integers(INT_MIN, 2**63 - 1))
+        return st.builds(slice, bound, bound, bound)
+
+    def visit_any(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return _any_value()
+
+    def visit_tensor(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.tensor(expr.name)
+
+    visit_ndarray = visit_tensor
+
+    def visit_nested_tensors(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.nested_tensors()
+
+    def visit_list(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.lists(self.gen.value(expr.args[0], depth + 1), max_size=self.gen._size(depth))
+
+    def visit_set(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.sets(self.gen.value(expr.args[0], depth + 1), max_size=self.gen._size(depth))
+
+    def visit_tuple(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        if expr.variadic:
+            return self.visit_list(expr, depth).map(tuple)
+        return st.tuples(*(self.gen.value(a, depth + 1) for a in expr.args))
+
+    def visit_dict(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.dictionaries(self.gen.key(expr.args[0]),
+                               self.gen.value(expr.args[1], depth + 1),
+                               max_size=self.gen._size(depth))
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.enum(item)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec,
+                     depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.struct(item.name, depth)
+
+
 class SpecStrategies:
     """The strategies for one codec's configuration (structs, dtype vocabulary, threshold),
     built from the spec the codec follows; :func:`generator` hands out a cached instance."""
@@ -202,55 +271,7 @@ class SpecStrategies:
         return (4, 3, 2, 1, 1)[min(depth, 4)]
 
     def _build(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
-        name = expr.name
-        if name == "union":
-            return self._union(expr, depth)
-        scalar = self._scalar(name)
-        if scalar is not None:
-            return scalar
-        if name == "any":
-            return _any_value()
-        if name in ("tensor", "ndarray"):
-            return self.tensor(name)
-        if name == "nested_tensors":
-            return self.nested_tensors()
-        size = self._size(depth)
-        if name == "list":
-            return st.lists(self.value(expr.args[0], depth + 1), max_size=size)
-        if name == "set":
-            return st.sets(self.value(expr.args[0], depth + 1), max_size=size)
-        if name == "tuple":
-            if expr.variadic:
-                return st.lists(self.value(expr.args[0], depth + 1), max_size=size).map(tuple)
-            return st.tuples(*(self.value(a, depth + 1) for a in expr.args))
-        if name == "dict":
-            return st.dictionaries(self.key(expr.args[0]), self.value(expr.args[1], depth + 1),
-                                   max_size=size)
-        item = self.spec.structs.get(name)
-        if isinstance(item, EnumSpec):
-            return self.enum(item)
-        if isinstance(item, StructSpec):
-            return self.struct(item.name, depth)
-        raise ValueError(f"no strategy for type {expr}")
-
-    def _scalar(self, name: str) -> st.SearchStrategy[Any] | None:
-        if name == "int":
-            return st.one_of(st.sampled_from(_EDGE_INTS), st.integers(INT_MIN, INT_MAX))
-        if name == "float":
-            return st.one_of(st.sampled_from(_EDGE_FLOATS), st.floats())
-        if name == "str":
-            return _text()
-        if name == "bool":
-            return st.booleans()
-        if name == "bytes":
-            return st.binary(max_size=64)
-        if name == "none":
-            return st.none()
-        if name == "slice":
-            bound = st.none() | st.one_of(st.sampled_from(_EDGE_INTS),
-                                          st.integers(INT_MIN, 2**63 - 1))
-            return st.builds(slice, bound, bound, bound)
-        return None
+        return _StrategyOf(self).visit(expr, depth)
 
     def key(self, expr: TypeExpr) -> st.SearchStrategy[Any]:
         """Map keys: hashable values of ``expr`` (``any`` keys are strings or integers)."""
