@@ -54,7 +54,7 @@ from .schema import (
     TaggedUnion,
     TensorsFile,
 )
-from .types import TypeExpr, TypeSyntaxError, parse_type
+from .types import TypeExpr, TypeSyntaxError, TypeVisitor, parse_type
 from .versions import VersionError, VersionRange
 
 #: The vLLM release the spec files describe completely.
@@ -288,58 +288,86 @@ def _default_problem(
 ) -> str | None:
     """Why the JSON ``value`` cannot be the default of a field of type ``expr``; None if it
     fits."""
-    shown = json.dumps(value)
-    if expr.name == "union":
-        if any(_default_problem(value, arg, structs) is None for arg in expr.args):
+    return _DefaultProblem(structs).check(expr, value)
+
+
+class _DefaultProblem(TypeVisitor["str | None"]):
+    """Why a JSON value does not fit a type (None when it does)."""
+
+    def check(self, expr: TypeExpr, value: Any) -> str | None:
+        if value is None and expr.name not in ("union", "any"):
+            return None if expr.name == "none" else (
+                f"null for type '{expr}', which does not include none")
+        return self.visit(expr, value)
+
+    def visit_union(self, expr: TypeExpr, value: Any) -> str | None:
+        if any(self.check(arg, value) is None for arg in expr.args):
             return None
-        return f"{shown} fits no member of '{expr}'"
-    name = expr.name
-    if name == "any":
+        return f"{json.dumps(value)} fits no member of '{expr}'"
+
+    def visit_any(self, expr: TypeExpr, value: Any) -> str | None:
         return None
-    if value is None:
-        return None if name == "none" else f"null for type '{expr}', which does not include none"
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    simple = {
-        "none": False,
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": number,
-        "str": isinstance(value, str),
-    }
-    if name in simple:
-        return None if simple[name] else f"{shown} is not of type {name}"
-    if name in ("bytes", "tensor", "ndarray", "slice"):
-        return f"no JSON literal but null stands for a {name}"
-    if name == "nested_tensors":
-        if number:
+
+    def visit_none(self, expr: TypeExpr, value: Any) -> str | None:
+        return f"{json.dumps(value)} is not of type none"
+
+    def visit_bool(self, expr: TypeExpr, value: Any) -> str | None:
+        return None if isinstance(value, bool) else f"{json.dumps(value)} is not of type bool"
+
+    def visit_int(self, expr: TypeExpr, value: Any) -> str | None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return None
+        return f"{json.dumps(value)} is not of type int"
+
+    def visit_float(self, expr: TypeExpr, value: Any) -> str | None:
+        if _is_number(value):
+            return None
+        return f"{json.dumps(value)} is not of type float"
+
+    def visit_str(self, expr: TypeExpr, value: Any) -> str | None:
+        return None if isinstance(value, str) else f"{json.dumps(value)} is not of type str"
+
+    def _no_literal(self, expr: TypeExpr, value: Any) -> str | None:
+        return f"no JSON literal but null stands for a {expr.name}"
+
+    visit_bytes = visit_tensor = visit_ndarray = visit_slice = _no_literal
+
+    def visit_nested_tensors(self, expr: TypeExpr, value: Any) -> str | None:
+        if _is_number(value):
             return None
         if isinstance(value, list):
-            return next((p for v in value if (p := _default_problem(v, expr, structs))), None)
-        return f"{shown} is not a number or an array of numbers"
-    if name in ("list", "set", "tuple"):
+            return next((p for v in value if (p := self.check(expr, v))), None)
+        return f"{json.dumps(value)} is not a number or an array of numbers"
+
+    def visit_list(self, expr: TypeExpr, value: Any) -> str | None:
         if not isinstance(value, list):
-            return f"{shown} is not an array"
-        if name == "tuple" and not expr.variadic:
+            return f"{json.dumps(value)} is not an array"
+        if expr.name == "tuple" and not expr.variadic:
             if len(value) != len(expr.args):
-                return f"{shown} does not have the {len(expr.args)} elements of '{expr}'"
+                return f"{json.dumps(value)} does not have the {len(expr.args)} elements of " \
+                       f"'{expr}'"
             pairs = list(zip(value, expr.args, strict=True))
         else:
             pairs = [(v, expr.args[0]) for v in value]
-        return next((p for v, a in pairs if (p := _default_problem(v, a, structs))), None)
-    if name == "dict":
+        return next((p for v, a in pairs if (p := self.check(a, v))), None)
+
+    visit_set = visit_tuple = visit_list
+
+    def visit_dict(self, expr: TypeExpr, value: Any) -> str | None:
         if not isinstance(value, dict):
-            return f"{shown} is not an object"
+            return f"{json.dumps(value)} is not an object"
         if value and expr.args[0].without_none().name not in ("str", "any"):
             return f"JSON object keys are strings, the key type is '{expr.args[0]}'"
-        return next((p for v in value.values()
-                     if (p := _default_problem(v, expr.args[1], structs))), None)
-    item = structs.get(name)
-    if isinstance(item, EnumSpec):
+        return next((p for v in value.values() if (p := self.check(expr.args[1], v))), None)
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, value: Any) -> str | None:
         values = [m.value for m in item.members]
         if isinstance(value, bool) or value not in values:
-            return f"{shown} is not a value of enum {name} ({values})"
+            return f"{json.dumps(value)} is not a value of enum {expr.name} ({values})"
         return None
-    if isinstance(item, StructSpec):
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, value: Any) -> str | None:
+        shown = json.dumps(value)
         if item.encoding in ("array", "tuple"):
             if not isinstance(value, list) or len(value) > len(item.fields):
                 return f"{shown} is not an array of at most {len(item.fields)} elements"
@@ -351,13 +379,16 @@ def _default_problem(
         fields = {f.name: f for f in item.fields}
         unknown = sorted(set(given) - set(fields))
         if unknown:
-            return f"{name} has no fields {unknown}"
+            return f"{expr.name} has no fields {unknown}"
         missing = sorted(f.name for f in item.fields if f.required and f.name not in given)
         if missing:
-            return f"{name} needs its required fields {missing}"
+            return f"{expr.name} needs its required fields {missing}"
         return next((p for key, v in given.items()
-                     if (p := _default_problem(v, parse_type(fields[key].type), structs))), None)
-    return None
+                     if (p := self.check(parse_type(fields[key].type), v))), None)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_default(file: str, where: str, fld: FieldSpec, expr: TypeExpr,
