@@ -55,8 +55,8 @@ import numpy as np
 
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
-from enginewire.spec.schema import StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.schema import EnumSpec, StructSpec
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
 from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
@@ -181,6 +181,48 @@ def _single(expr: TypeExpr) -> TypeExpr | None:
     """The one non-nil member of ``expr``; None for a union of several."""
     rest = expr.without_none()
     return None if rest.name == "union" else rest
+
+
+class _Child(TypeVisitor["tuple[TypeExpr, StructSpec | None] | None"]):
+    """The type one path step (a field name, an index, or ``...`` for a map value) leads to
+    inside a value of a (non-union) type, with the struct that owns it; None where the step
+    does not fit the type."""
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec,
+                     step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        if isinstance(step, int) and item.encoding in ("array", "tuple"):
+            fields = item.fields[step: step + 1]
+        elif isinstance(step, str) and item.encoding in ("map", "dataclass"):
+            fields = [f for f in item.fields if f.name == step]
+        else:
+            fields = []
+        return (parse_type(fields[0].type), item) if fields else None
+
+    def visit_list(self, expr: TypeExpr,
+                   step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        if not isinstance(step, int):
+            return None
+        if expr.name == "tuple" and not expr.variadic:
+            return (expr.args[step], None) if step < len(expr.args) else None
+        return expr.args[0], None
+
+    visit_set = visit_tuple = visit_list
+
+    def visit_dict(self, expr: TypeExpr,
+                   step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        return (expr.args[1], None) if step == "..." else None
+
+    def _leaf(self, expr: TypeExpr, step: str | int,
+              *_: Any) -> tuple[TypeExpr, StructSpec | None] | None:
+        return None
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _leaf
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _leaf
+    visit_union = _leaf
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec,
+                   step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        return None
 
 
 def _split_path(message: str) -> tuple[str, list[str | int] | None, bool]:
@@ -525,32 +567,15 @@ class Codec:
         """What the spec declares at ``steps`` inside a value of type ``expr`` (or at the key
         of the map there, with ``key``)."""
         owner: StructSpec | None = None
+        child = _Child(self.spec.structs)
         for step in steps:
             resolved = _single(expr)
             if resolved is None:
                 return _Position(None)
-            item = self.spec.structs.get(resolved.name)
-            owner = None
-            if isinstance(item, StructSpec):
-                if isinstance(step, int) and item.encoding in ("array", "tuple"):
-                    fields = item.fields[step: step + 1]
-                elif isinstance(step, str) and item.encoding in ("map", "dataclass"):
-                    fields = [f for f in item.fields if f.name == step]
-                else:
-                    fields = []
-                if not fields:
-                    return _Position(None)
-                expr, owner = parse_type(fields[0].type), item
-            elif isinstance(step, int) and (
-                resolved.name in ("list", "set") or (resolved.name == "tuple" and resolved.variadic)
-            ):
-                expr = resolved.args[0]
-            elif isinstance(step, int) and resolved.name == "tuple" and step < len(resolved.args):
-                expr = resolved.args[step]
-            elif step == "..." and resolved.name == "dict":
-                expr = resolved.args[1]
-            else:
+            found = child.visit(resolved, step)
+            if found is None:
                 return _Position(None)
+            expr, owner = found
         if key:
             resolved = _single(expr)
             if resolved is None or resolved.name != "dict":
