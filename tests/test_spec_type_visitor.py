@@ -14,6 +14,7 @@ import enginewire.conformance.wire as wire
 import enginewire.fuzz.mutations as mutations
 import enginewire.fuzz.strategies as strategies
 import enginewire.fuzz.vllm_objects as vllm_objects
+import enginewire.reference.codec as codec
 import enginewire.reference.structs as structs
 import enginewire.spec.loader as loader
 import enginewire.spec.types as types
@@ -39,6 +40,7 @@ WALKERS = {
     "enginewire.fuzz.mutations": {"_Inside", "_MsgpackKinds"},
     "enginewire.fuzz.vllm_objects": {"_Convert"},
     "enginewire.reference.structs": {"_Annotation"},
+    "enginewire.reference.codec": {"_Child"},
     "enginewire.spec.loader": {"_DefaultProblem"},
 }
 
@@ -104,6 +106,7 @@ def _entry_points() -> dict[str, Callable[[TypeExpr], Any]]:
         "mutations.msgpack_kinds": lambda e: mutations.msgpack_kinds(e, SPEC),
         "vllm_objects.convert": lambda e: vllm_objects._Convert(_Objects()).visit(e, 1),
         "structs.type_of": lambda e: struct_set.type_of(e),
+        "codec._Child": lambda e: codec._Child(SPEC.structs).visit(e, 0),
         "loader.default_problem": lambda e: loader._default_problem(1, e, SPEC.structs),
     }
 
