@@ -1213,6 +1213,19 @@ def _struct(page: _Page, struct: StructSpec) -> None:
             ),
         )
     )
+    rules = [
+        f"- Exactly one of {', '.join(_code(name) for name in rule.fields)} is non-nil "
+        f"({page.clause_link(rule.clause)})."
+        for rule in struct.constraints if rule.kind == "exactly-one-of"
+    ] + [
+        f"- {_code(union.field)} travels as `[tag, value]`, the tag naming the value's struct: "
+        + ", ".join(f"{_code(tag)} {page.struct_link(name)}" for tag, name in union.tags.items())
+        + f"; any other tag is rejected ({page.clause_link(union.clause)}; source: "
+        f"{_source_links(union.source)})."
+        for union in struct.tagged_unions
+    ]
+    if rules:
+        page.add("Rules over several fields:", "", *rules, "")
 
 
 def _enum(page: _Page, enum: EnumSpec) -> None:
