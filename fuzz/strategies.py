@@ -65,6 +65,7 @@ from hypothesis import strategies as st
 from enginewire.conformance.values import differences
 from enginewire.reference.codec import Codec, Layout, default_codec
 from enginewire.reference.tensors import WireTensor, vocabulary
+from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
@@ -87,13 +88,18 @@ INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
 
 #: What a type expression cannot say but a valid value must respect: (where, rule, clause).
+#: The multi-field rules come from the structs' ``[[constraints]]`` and ``[[tagged_unions]]``.
 RULES: tuple[tuple[str, str, str], ...] = (
-    ("EngineCoreRequest", "exactly one of sampling_params and pooling_params is set",
-     "structs.exclusive-params"),
+    *((name, f"exactly one of {' and '.join(rule.fields)} is set", rule.clause)
+      for name, item in load().structs.items() if isinstance(item, StructSpec)
+      for rule in item.constraints if rule.kind == "exactly-one-of"),
+    *((name, f"{union.field} is [tag, struct of that tag]: "
+             + ", ".join(f"{tag!r} ({struct})" for tag, struct in union.tags.items()),
+       union.clause)
+      for name, item in load().structs.items() if isinstance(item, StructSpec)
+      for union in item.tagged_unions),
     ("UtilityResult", "type_info is nil (the codec does not allow insecure serialization)",
      "structs.utility-result.type-info-insecure-only"),
-    ("MultiModalFieldElem", "field is [factory name, struct of that factory]: 'batched', 'flat' "
-     "or 'shared'", "structs.mm-item.map"),
     ("outputs", "utility_output is nil", "frames.utility-reply"),
     ("utility_reply", "no request outputs; utility_output carries either failure_message or "
      "result", "frames.utility-reply"),

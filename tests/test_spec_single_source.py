@@ -296,3 +296,30 @@ def _matches(pattern: str, row: tuple[int, ...]) -> bool:
         # partly read: written, some but not all read flags set
         return row[0] == 1 and 0 < sum(row[1:]) < len(row) - 1
     return "".join(map(str, row)) == pattern
+
+
+def test_clause_text_names_what_the_data_holds() -> None:
+    """The prose of a constraint's or tagged union's clause names every field or tag the
+    data lists, so the human text cannot drift from the data."""
+    spec = load()
+    checked = 0
+    for name, item in spec.structs.items():
+        for rule in getattr(item, "constraints", []):
+            text = spec.clause(rule.clause).text
+            assert all(f in text for f in rule.fields), (name, rule.clause, rule.fields)
+            checked += 1
+        for union in getattr(item, "tagged_unions", []):
+            text = spec.clause(union.clause).text
+            assert all(f"'{tag}'" in text for tag in union.tags), (name, union.clause)
+            checked += 1
+    assert checked >= 2
+
+
+def test_byte_table_clause_matches_the_request_types() -> None:
+    """request_types.byte-table spells each on-wire byte; it must be the table's byte."""
+    spec = load()
+    text = spec.clause("request_types.byte-table").text
+    for request_type in spec.surface("request_types").types:
+        if request_type.on_wire:
+            spelled = f"{request_type.name} 0x{request_type.byte:02X}"
+            assert spelled in text, (spelled, text)
