@@ -28,7 +28,7 @@ import zmq
 
 from enginewire.spec import load
 
-from .wire import expected_wire, from_wire, raw_decode
+from .wire import THRESHOLD_DEFAULT, expected_wire, from_wire, raw_decode
 
 #: The engine's dying words, the literal frame of the engine_core_dead message (frames.toml).
 ENGINE_CORE_DEAD = bytes.fromhex(next(
@@ -40,11 +40,14 @@ TYPE_BYTES = {t.message: bytes([t.byte])
 
 
 def identity_of(rank: int) -> bytes:
-    """The engine identity the spec prescribes: the rank as 2 bytes little-endian."""
-    return rank.to_bytes(2, "little")
+    """The engine identity the spec prescribes: the rank in the identity surface's width and
+    byte order (2 bytes little-endian)."""
+    identity = load().surface("identity")
+    return rank.to_bytes(identity.width, identity.byteorder)
 
 
-def encode(value: Any, type_text: str, spec: Any, threshold: int = 256) -> list[bytes]:
+def encode(value: Any, type_text: str, spec: Any,
+           threshold: int = THRESHOLD_DEFAULT) -> list[bytes]:
     """``value`` as the spec's frames: ``[msgpack, oob...]``."""
     form = expected_wire(value, type_text, spec, threshold=threshold)
     return [msgspec.msgpack.encode(form.value), *form.oob]

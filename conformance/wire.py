@@ -32,6 +32,8 @@ from .values import TensorValue, _union_member, default_of, neutral, tensor_valu
 
 #: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
 RAW_VIEW_EXT: int = load().ext_code("raw_view")
+#: The default inline threshold in bytes (tensors surface, threshold_default).
+THRESHOLD_DEFAULT: int = load().surface("tensors").threshold_default
 
 
 class OmittableMap(dict):
@@ -62,7 +64,7 @@ def raw_decode(frame: bytes | bytearray | memoryview) -> Any:
 
 
 def expected_wire(value: Any, type_text: str | TypeExpr, spec: Any, *,
-                  threshold: int = 256) -> WireForm:
+                  threshold: int = THRESHOLD_DEFAULT) -> WireForm:
     """What ``value`` (neutral, of spec type ``type_text``) must look like on the wire."""
     form = WireForm(None)
     form.value = _ToWire(spec, threshold, form.oob).wire(

@@ -108,7 +108,7 @@ def _identity_check(engine: Any, ctx: Any, rank: int) -> None:
     front = _frontend(ctx)
     _launch(engine, ctx, front, rank, dp_size=rank + 1)
     frames = front.recv_handshake(ctx.wait(10.0))
-    want = rank.to_bytes(2, "little")
+    want = identity_of(rank)
     if frames[0] != want:
         raise CheckFailure(f"engine {rank} identifies as {frames[0].hex()} "
                            f"({len(frames[0])} bytes), expected {want.hex()}",
