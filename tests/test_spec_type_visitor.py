@@ -17,6 +17,7 @@ import enginewire.fuzz.vllm_objects as vllm_objects
 import enginewire.reference.codec as codec
 import enginewire.reference.structs as structs
 import enginewire.spec.loader as loader
+import enginewire.spec.render as render
 import enginewire.spec.types as types
 from enginewire.spec import load
 from enginewire.spec.types import (
@@ -42,6 +43,7 @@ WALKERS = {
     "enginewire.reference.structs": {"_Annotation"},
     "enginewire.reference.codec": {"_Child"},
     "enginewire.spec.loader": {"_DefaultProblem"},
+    "enginewire.spec.render": {"_TypeCell"},
 }
 
 
@@ -108,6 +110,7 @@ def _entry_points() -> dict[str, Callable[[TypeExpr], Any]]:
         "structs.type_of": lambda e: struct_set.type_of(e),
         "codec._Child": lambda e: codec._Child(SPEC.structs).visit(e, 0),
         "loader.default_problem": lambda e: loader._default_problem(1, e, SPEC.structs),
+        "render.type_cell": lambda e: render._Page(SPEC, "structs")._type(e),
     }
 
 
