@@ -6,6 +6,10 @@ import itertools
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from enginewire.spec import load
+
+_RING = load().surface("ring").constants
+
 KIB = 1 << 10
 MIB = 1 << 20
 
@@ -36,9 +40,9 @@ class BenchConfig:
     chunks: tuple[int, ...] = (4, 10, 16)
     grid: str = "star"
     base_readers: int = 2
-    base_chunks: int = 10
-    #: vLLM's default chunk size: every payload of the grid fits in one chunk.
-    chunk_bytes: int = 24 * MIB
+    #: vLLM's MessageQueue defaults (ring.constants): every payload of the grid fits in a chunk.
+    base_chunks: int = _RING["max_chunks_default"]
+    chunk_bytes: int = _RING["max_chunk_bytes_default"]
     #: Timed part of one throughput cell, after ``warmup_seconds`` of warm-up (which also
     #: writes every chunk at least once).
     cell_seconds: float = 0.25

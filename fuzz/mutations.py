@@ -77,10 +77,13 @@ from hypothesis import strategies as st
 from enginewire.conformance.oracle.wire import raw_decode
 from enginewire.fuzz.strategies import Malformed, SpecStrategies, generator
 from enginewire.reference.codec import Codec
+from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 Ext = msgspec.msgpack.Ext
+#: The extension codes that need the insecure opt-in (tensors surface, ext_codes).
+_PICKLE_CODES = [load().ext_code(name) for name in ("pickle", "cloudpickle")]
 
 #: A broken message: frames, clause, description, other clauses it breaks.
 Broken = tuple[list[bytes], str, str, tuple[str, ...]]
@@ -133,27 +136,55 @@ def walk(raw: Any, declared: TypeExpr, spec: Any, path: tuple[Any, ...] = (),
     yield Site(path, declared, resolved, raw, parent, field, element)
     if raw is None or resolved is None:
         return
-    name = resolved.name
-    item = spec.structs.get(name)
-    if isinstance(item, StructSpec):
+    yield from _Inside(spec).visit(resolved, raw, path)
+
+
+class _Inside(TypeVisitor[Iterator[Site]]):
+    """The positions inside one resolved (not union) position of :func:`walk`."""
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec.structs)
+        self.spec = spec
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, raw: Any,
+                     path: tuple[Any, ...]) -> Iterator[Site]:
         if item.encoding in ("array", "tuple") and isinstance(raw, list):
             for index, fld in enumerate(item.fields[: len(raw)]):
-                yield from walk(raw[index], parse_type(fld.type), spec, (*path, index), item, fld)
+                yield from walk(raw[index], parse_type(fld.type), self.spec, (*path, index),
+                                item, fld)
         elif isinstance(raw, dict):
             for fld in item.fields:
                 if fld.name in raw:
-                    yield from walk(raw[fld.name], parse_type(fld.type), spec,
+                    yield from walk(raw[fld.name], parse_type(fld.type), self.spec,
                                     (*path, fld.name), item, fld)
-    elif name in ("list", "set") or (name == "tuple" and resolved.variadic):
-        if isinstance(raw, list):
-            for index, value in enumerate(raw):
-                yield from walk(value, resolved.args[0], spec, (*path, index))
-    elif name == "tuple" and isinstance(raw, list):
-        for index, (value, arg) in enumerate(zip(raw, resolved.args, strict=False)):
-            yield from walk(value, arg, spec, (*path, index), element=not path)
-    elif name == "dict" and isinstance(raw, dict):
-        for key, value in raw.items():
-            yield from walk(value, resolved.args[1], spec, (*path, key))
+
+    def visit_list(self, expr: TypeExpr, raw: Any, path: tuple[Any, ...]) -> Iterator[Site]:
+        if not isinstance(raw, list):
+            return
+        if expr.name == "tuple" and not expr.variadic:
+            for index, (value, arg) in enumerate(zip(raw, expr.args, strict=False)):
+                yield from walk(value, arg, self.spec, (*path, index), element=not path)
+            return
+        for index, value in enumerate(raw):
+            yield from walk(value, expr.args[0], self.spec, (*path, index))
+
+    visit_set = visit_tuple = visit_list
+
+    def visit_dict(self, expr: TypeExpr, raw: Any, path: tuple[Any, ...]) -> Iterator[Site]:
+        if isinstance(raw, dict):
+            for key, value in raw.items():
+                yield from walk(value, expr.args[1], self.spec, (*path, key))
+
+    def _leaf(self, expr: TypeExpr, raw: Any, path: tuple[Any, ...], *_: Any) -> Iterator[Site]:
+        return iter(())
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _leaf
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _leaf
+    visit_union = _leaf
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, raw: Any,
+                   path: tuple[Any, ...]) -> Iterator[Site]:
+        return iter(())
 
 
 def replace_at(raw: Any, path: tuple[Any, ...], new: Any) -> Any:
@@ -173,30 +204,46 @@ def replace_at(raw: Any, path: tuple[Any, ...], new: Any) -> Any:
 def msgpack_kinds(expr: TypeExpr, spec: Any) -> frozenset[str] | None:
     """The msgpack types a decoder accepts for ``expr``; None where that is not a fixed set
     (any, tensors, slices: their checks belong to other clauses)."""
-    simple = {"str": {"str"}, "int": {"int"}, "float": {"int", "float"}, "bool": {"bool"},
-              "bytes": {"bin"}, "none": {"nil"}}
-    name = expr.name
-    if name in simple:
-        return frozenset(simple[name])
-    if name in ("list", "set", "tuple"):
+    return _MsgpackKinds(spec.structs).visit(expr)
+
+
+class _MsgpackKinds(TypeVisitor["frozenset[str] | None"]):
+    _SIMPLE = {"str": {"str"}, "int": {"int"}, "float": {"int", "float"}, "bool": {"bool"},
+               "bytes": {"bin"}, "none": {"nil"}}
+
+    def _simple(self, expr: TypeExpr) -> frozenset[str] | None:
+        return frozenset(self._SIMPLE[expr.name])
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _simple
+
+    def _array(self, expr: TypeExpr) -> frozenset[str] | None:
         return frozenset({"array"})
-    if name == "dict":
+
+    visit_list = visit_set = visit_tuple = _array
+
+    def visit_dict(self, expr: TypeExpr) -> frozenset[str] | None:
         return frozenset({"map"})
-    if name == "union":
+
+    def _open(self, expr: TypeExpr) -> frozenset[str] | None:
+        return None
+
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _open
+
+    def visit_union(self, expr: TypeExpr) -> frozenset[str] | None:
         found: set[str] = set()
         for arg in expr.args:
-            kinds = msgpack_kinds(arg, spec)
+            kinds = self.visit(arg)
             if kinds is None:
                 return None
             found |= kinds
         return frozenset(found)
-    item = spec.structs.get(name)
-    if isinstance(item, StructSpec):
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec) -> frozenset[str] | None:
         return frozenset({"array"} if item.encoding in ("array", "tuple") else {"map"})
-    if isinstance(item, EnumSpec):
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec) -> frozenset[str] | None:
         return frozenset({"int"} if item.wire == "int" else {"str"} if item.wire == "str"
                          else {"bin"})
-    return None
 
 
 def _is_control(layout: Any) -> bool:
@@ -549,7 +596,7 @@ def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
         def ext_pickle(draw: st.DrawFn) -> Broken:
             site = draw(st.sampled_from(inline))
-            code = draw(st.sampled_from([1, 2]))
+            code = draw(st.sampled_from(_PICKLE_CODES))
             return (case.at(site, [*site.raw[:2], Ext(code, b"\x80\x05N.")]),
                     "tensors.ext-pickle-opt-in", f"Ext({code}) as tensor data", case.ext_also())
 
@@ -588,9 +635,11 @@ def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
 
 def _unknown_ext_codes() -> st.SearchStrategy[int]:
-    # -1 is msgpack's timestamp, which decoders handle themselves.
-    return st.one_of(st.sampled_from([0, 4, 5, 127, -2, -128]),
-                     st.integers(4, 127), st.integers(-128, -2))
+    """Application extension codes (-128..127) outside the spec's ext_codes table. -1 is
+    msgpack's timestamp, which decoders handle themselves."""
+    known = {ext.code for ext in load().surface("tensors").ext_codes}
+    return st.one_of(st.sampled_from([0, 127, -2, -128]), st.integers(0, 127),
+                     st.integers(-128, -2)).filter(lambda code: code not in known)
 
 
 def _any_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
@@ -600,7 +649,7 @@ def _any_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
     def ext_pickle(draw: st.DrawFn) -> Broken:
         site = draw(st.sampled_from(untyped))
-        code = draw(st.sampled_from([1, 2]))
+        code = draw(st.sampled_from(_PICKLE_CODES))
         return (case.at(site, Ext(code, b"\x80\x05N.")), "tensors.ext-pickle-opt-in",
                 f"Ext({code}) at untyped position {case.where(site)}", case.ext_also())
 
@@ -651,19 +700,23 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
             by_struct.setdefault(site.resolved.name, []).append(site)
 
     requests = by_struct.get("EngineCoreRequest", [])
-    if requests:
+    rules = spec.constraints("EngineCoreRequest", "exactly-one-of") if requests else []
+    if rules:
         item = spec.struct("EngineCoreRequest")
+        types = {f.name: parse_type(f.type).without_none() for f in item.fields}
 
         def exclusive(draw: st.DrawFn) -> Broken:
+            """Every field of an exactly-one-of group set (both), or none (neither)."""
             site = draw(st.sampled_from(requests))
+            rule = draw(st.sampled_from(rules))
             both = draw(st.booleans())
-            sampling = _raw_of(case, "SamplingParams") if both else None
-            pooling = _raw_of(case, "PoolingParams") if both else None
-            raw = replace_at(case.raw, _field_path(item, site, "sampling_params"), sampling)
-            raw = replace_at(raw, _field_path(item, site, "pooling_params"), pooling)
-            return (case.with_raw(raw), "structs.exclusive-params",
-                    f"EngineCoreRequest with {'both' if both else 'neither'} of sampling_params "
-                    "and pooling_params", _subtree_also(case))
+            raw = case.raw
+            for name in rule.fields:
+                value = _raw_of(case, types[name].name) if both else None
+                raw = replace_at(raw, _field_path(item, site, name), value)
+            return (case.with_raw(raw), rule.clause,
+                    f"EngineCoreRequest with {'all' if both else 'none'} of "
+                    f"{' and '.join(rule.fields)}", _subtree_also(case))
 
         yield "exclusive-params", exclusive
 

@@ -67,8 +67,9 @@ from hypothesis import strategies as st
 from enginewire.conformance.oracle.values import differences
 from enginewire.reference.codec import Codec, Layout, default_codec
 from enginewire.reference.tensors import WireTensor, vocabulary
-from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec import load
+from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 __all__ = [
     "INT_MAX",
@@ -88,13 +89,18 @@ INT_MIN = -(2**63)
 INT_MAX = 2**64 - 1
 
 #: What a type expression cannot say but a valid value must respect: (where, rule, clause).
+#: The multi-field rules come from the structs' ``[[constraints]]`` and ``[[tagged_unions]]``.
 RULES: tuple[tuple[str, str, str], ...] = (
-    ("EngineCoreRequest", "exactly one of sampling_params and pooling_params is set",
-     "structs.exclusive-params"),
+    *((name, f"exactly one of {' and '.join(rule.fields)} is set", rule.clause)
+      for name, item in load().structs.items() if isinstance(item, StructSpec)
+      for rule in item.constraints if rule.kind == "exactly-one-of"),
+    *((name, f"{union.field} is [tag, struct of that tag]: "
+             + ", ".join(f"{tag!r} ({struct})" for tag, struct in union.tags.items()),
+       union.clause)
+      for name, item in load().structs.items() if isinstance(item, StructSpec)
+      for union in item.tagged_unions),
     ("UtilityResult", "type_info is nil (the codec does not allow insecure serialization)",
      "structs.utility-result.type-info-insecure-only"),
-    ("MultiModalFieldElem", "field is [factory name, struct of that factory]: 'batched', 'flat' "
-     "or 'shared'", "structs.mm-item.map"),
     ("outputs", "utility_output is nil", "frames.utility-reply"),
     ("utility_reply", "no request outputs; utility_output carries either failure_message or "
      "result", "frames.utility-reply"),
@@ -108,15 +114,6 @@ RULES: tuple[tuple[str, str, str], ...] = (
      "handshake.message-keys"),
 )
 
-#: The EngineCoreRequest fields of which exactly one is set (structs.exclusive-params).
-EXCLUSIVE_PARAMS = ("sampling_params", "pooling_params")
-
-#: The factory name vLLM writes for each multimodal field struct (structs.mm-item.map).
-MM_FACTORY_NAMES = {
-    "MultiModalBatchedField": "batched",
-    "MultiModalFlatField": "flat",
-    "MultiModalSharedField": "shared",
-}
 
 _EDGE_INTS = (0, 1, -1, INT_MIN, INT_MAX, 2**63 - 1, 2**63, 2**32, -(2**31) - 1, 127, 128, -33)
 _EDGE_FLOATS = (
@@ -176,6 +173,75 @@ def same_value(actual: Any, expected: Any) -> bool:
 # --- the generator -------------------------------------------------------------------------
 
 
+class _StrategyOf(TypeVisitor["st.SearchStrategy[Any]"]):
+    """The strategy for one type expression, built by :class:`SpecStrategies` (its nested
+    types go back through the generator's cache)."""
+
+    def __init__(self, gen: SpecStrategies) -> None:
+        super().__init__(gen.spec.structs)
+        self.gen = gen
+
+    def visit_union(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen._union(expr, depth)
+
+    def visit_int(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.one_of(st.sampled_from(_EDGE_INTS), st.integers(INT_MIN, INT_MAX))
+
+    def visit_float(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.one_of(st.sampled_from(_EDGE_FLOATS), st.floats())
+
+    def visit_str(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return _text()
+
+    def visit_bool(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.booleans()
+
+    def visit_bytes(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.binary(max_size=64)
+
+    def visit_none(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.none()
+
+    def visit_slice(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        bound = st.none() | st.one_of(st.sampled_from(_EDGE_INTS),
+                                      st.integers(INT_MIN, 2**63 - 1))
+        return st.builds(slice, bound, bound, bound)
+
+    def visit_any(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return _any_value()
+
+    def visit_tensor(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.tensor(expr.name)
+
+    visit_ndarray = visit_tensor
+
+    def visit_nested_tensors(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.nested_tensors()
+
+    def visit_list(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.lists(self.gen.value(expr.args[0], depth + 1), max_size=self.gen._size(depth))
+
+    def visit_set(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.sets(self.gen.value(expr.args[0], depth + 1), max_size=self.gen._size(depth))
+
+    def visit_tuple(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        if expr.variadic:
+            return self.visit_list(expr, depth).map(tuple)
+        return st.tuples(*(self.gen.value(a, depth + 1) for a in expr.args))
+
+    def visit_dict(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
+        return st.dictionaries(self.gen.key(expr.args[0]),
+                               self.gen.value(expr.args[1], depth + 1),
+                               max_size=self.gen._size(depth))
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.enum(item)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec,
+                     depth: int) -> st.SearchStrategy[Any]:
+        return self.gen.struct(item.name, depth)
+
+
 class SpecStrategies:
     """The strategies for one codec's configuration (structs, dtype vocabulary, threshold),
     built from the spec the codec follows; :func:`generator` hands out a cached instance."""
@@ -212,55 +278,7 @@ class SpecStrategies:
         return (4, 3, 2, 1, 1)[min(depth, 4)]
 
     def _build(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
-        name = expr.name
-        if name == "union":
-            return self._union(expr, depth)
-        scalar = self._scalar(name)
-        if scalar is not None:
-            return scalar
-        if name == "any":
-            return _any_value()
-        if name in ("tensor", "ndarray"):
-            return self.tensor(name)
-        if name == "nested_tensors":
-            return self.nested_tensors()
-        size = self._size(depth)
-        if name == "list":
-            return st.lists(self.value(expr.args[0], depth + 1), max_size=size)
-        if name == "set":
-            return st.sets(self.value(expr.args[0], depth + 1), max_size=size)
-        if name == "tuple":
-            if expr.variadic:
-                return st.lists(self.value(expr.args[0], depth + 1), max_size=size).map(tuple)
-            return st.tuples(*(self.value(a, depth + 1) for a in expr.args))
-        if name == "dict":
-            return st.dictionaries(self.key(expr.args[0]), self.value(expr.args[1], depth + 1),
-                                   max_size=size)
-        item = self.spec.structs.get(name)
-        if isinstance(item, EnumSpec):
-            return self.enum(item)
-        if isinstance(item, StructSpec):
-            return self.struct(item.name, depth)
-        raise ValueError(f"no strategy for type {expr}")
-
-    def _scalar(self, name: str) -> st.SearchStrategy[Any] | None:
-        if name == "int":
-            return st.one_of(st.sampled_from(_EDGE_INTS), st.integers(INT_MIN, INT_MAX))
-        if name == "float":
-            return st.one_of(st.sampled_from(_EDGE_FLOATS), st.floats())
-        if name == "str":
-            return _text()
-        if name == "bool":
-            return st.booleans()
-        if name == "bytes":
-            return st.binary(max_size=64)
-        if name == "none":
-            return st.none()
-        if name == "slice":
-            bound = st.none() | st.one_of(st.sampled_from(_EDGE_INTS),
-                                          st.integers(INT_MIN, 2**63 - 1))
-            return st.builds(slice, bound, bound, bound)
-        return None
+        return _StrategyOf(self).visit(expr, depth)
 
     def key(self, expr: TypeExpr) -> st.SearchStrategy[Any]:
         """Map keys: hashable values of ``expr`` (``any`` keys are strings or integers)."""
@@ -294,11 +312,13 @@ class SpecStrategies:
         cls = self.structs.classes[name]
         overrides = dict(overrides or {})
         overrides.update(self._struct_rules(item, depth))
-        joint = self._exclusive_params(depth) if name == "EngineCoreRequest" else None
+        exclusive = [c for c in item.constraints if c.kind == "exactly-one-of"]
+        joint = self._exactly_one_of(item, exclusive, depth) if exclusive else None
+        in_joint = {name for constraint in exclusive for name in constraint.fields}
         required: dict[str, st.SearchStrategy[Any]] = {}
         optional: dict[str, st.SearchStrategy[Any]] = {}
         for fld in item.fields:
-            if joint is not None and fld.name in EXCLUSIVE_PARAMS:
+            if fld.name in in_joint:
                 continue
             expr = parse_type(fld.type)
             if fld.name in overrides:
@@ -315,20 +335,29 @@ class SpecStrategies:
     def _struct_rules(self, item: StructSpec, depth: int) -> dict[str, st.SearchStrategy[Any]]:
         if item.name == "UtilityResult" and not self.codec.allow_insecure:
             return {"type_info": st.none()}
-        if item.name == "MultiModalFieldElem":
-            return {"field": st.one_of(*(
-                st.tuples(st.just(factory), self.struct(struct, depth + 1))
-                for struct, factory in MM_FACTORY_NAMES.items()
-            ))}
-        return {}
+        # A tagged union travels as [tag, value of the tagged struct] (spec data).
+        return {union.field: st.one_of(*(
+            st.tuples(st.just(tag), self.struct(struct, depth + 1))
+            for tag, struct in union.tags.items()
+        )) for union in item.tagged_unions}
 
-    def _exclusive_params(self, depth: int) -> st.SearchStrategy[dict[str, Any]]:
-        sampling = self.struct("SamplingParams", depth + 1)
-        pooling = self.struct("PoolingParams", depth + 1)
-        return st.one_of(
-            st.fixed_dictionaries({"sampling_params": sampling, "pooling_params": st.none()}),
-            st.fixed_dictionaries({"sampling_params": st.none(), "pooling_params": pooling}),
-        )
+    def _exactly_one_of(self, item: StructSpec, constraints: list[StructConstraint],
+                        depth: int) -> st.SearchStrategy[dict[str, Any]]:
+        """The fields of ``item``'s exactly-one-of constraints: in each, one field drawn
+        from its type without None, the others None."""
+        types = {f.name: parse_type(f.type).without_none() for f in item.fields}
+
+        def one(constraint: StructConstraint) -> st.SearchStrategy[dict[str, Any]]:
+            return st.one_of(*(
+                st.fixed_dictionaries({
+                    name: self.value(types[name], depth + 1) if name == chosen else st.none()
+                    for name in constraint.fields
+                })
+                for chosen in constraint.fields
+            ))
+
+        return st.tuples(*(one(c) for c in constraints)).map(
+            lambda parts: {key: value for part in parts for key, value in part.items()})
 
     # --- tensors -----------------------------------------------------------------------
 

@@ -55,8 +55,8 @@ import numpy as np
 
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
-from enginewire.spec.schema import StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.schema import EnumSpec, StructSpec
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
 from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
@@ -77,8 +77,9 @@ from .tensors import (
 
 Frame = Any  # bytes | bytearray | memoryview | an object with a ``.buffer`` (zmq.Frame)
 
-PICKLE_EXT = 1
-CLOUDPICKLE_EXT = 2
+#: msgpack extension types of the insecure fallbacks (tensors surface, ext_codes).
+PICKLE_EXT: int = load().ext_code("pickle")
+CLOUDPICKLE_EXT: int = load().ext_code("cloudpickle")
 
 #: Kinds whose empty payload frame stands for None (handshake.ready-response-empty-accepted).
 _EMPTY_MEANS_NONE = frozenset({"ready_response"})
@@ -182,6 +183,48 @@ def _single(expr: TypeExpr) -> TypeExpr | None:
     return None if rest.name == "union" else rest
 
 
+class _Child(TypeVisitor["tuple[TypeExpr, StructSpec | None] | None"]):
+    """The type one path step (a field name, an index, or ``...`` for a map value) leads to
+    inside a value of a (non-union) type, with the struct that owns it; None where the step
+    does not fit the type."""
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec,
+                     step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        if isinstance(step, int) and item.encoding in ("array", "tuple"):
+            fields = item.fields[step: step + 1]
+        elif isinstance(step, str) and item.encoding in ("map", "dataclass"):
+            fields = [f for f in item.fields if f.name == step]
+        else:
+            fields = []
+        return (parse_type(fields[0].type), item) if fields else None
+
+    def visit_list(self, expr: TypeExpr,
+                   step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        if not isinstance(step, int):
+            return None
+        if expr.name == "tuple" and not expr.variadic:
+            return (expr.args[step], None) if step < len(expr.args) else None
+        return expr.args[0], None
+
+    visit_set = visit_tuple = visit_list
+
+    def visit_dict(self, expr: TypeExpr,
+                   step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        return (expr.args[1], None) if step == "..." else None
+
+    def _leaf(self, expr: TypeExpr, step: str | int,
+              *_: Any) -> tuple[TypeExpr, StructSpec | None] | None:
+        return None
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _leaf
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _leaf
+    visit_union = _leaf
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec,
+                   step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
+        return None
+
+
 def _split_path(message: str) -> tuple[str, list[str | int] | None, bool]:
     """``(text, steps, key)`` of a msgspec message: its text without the location, the path
     as field names and indexes (``"..."`` for any map value; None where the path does not
@@ -200,15 +243,6 @@ def _split_path(message: str) -> tuple[str, list[str | int] | None, bool]:
         steps.append(name if name is not None else index if index == "..." else int(index))
         pos = step.end()
     return message[: match.start()], steps, bool(match.group(1))
-
-
-#: vLLM's multimodal field factories and the field struct each builds (MMF_CLASS_TO_FACTORY,
-#: vllm/v1/serial_utils.py:48-52; structs.mm-item.known-factories-only).
-_MM_FACTORIES = {
-    "batched": "MultiModalBatchedField",
-    "flat": "MultiModalFlatField",
-    "shared": "MultiModalSharedField",
-}
 
 
 class _HookState(threading.local):
@@ -270,6 +304,15 @@ class Codec:
         self._internal_type_bytes = frozenset(
             bytes([t.byte]) for t in self.spec.surface("request_types").types if not t.on_wire
         )
+        #: vLLM's multimodal field factories and the field struct each builds (the tagged
+        #: union MultiModalFieldElem.field).
+        self._mm_factories = self.spec.tagged_union("MultiModalFieldElem", "field")
+        #: struct name -> its exactly-one-of field groups, with their clauses.
+        self._exactly_one_of = {
+            name: [c for c in spec.constraints if c.kind == "exactly-one-of"]
+            for name, spec in self.spec.structs.items()
+            if isinstance(spec, StructSpec) and spec.constraints
+        }
         self._handshake_keys = {
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
@@ -524,32 +567,15 @@ class Codec:
         """What the spec declares at ``steps`` inside a value of type ``expr`` (or at the key
         of the map there, with ``key``)."""
         owner: StructSpec | None = None
+        child = _Child(self.spec.structs)
         for step in steps:
             resolved = _single(expr)
             if resolved is None:
                 return _Position(None)
-            item = self.spec.structs.get(resolved.name)
-            owner = None
-            if isinstance(item, StructSpec):
-                if isinstance(step, int) and item.encoding in ("array", "tuple"):
-                    fields = item.fields[step: step + 1]
-                elif isinstance(step, str) and item.encoding in ("map", "dataclass"):
-                    fields = [f for f in item.fields if f.name == step]
-                else:
-                    fields = []
-                if not fields:
-                    return _Position(None)
-                expr, owner = parse_type(fields[0].type), item
-            elif isinstance(step, int) and (
-                resolved.name in ("list", "set") or (resolved.name == "tuple" and resolved.variadic)
-            ):
-                expr = resolved.args[0]
-            elif isinstance(step, int) and resolved.name == "tuple" and step < len(resolved.args):
-                expr = resolved.args[step]
-            elif step == "..." and resolved.name == "dict":
-                expr = resolved.args[1]
-            else:
+            found = child.visit(resolved, step)
+            if found is None:
                 return _Position(None)
+            expr, owner = found
         if key:
             resolved = _single(expr)
             if resolved is None or resolved.name != "dict":
@@ -779,12 +805,7 @@ class Codec:
         if kind in self._handshake_keys:
             self._validate_handshake_map(kind, value)
         elif kind in ("add", "EngineCoreRequest"):
-            if (value.sampling_params is None) == (value.pooling_params is None):
-                raise PayloadError(
-                    "structs.exclusive-params",
-                    "exactly one of sampling_params and pooling_params is set",
-                    got="both" if value.sampling_params is not None else "neither",
-                )
+            self._validate_constraints("EngineCoreRequest", value)
             for feature in value.mm_features or ():
                 self._validate_mm_item(feature.data)
         elif kind == "MultiModalFeatureSpec":
@@ -825,19 +846,31 @@ class Codec:
                 got=result.type_info,
             )
 
+    def _validate_constraints(self, struct: str, value: Any) -> None:
+        """The struct's ``exactly-one-of`` constraints (spec data, each with its clause)."""
+        for constraint in self._exactly_one_of.get(struct, ()):
+            present = [name for name in constraint.fields if getattr(value, name) is not None]
+            if len(present) != 1:
+                raise PayloadError(
+                    constraint.clause,
+                    f"exactly one of {' and '.join(constraint.fields)} is set",
+                    got=" and ".join(present) if present else "neither",
+                )
+
     def _validate_mm_item(self, item: dict[str, Any] | None) -> None:
         for key, element in (item or {}).items():
             self._validate_mm_element(key, element)
 
     def _validate_mm_element(self, key: str, element: Any) -> None:
         name, field = element.field
-        expected = _MM_FACTORIES.get(name)
+        factories = self._mm_factories
+        expected = factories.tags.get(name)
         if expected is None or type(field).__name__ != expected:
             raise PayloadError(
-                "structs.mm-item.known-factories-only",
+                factories.clause,
                 f"multimodal item {key!r}: field factory {name!r} with a "
                 f"{type(field).__name__}",
-                expected=_MM_FACTORIES,
+                expected=factories.tags,
                 got=name,
             )
         if element.data is not None:

@@ -37,7 +37,7 @@ import msgspec
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 
 class _SlotMeta(type):
@@ -111,6 +111,42 @@ _SCALARS: dict[str, Any] = {
 }
 
 
+class _Annotation(TypeVisitor[Any]):
+    """The Python annotation msgspec decodes a type expression with."""
+
+    def __init__(self, owner: StructSet) -> None:
+        super().__init__(owner.spec.structs)
+        self.owner = owner
+
+    def _scalar(self, expr: TypeExpr) -> Any:
+        return _SCALARS[expr.name]
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _scalar
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _scalar
+
+    def visit_union(self, expr: TypeExpr) -> Any:
+        return self.owner._union(expr)
+
+    def visit_list(self, expr: TypeExpr) -> Any:
+        return list[self.visit(expr.args[0])]  # type: ignore[misc]
+
+    def visit_set(self, expr: TypeExpr) -> Any:
+        return set[self.visit(expr.args[0])]  # type: ignore[misc]
+
+    def visit_dict(self, expr: TypeExpr) -> Any:
+        return dict[self.visit(expr.args[0]), self.visit(expr.args[1])]  # type: ignore[misc]
+
+    def visit_tuple(self, expr: TypeExpr) -> Any:
+        inner = tuple(self.visit(a) for a in expr.args)
+        return tuple[inner[0], ...] if expr.variadic else tuple[inner]  # type: ignore[valid-type]
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec) -> Any:
+        return bytes if item.wire == "bytes" else self.owner.enums[expr.name]
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec) -> Any:
+        return self.owner._class(expr.name)
+
+
 @dataclass
 class StructSet:
     """The msgspec types of one vLLM version's structs and enums."""
@@ -140,23 +176,7 @@ class StructSet:
     # --- building -------------------------------------------------------------------------
 
     def _annotation(self, expr: TypeExpr) -> Any:
-        if expr.name in _SCALARS:
-            return _SCALARS[expr.name]
-        if expr.name == "union":
-            return self._union(expr)
-        if expr.name == "list":
-            return list[self._annotation(expr.args[0])]  # type: ignore[misc]
-        if expr.name == "set":
-            return set[self._annotation(expr.args[0])]  # type: ignore[misc]
-        if expr.name == "dict":
-            return dict[self._annotation(expr.args[0]), self._annotation(expr.args[1])]  # type: ignore[misc]
-        if expr.name == "tuple":
-            inner = tuple(self._annotation(a) for a in expr.args)
-            return tuple[inner[0], ...] if expr.variadic else tuple[inner]  # type: ignore[valid-type]
-        if expr.name in self.enums:
-            found_enum = self.enums[expr.name]
-            return bytes if self.spec.enum(expr.name).wire == "bytes" else found_enum
-        return self._class(expr.name)
+        return _Annotation(self).visit(expr)
 
     def _union(self, expr: TypeExpr) -> Any:
         members = [self._annotation(a) for a in expr.args if a.name != "none"]

@@ -33,7 +33,7 @@ from enginewire.spec import load
 from .errors import FramingError, TensorError
 
 #: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
-RAW_VIEW_EXT = 3
+RAW_VIEW_EXT: int = load().ext_code("raw_view")
 
 #: Bytes per element of each torch dtype name; the names are checked against the spec's
 #: ``torch_dtypes`` vocabulary when the vocabulary is loaded.

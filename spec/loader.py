@@ -15,7 +15,17 @@ Cross-file rules:
   for a nullable type, numbers for int and float, booleans for bool, strings for str, arrays
   and objects for containers and structs, an enum default among the enum's values) and a
   default_factory that builds the field's container type;
-- steps, transitions and state machines refer only to clauses and states that exist.
+- steps, transitions and state machines refer only to clauses and states that exist;
+- a struct's ``[[constraints]]`` name its own fields and an existing clause, and its
+  ``[[tagged_unions]]`` a ``tuple[str, A | B ...]`` field whose members are exactly the tagged
+  structs;
+- a ``type_byte`` frame carries no bytes of its own: its message names an on-wire request type
+  and the loader fills ``literal_hex`` from ``request_types.toml`` (the one place each byte is
+  written).
+
+Every rule a consumer needs is read through :class:`Spec` (``ext_code``,
+``request_type_byte``, ``chunk_states``, ``constraints``, ``tagged_union``), never restated:
+``tests/test_spec_single_source.py`` scans the consumers for restated values.
 """
 
 from __future__ import annotations
@@ -35,10 +45,16 @@ from .schema import (
     Clause,
     EnumSpec,
     FieldSpec,
+    FramesFile,
+    RequestTypesFile,
+    RingState,
+    StructConstraint,
     StructSpec,
     SurfaceHeader,
+    TaggedUnion,
+    TensorsFile,
 )
-from .types import TypeExpr, TypeSyntaxError, parse_type
+from .types import TypeExpr, TypeSyntaxError, TypeVisitor, parse_type
 from .versions import VersionError, VersionRange
 
 #: The vLLM release the spec files describe completely.
@@ -106,6 +122,43 @@ class Spec:
         if not isinstance(found, EnumSpec):
             raise KeyError(f"no enum {name!r} in the spec")
         return found
+
+    # --- rules read by every consumer (one source: the spec files) ---------------------
+
+    def ext_code(self, name: str) -> int:
+        """The msgpack extension type code named ``name`` in the tensors surface's
+        ``ext_codes`` (``pickle``, ``cloudpickle``, ``raw_view``)."""
+        tensors: TensorsFile = self.surfaces["tensors"]  # type: ignore[assignment]
+        for ext in tensors.ext_codes:
+            if ext.name == name:
+                return ext.code
+        known = [ext.name for ext in tensors.ext_codes]
+        raise KeyError(f"no extension code {name!r} in the tensors surface (known: {known})")
+
+    def request_type_byte(self, name: str) -> bytes:
+        """The one-byte frame of request type ``name`` (``ADD``, ``ABORT``, ...)."""
+        table: RequestTypesFile = self.surfaces["request_types"]  # type: ignore[assignment]
+        for request_type in table.types:
+            if request_type.name == name:
+                return bytes([request_type.byte])
+        known = [t.name for t in table.types]
+        raise KeyError(f"no request type {name!r} in request_types.toml (known: {known})")
+
+    def chunk_states(self) -> list[RingState]:
+        """The states of a ring chunk's metadata row, in the order the ring surface lists
+        them."""
+        return list(self.surfaces["ring"].states)
+
+    def constraints(self, struct: str, kind: str | None = None) -> list[StructConstraint]:
+        """The multi-field rules of ``struct`` (all, or only those of ``kind``)."""
+        return [c for c in self.struct(struct).constraints if kind is None or c.kind == kind]
+
+    def tagged_union(self, struct: str, field_name: str) -> TaggedUnion:
+        """The tag table of ``struct``'s field ``field_name``."""
+        for union in self.struct(struct).tagged_unions:
+            if union.field == field_name:
+                return union
+        raise KeyError(f"{struct}.{field_name} is not a tagged union in the spec")
 
     def to_builtins(self) -> dict[str, Any]:
         """The whole spec as plain JSON-ready data (``enginewire spec export``).
@@ -235,58 +288,86 @@ def _default_problem(
 ) -> str | None:
     """Why the JSON ``value`` cannot be the default of a field of type ``expr``; None if it
     fits."""
-    shown = json.dumps(value)
-    if expr.name == "union":
-        if any(_default_problem(value, arg, structs) is None for arg in expr.args):
+    return _DefaultProblem(structs).check(expr, value)
+
+
+class _DefaultProblem(TypeVisitor["str | None"]):
+    """Why a JSON value does not fit a type (None when it does)."""
+
+    def check(self, expr: TypeExpr, value: Any) -> str | None:
+        if value is None and expr.name not in ("union", "any"):
+            return None if expr.name == "none" else (
+                f"null for type '{expr}', which does not include none")
+        return self.visit(expr, value)
+
+    def visit_union(self, expr: TypeExpr, value: Any) -> str | None:
+        if any(self.check(arg, value) is None for arg in expr.args):
             return None
-        return f"{shown} fits no member of '{expr}'"
-    name = expr.name
-    if name == "any":
+        return f"{json.dumps(value)} fits no member of '{expr}'"
+
+    def visit_any(self, expr: TypeExpr, value: Any) -> str | None:
         return None
-    if value is None:
-        return None if name == "none" else f"null for type '{expr}', which does not include none"
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    simple = {
-        "none": False,
-        "bool": isinstance(value, bool),
-        "int": isinstance(value, int) and not isinstance(value, bool),
-        "float": number,
-        "str": isinstance(value, str),
-    }
-    if name in simple:
-        return None if simple[name] else f"{shown} is not of type {name}"
-    if name in ("bytes", "tensor", "ndarray", "slice"):
-        return f"no JSON literal but null stands for a {name}"
-    if name == "nested_tensors":
-        if number:
+
+    def visit_none(self, expr: TypeExpr, value: Any) -> str | None:
+        return f"{json.dumps(value)} is not of type none"
+
+    def visit_bool(self, expr: TypeExpr, value: Any) -> str | None:
+        return None if isinstance(value, bool) else f"{json.dumps(value)} is not of type bool"
+
+    def visit_int(self, expr: TypeExpr, value: Any) -> str | None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return None
+        return f"{json.dumps(value)} is not of type int"
+
+    def visit_float(self, expr: TypeExpr, value: Any) -> str | None:
+        if _is_number(value):
+            return None
+        return f"{json.dumps(value)} is not of type float"
+
+    def visit_str(self, expr: TypeExpr, value: Any) -> str | None:
+        return None if isinstance(value, str) else f"{json.dumps(value)} is not of type str"
+
+    def _no_literal(self, expr: TypeExpr, value: Any) -> str | None:
+        return f"no JSON literal but null stands for a {expr.name}"
+
+    visit_bytes = visit_tensor = visit_ndarray = visit_slice = _no_literal
+
+    def visit_nested_tensors(self, expr: TypeExpr, value: Any) -> str | None:
+        if _is_number(value):
             return None
         if isinstance(value, list):
-            return next((p for v in value if (p := _default_problem(v, expr, structs))), None)
-        return f"{shown} is not a number or an array of numbers"
-    if name in ("list", "set", "tuple"):
+            return next((p for v in value if (p := self.check(expr, v))), None)
+        return f"{json.dumps(value)} is not a number or an array of numbers"
+
+    def visit_list(self, expr: TypeExpr, value: Any) -> str | None:
         if not isinstance(value, list):
-            return f"{shown} is not an array"
-        if name == "tuple" and not expr.variadic:
+            return f"{json.dumps(value)} is not an array"
+        if expr.name == "tuple" and not expr.variadic:
             if len(value) != len(expr.args):
-                return f"{shown} does not have the {len(expr.args)} elements of '{expr}'"
+                return f"{json.dumps(value)} does not have the {len(expr.args)} elements of " \
+                       f"'{expr}'"
             pairs = list(zip(value, expr.args, strict=True))
         else:
             pairs = [(v, expr.args[0]) for v in value]
-        return next((p for v, a in pairs if (p := _default_problem(v, a, structs))), None)
-    if name == "dict":
+        return next((p for v, a in pairs if (p := self.check(a, v))), None)
+
+    visit_set = visit_tuple = visit_list
+
+    def visit_dict(self, expr: TypeExpr, value: Any) -> str | None:
         if not isinstance(value, dict):
-            return f"{shown} is not an object"
+            return f"{json.dumps(value)} is not an object"
         if value and expr.args[0].without_none().name not in ("str", "any"):
             return f"JSON object keys are strings, the key type is '{expr.args[0]}'"
-        return next((p for v in value.values()
-                     if (p := _default_problem(v, expr.args[1], structs))), None)
-    item = structs.get(name)
-    if isinstance(item, EnumSpec):
+        return next((p for v in value.values() if (p := self.check(expr.args[1], v))), None)
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, value: Any) -> str | None:
         values = [m.value for m in item.members]
         if isinstance(value, bool) or value not in values:
-            return f"{shown} is not a value of enum {name} ({values})"
+            return f"{json.dumps(value)} is not a value of enum {expr.name} ({values})"
         return None
-    if isinstance(item, StructSpec):
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, value: Any) -> str | None:
+        shown = json.dumps(value)
         if item.encoding in ("array", "tuple"):
             if not isinstance(value, list) or len(value) > len(item.fields):
                 return f"{shown} is not an array of at most {len(item.fields)} elements"
@@ -298,13 +379,16 @@ def _default_problem(
         fields = {f.name: f for f in item.fields}
         unknown = sorted(set(given) - set(fields))
         if unknown:
-            return f"{name} has no fields {unknown}"
+            return f"{expr.name} has no fields {unknown}"
         missing = sorted(f.name for f in item.fields if f.required and f.name not in given)
         if missing:
-            return f"{name} needs its required fields {missing}"
+            return f"{expr.name} needs its required fields {missing}"
         return next((p for key, v in given.items()
-                     if (p := _default_problem(v, parse_type(fields[key].type), structs))), None)
-    return None
+                     if (p := self.check(parse_type(fields[key].type), v))), None)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _check_default(file: str, where: str, fld: FieldSpec, expr: TypeExpr,
@@ -371,6 +455,76 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec,
                     "encoding",
                     field=where,
                 )
+
+
+def _check_struct_rules(file: str, spec: StructSpec | EnumSpec,
+                        structs: dict[str, StructSpec | EnumSpec], clause_ids: set[str]) -> None:
+    """``[[constraints]]`` and ``[[tagged_unions]]`` name real fields, structs and clauses."""
+    if isinstance(spec, EnumSpec):
+        return
+    fields = {f.name: f for f in spec.fields}
+    for index, constraint in enumerate(spec.constraints):
+        where = f"constraints[{index}]"
+        if constraint.clause not in clause_ids:
+            raise SpecError(file, f"refers to unknown clause {constraint.clause!r}",
+                            field=where + ".clause")
+        unknown = sorted(set(constraint.fields) - set(fields))
+        if unknown or len(constraint.fields) < 2:
+            raise SpecError(file, f"exactly-one-of needs two or more fields of {spec.name}, "
+                                  f"got {constraint.fields} (unknown: {unknown})",
+                            field=where + ".fields")
+        not_nullable = [n for n in constraint.fields if not parse_type(fields[n].type).nullable]
+        if not_nullable:
+            raise SpecError(file, f"exactly-one-of fields must be nullable, {not_nullable} are "
+                                  "not", field=where + ".fields")
+    for index, union in enumerate(spec.tagged_unions):
+        where = f"tagged_unions[{index}]"
+        if union.clause not in clause_ids:
+            raise SpecError(file, f"refers to unknown clause {union.clause!r}",
+                            field=where + ".clause")
+        _check_source(file, union.source, clause=None, field=where + ".source")
+        if union.field not in fields:
+            raise SpecError(file, f"{spec.name} has no field {union.field!r}",
+                            field=where + ".field")
+        expr = parse_type(fields[union.field].type)
+        value = expr.args[1] if expr.name == "tuple" and len(expr.args) == 2 else None
+        if value is None or expr.args[0].name != "str":
+            raise SpecError(file, f"a tagged union field has type tuple[str, A | B ...], got "
+                                  f"'{expr}'", field=where + ".field")
+        members = {a.name for a in value.args} if value.name == "union" else {value.name}
+        tagged = set(union.tags.values())
+        if members != tagged or len(tagged) != len(union.tags):
+            raise SpecError(file, f"tags {union.tags} must name each member of '{value}' "
+                                  "exactly once", field=where + ".tags")
+        missing = sorted(n for n in tagged if not isinstance(structs.get(n), StructSpec))
+        if missing:
+            raise SpecError(file, f"tags name unknown structs {missing}", field=where + ".tags")
+
+
+def _fill_type_bytes(frames: FramesFile, request_types: RequestTypesFile) -> FramesFile:
+    """``frames`` with each ``type_byte`` frame's ``literal_hex`` read from the request type
+    table, the one place a type byte is written."""
+    by_name = {t.name: t for t in request_types.types}
+    messages = []
+    for index, message in enumerate(frames.messages):
+        new_frames = []
+        for f_index, frame in enumerate(message.frames):
+            if frame.content == "type_byte":
+                where = f"messages[{index}].frames[{f_index}]"
+                if frame.literal_hex is not None:
+                    raise SpecError("frames.toml", "a type_byte frame takes its byte from "
+                                    "request_types.toml; leave literal_hex out",
+                                    field=where + ".literal_hex")
+                request_type = by_name.get(message.request_type or "")
+                if request_type is None or not request_type.on_wire:
+                    raise SpecError("frames.toml", f"message {message.kind!r} has a type_byte "
+                                    f"frame but names no on-wire request type "
+                                    f"(got {message.request_type!r})",
+                                    field=f"messages[{index}].request_type")
+                frame = msgspec.structs.replace(frame, literal_hex=f"{request_type.byte:02x}")
+            new_frames.append(frame)
+        messages.append(msgspec.structs.replace(message, frames=new_frames))
+    return msgspec.structs.replace(frames, messages=messages)
 
 
 def _restrict(spec: StructSpec | EnumSpec, version: str) -> StructSpec | EnumSpec:
@@ -450,6 +604,11 @@ def _load_cached(version: str, data_dir: str) -> Spec:
     all_ids = set(seen_clauses)
     for surface in surfaces.values():
         _check_surface_refs(f"{surface.surface}.toml", surface, all_ids)
+    for name, parsed in structs.items():
+        _check_struct_rules(struct_files[name], parsed, structs, all_ids)
+    surfaces["frames"] = _fill_type_bytes(
+        surfaces["frames"], surfaces["request_types"]  # type: ignore[arg-type]
+    )
 
     active_structs = {
         name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .formulas import FormulaError, FormulaTable
 from .loader import REFERENCE_VLLM_VERSION, Spec
@@ -42,7 +43,7 @@ from .schema import (
     TensorsFile,
     TransportFile,
 )
-from .types import TypeExpr, TypeSyntaxError, parse_type
+from .types import TypeExpr, TypeSyntaxError, TypeVisitor, parse_type
 
 #: First line of every generated page; pages without it in the output folder are not ours.
 GENERATED_MARK = (
@@ -280,15 +281,7 @@ class _Page:
         return self._type(expr)
 
     def _type(self, expr: TypeExpr) -> str:
-        if expr.name == "union":
-            return " \\| ".join(self._type(arg) for arg in expr.args)
-        head = self.struct_link(expr.name)
-        if not expr.args:
-            return head
-        inner = ", ".join(self._type(arg) for arg in expr.args)
-        if expr.variadic:
-            inner += ", ..."
-        return f"{head}\\[{inner}\\]"
+        return _TypeCell(self).visit(expr)
 
     def header(self, surface: SurfaceHeader) -> None:
         levels = _level_counts(surface.clauses)
@@ -323,6 +316,33 @@ class _Page:
                 deviation = " ".join(_inline(clause.vllm_deviation).split())
                 self.add(f"- vLLM {REFERENCE_VLLM_VERSION} deviates: {deviation}")
             self.add("")
+
+
+class _TypeCell(TypeVisitor[str]):
+    """A type expression as Markdown, struct and enum names (and built-ins a clause defines)
+    linked."""
+
+    def __init__(self, page: _Page) -> None:
+        super().__init__(page.spec.structs)
+        self.page = page
+
+    def visit_union(self, expr: TypeExpr) -> str:
+        return " \\| ".join(self.visit(arg) for arg in expr.args)
+
+    def _generic(self, expr: TypeExpr) -> str:
+        inner = ", ".join(self.visit(arg) for arg in expr.args)
+        if expr.variadic:
+            inner += ", ..."
+        return f"{self.page.struct_link(expr.name)}\\[{inner}\\]"
+
+    visit_list = visit_set = visit_tuple = visit_dict = _generic
+
+    def _named(self, expr: TypeExpr, *_: Any) -> str:
+        return self.page.struct_link(expr.name)
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _named
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _named
+    visit_struct = visit_enum = _named
 
 
 def _level_counts(clauses: Iterable[Clause]) -> dict[str, int]:
@@ -1213,6 +1233,19 @@ def _struct(page: _Page, struct: StructSpec) -> None:
             ),
         )
     )
+    rules = [
+        f"- Exactly one of {', '.join(_code(name) for name in rule.fields)} is non-nil "
+        f"({page.clause_link(rule.clause)})."
+        for rule in struct.constraints if rule.kind == "exactly-one-of"
+    ] + [
+        f"- {_code(union.field)} travels as `[tag, value]`, the tag naming the value's struct: "
+        + ", ".join(f"{_code(tag)} {page.struct_link(name)}" for tag, name in union.tags.items())
+        + f"; any other tag is rejected ({page.clause_link(union.clause)}; source: "
+        f"{_source_links(union.source)})."
+        for union in struct.tagged_unions
+    ]
+    if rules:
+        page.add("Rules over several fields:", "", *rules, "")
 
 
 def _enum(page: _Page, enum: EnumSpec) -> None:

@@ -86,7 +86,9 @@ class Frame(_Strict, kw_only=True):
     description: str
     #: For ``msgpack`` frames: the type expression of the payload.
     payload: str | None = None
-    #: For ``literal`` and ``type_byte`` frames: the exact bytes, as hex.
+    #: For ``literal`` frames: the exact bytes, as hex. A ``type_byte`` frame leaves it out in
+    #: the file (its byte is the message's ``request_type`` in ``request_types.toml``); the
+    #: loader fills it in from there.
     literal_hex: str | None = None
     #: True for a frame that repeats zero or more times (out-of-band buffers).
     repeated: bool = False
@@ -274,6 +276,30 @@ class FieldSpec(_Strict, kw_only=True):
     source: str | None = None
 
 
+class StructConstraint(_Strict, kw_only=True):
+    """A rule over several fields of one struct that a type expression cannot say.
+
+    ``exactly-one-of``: exactly one of ``fields`` is non-nil (the others are nil).
+    """
+
+    kind: Literal["exactly-one-of"]
+    fields: list[str]
+    clause: str
+
+
+class TaggedUnion(_Strict, kw_only=True):
+    """A field that travels as ``[tag, value]`` where the tag names the value's struct.
+
+    ``tags`` maps each tag on the wire to the struct it selects; a decoder rejects any other
+    tag (``clause``).
+    """
+
+    field: str
+    clause: str
+    source: str
+    tags: dict[str, str]
+
+
 class StructSpec(_Strict, kw_only=True):
     name: str
     kind: Literal["struct"] = "struct"
@@ -285,6 +311,10 @@ class StructSpec(_Strict, kw_only=True):
     description: str
     omit_defaults: bool = False
     fields: list[FieldSpec]
+    #: Rules over several fields (``[[constraints]]``), each naming its clause.
+    constraints: list[StructConstraint] = []
+    #: Fields that travel as ``[tag, value]`` (``[[tagged_unions]]``).
+    tagged_unions: list[TaggedUnion] = []
 
 
 class EnumMember(_Strict, kw_only=True):

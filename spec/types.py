@@ -29,12 +29,20 @@ Built-in names and what they are on the wire (msgpack):
 ==================  ==============================================================
 
 Any other name refers to a struct or enum under ``spec/data/structs/``.
+
+Every walk over a type expression is a :class:`TypeVisitor`: one ``visit_<constructor>``
+method per built-in name, generic and ``union``, plus ``visit_struct`` and ``visit_enum``. A
+subclass that lacks a handler fails when its class is created, and :meth:`TypeVisitor.visit`
+raises :class:`UnknownTypeError` naming a type no handler covers, so a new constructor added to
+:data:`BUILTINS` or :data:`GENERICS` fails loudly in every walker at once.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 BUILTINS = frozenset(
     {"str", "int", "float", "bool", "bytes", "none", "any", "slice", "tensor", "ndarray",
@@ -163,3 +171,71 @@ class _Parser:
                 f"{name} takes {arity} type argument(s), got {len(args)} in {self.text!r}"
             )
         return TypeExpr(name, tuple(args), variadic)
+
+
+# --- the one walk over type expressions --------------------------------------------------
+
+T = TypeVar("T")
+
+
+class UnknownTypeError(TypeError):
+    """A type expression names a constructor a walker has no handler for."""
+
+
+def constructors() -> tuple[str, ...]:
+    """Every name a :class:`TypeVisitor` dispatches on besides structs and enums: the built-in
+    names, the generics and ``union``."""
+    return (*sorted(BUILTINS), *sorted(GENERICS), "union")
+
+
+def missing_handlers(cls: type) -> list[str]:
+    """The ``visit_*`` methods a visitor class lacks (empty for a complete visitor)."""
+    return [f"visit_{name}" for name in (*constructors(), "struct", "enum")
+            if not callable(getattr(cls, f"visit_{name}", None))]
+
+
+class TypeVisitor(Generic[T]):
+    """One walk over a type expression: subclasses define ``visit_<name>(expr, *args)`` for
+    each name of :func:`constructors` (the same function may serve several names), and
+    ``visit_struct(expr, spec, *args)`` and ``visit_enum(expr, spec, *args)`` for the names of
+    ``structs`` (a spec's ``structs`` mapping). ``*args`` are passed through unchanged (a
+    value, a path, a depth).
+
+    A concrete subclass missing a handler raises :class:`UnknownTypeError` when it is defined
+    (set ``abstract = True`` in a partial base).
+    """
+
+    abstract = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("abstract", False):
+            return
+        missing = missing_handlers(cls)
+        if missing:
+            raise UnknownTypeError(f"type visitor {cls.__qualname__} has no {', '.join(missing)}")
+
+    def __init__(self, structs: Mapping[str, Any]) -> None:
+        self.structs = structs
+
+    def visit(self, expr: TypeExpr, *args: Any) -> T:
+        """Dispatch ``expr`` to its handler."""
+        name = expr.name
+        if name in BUILTINS or name in GENERICS or name == "union":
+            handler = getattr(self, f"visit_{name}", None)
+            if handler is None:
+                raise UnknownTypeError(
+                    f"type visitor {type(self).__qualname__} has no visit_{name} for type "
+                    f"'{expr}'")
+            result: T = handler(expr, *args)
+            return result
+        item = self.structs.get(name)
+        kind = getattr(item, "kind", None)
+        if kind == "struct":
+            return self.visit_struct(expr, item, *args)  # type: ignore[attr-defined,no-any-return]
+        if kind == "enum":
+            return self.visit_enum(expr, item, *args)  # type: ignore[attr-defined,no-any-return]
+        raise UnknownTypeError(
+            f"type visitor {type(self).__qualname__}: unknown type {name!r} in '{expr}' (not a "
+            f"built-in {sorted(BUILTINS)}, a generic {sorted(GENERICS)}, nor a struct or enum "
+            "of the spec)")

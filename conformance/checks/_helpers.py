@@ -9,7 +9,12 @@ from typing import Any
 
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction
 from enginewire.conformance.oracle.values import complete, differences, neutral
-from enginewire.conformance.oracle.wire import compare_wire, expected_wire, raw_decode
+from enginewire.conformance.oracle.wire import (
+    THRESHOLD_DEFAULT,
+    compare_wire,
+    expected_wire,
+    raw_decode,
+)
 
 
 def as_bytes(frames: Sequence[Any]) -> list[bytes]:
@@ -79,7 +84,8 @@ def expect_rejection(
 
 
 def expect_wire(
-    frames: Sequence[bytes], value: Any, type_text: str, spec: Any, *, threshold: int = 256,
+    frames: Sequence[bytes], value: Any, type_text: str, spec: Any, *,
+    threshold: int = THRESHOLD_DEFAULT,
     what: str = "", strict_omit: bool = False,
 ) -> None:
     """Frame 0 must decode to the spec's wire form of ``value`` and the out-of-band frames

@@ -32,9 +32,15 @@ from enginewire.conformance.framework.registry import (
 from enginewire.conformance.oracle.samples import Sampler, minimal_outputs, minimal_request
 from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
+from enginewire.spec import load
 
 Ext = msgspec.msgpack.Ext
-RAW_VIEW = 3
+#: The extension type codes (tensors surface, ext_codes).
+RAW_VIEW = load().ext_code("raw_view")
+PICKLE = load().ext_code("pickle")
+CLOUDPICKLE = load().ext_code("cloudpickle")
+#: The request type bytes (request_types.toml).
+_TYPE = {t.name: bytes([t.byte]) for t in load().surface("request_types").types}
 #: A rejection may also cite the general rule that a payload must match its type.
 GENERAL = "frames.payload-matches-type"
 OUTPUT = "EngineCoreOutput"
@@ -414,7 +420,7 @@ _MALFORMED: list[tuple[str, list[str], str, Any, tuple, str]] = [
      ["float32", [4], {"sender_id": "s", "message_id": 1, "tensor_id": 0}], (),
      "pooling_output"),
     ("ext/pickle-rejected", ["tensors.ext-pickle-opt-in"],
-     "Ext 1 (pickle) without the opt-in", ["float32", [1], Ext(1, pickle.dumps(4))], (),
+     "Ext 1 (pickle) without the opt-in", ["float32", [1], Ext(PICKLE, pickle.dumps(4))], (),
      "pooling_output"),
 ]
 
@@ -481,7 +487,7 @@ def _unknown_ext(codec: Any, ctx: Any) -> None:
        surface="codec")
 def _pickle_any(codec: Any, ctx: Any) -> None:
     """Ext 1 (pickle) and Ext 2 (cloudpickle) in an untyped field are rejected without opt-in."""
-    for code in (1, 2):
+    for code in (PICKLE, CLOUDPICKLE):
         wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
         wire[_index(ctx.spec, OUTPUT, "kv_transfer_params")] = {"x": Ext(code, pickle.dumps(7))}
         expect_rejection(codec, OUTPUT, [msgspec.msgpack.encode(wire)],
@@ -504,9 +510,10 @@ def _insecure_encoding(codec: Any, ctx: Any) -> None:
             and isinstance(args[1], Ext)):
         raise CheckFailure(f"expected two extension values in args, got {show(args)}",
                            Reproduction(received=frames))
-    if args[0].code != 2 or args[1].code != 1:
+    if args[0].code != CLOUDPICKLE or args[1].code != PICKLE:
         raise CheckFailure(
-            f"a function must travel as Ext 2 and a Fraction as Ext 1, got Ext {args[0].code} "
+            f"a function must travel as Ext {CLOUDPICKLE} and a Fraction as Ext {PICKLE}, got "
+            f"Ext {args[0].code} "
             f"and Ext {args[1].code}", Reproduction(received=frames))
     if pickle.loads(args[1].data) != fractions.Fraction(1, 3):  # noqa: S301 - our own value
         raise CheckFailure("the Ext 1 payload does not unpickle to the value sent",
@@ -888,7 +895,7 @@ def _mm_request(spec: Any, factory: str, kwargs: dict[str, Any]) -> list[bytes]:
     }
     wire = list(expected_wire(minimal_request(), "EngineCoreRequest", spec).value)
     wire[_index(spec, "EngineCoreRequest", "mm_features")] = [feature]
-    return [b"\x00", msgspec.msgpack.encode(wire)]
+    return [spec.request_type_byte("ADD"), msgspec.msgpack.encode(wire)]
 
 
 @check("codec/mm/item-map", clauses=["structs.mm-item.map"], surface="codec")
@@ -1100,10 +1107,10 @@ _BAD_INPUT: list[tuple[str, str, list[str], str, Any]] = [
      "type byte 0x07", lambda f: [b"\x07", *f[1:]]),
     ("sentinel-executor-failed", "add", ["request_types.sentinels-never-on-wire",
                                          "request_types.unknown-byte-rejected"],
-     "type byte 0x04 (EXECUTOR_FAILED)", lambda f: [b"\x04", *f[1:]]),
+     "type byte 0x04 (EXECUTOR_FAILED)", lambda f: [_TYPE["EXECUTOR_FAILED"], *f[1:]]),
     ("sentinel-wakeup", "abort", ["request_types.sentinels-never-on-wire",
                                   "request_types.unknown-byte-rejected"],
-     "type byte 0x05 (WAKEUP)", lambda f: [b"\x05", *f[1:]]),
+     "type byte 0x05 (WAKEUP)", lambda f: [_TYPE["WAKEUP"], *f[1:]]),
     ("type-frame-two-bytes", "add", ["request_types.one-byte-frame",
                                      "request_types.unknown-byte-rejected"],
      "a two-byte type frame 00 00", lambda f: [b"\x00\x00", *f[1:]]),
@@ -1112,7 +1119,7 @@ _BAD_INPUT: list[tuple[str, str, list[str], str, Any]] = [
      "an empty type frame", lambda f: [b"", *f[1:]]),
     ("wrong-type-for-kind", "abort", ["frames.frame-count", "request_types.byte-table",
                                       "request_types.unknown-byte-rejected"],
-     "an ABORT payload under type byte 0x03 (UTILITY)", lambda f: [b"\x03", *f[1:]]),
+     "an ABORT payload under type byte 0x03 (UTILITY)", lambda f: [_TYPE["UTILITY"], *f[1:]]),
     ("missing-payload", "add", ["frames.frame-count"],
      "a type frame with no payload", lambda f: f[:1]),
     ("extra-frame-after-abort", "abort", ["frames.frame-count",

@@ -19,6 +19,7 @@ from enginewire.conformance.framework.registry import CheckFailure, Reproduction
 from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.peers.zmq_peers import (
     ENGINE_CORE_DEAD,
+    TYPE_BYTES,
     HandshakeProblem,
     SuiteFrontend,
     decode,
@@ -107,7 +108,7 @@ def _identity_check(engine: Any, ctx: Any, rank: int) -> None:
     front = _frontend(ctx)
     _launch(engine, ctx, front, rank, dp_size=rank + 1)
     frames = front.recv_handshake(ctx.wait(10.0))
-    want = rank.to_bytes(2, "little")
+    want = identity_of(rank)
     if frames[0] != want:
         raise CheckFailure(f"engine {rank} identifies as {frames[0].hex()} "
                            f"({len(frames[0])} bytes), expected {want.hex()}",
@@ -405,35 +406,42 @@ def _garbage(frames_of: Any, what: str, clauses: list[str], check_id: str) -> No
         _still_serving(front, ctx, handshake.identity, what, frames)
 
 
+def _type(spec: Any, name: str) -> bytes:
+    """The type frame of request type ``name`` (request_types.toml)."""
+    return bytes(spec.request_type_byte(name))
+
+
 def _add_payload(spec: Any, **fields: Any) -> list[bytes]:
     return encode(minimal_request("req-bad", **fields), "EngineCoreRequest", spec)
 
 
 _garbage(lambda spec: [b"\x09", msgspec.msgpack.encode(["x"])], "type byte 0x09",
          ["request_types.unknown-byte-rejected"], "engine/garbage/unknown-type-byte")
-_garbage(lambda spec: [b"\x04", b""], "type byte 0x04 (EXECUTOR_FAILED)",
+_garbage(lambda spec: [_type(spec, "EXECUTOR_FAILED"), b""], "type byte 0x04 (EXECUTOR_FAILED)",
          ["request_types.sentinels-never-on-wire"], "engine/garbage/sentinel-executor-failed")
-_garbage(lambda spec: [b"\x05", b""], "type byte 0x05 (WAKEUP)",
+_garbage(lambda spec: [_type(spec, "WAKEUP"), b""], "type byte 0x05 (WAKEUP)",
          ["request_types.sentinels-never-on-wire"], "engine/garbage/sentinel-wakeup")
 _garbage(lambda spec: [b"\x00\x00", *_add_payload(spec)], "a two-byte type frame",
          ["request_types.one-byte-frame"], "engine/garbage/two-byte-type")
-_garbage(lambda spec: [b"\x00"], "an ADD without payload", ["frames.frame-count"],
+_garbage(lambda spec: [_type(spec, "ADD")], "an ADD without payload", ["frames.frame-count"],
          "engine/garbage/add-without-payload")
-_garbage(lambda spec: [b"\x00", b"\xc1\xc1"], "an ADD with a payload that is not msgpack",
+_garbage(lambda spec: [_type(spec, "ADD"), b"\xc1\xc1"],
+         "an ADD with a payload that is not msgpack",
          ["frames.payload-matches-type"], "engine/garbage/add-not-msgpack")
-_garbage(lambda spec: [b"\x00", msgspec.msgpack.encode({"request_id": "m"})],
+_garbage(lambda spec: [_type(spec, "ADD"), msgspec.msgpack.encode({"request_id": "m"})],
          "an ADD whose payload is a map", ["frames.payload-matches-type",
                                            "structs.array.type-checked"],
          "engine/garbage/add-wrong-shape")
-_garbage(lambda spec: [b"\x03", msgspec.msgpack.encode([0, 1])],
+_garbage(lambda spec: [_type(spec, "UTILITY"), msgspec.msgpack.encode([0, 1])],
          "a UTILITY payload of two elements", ["frames.utility-payload",
                                                "frames.payload-matches-type"],
          "engine/garbage/utility-short")
-_garbage(lambda spec: [b"\x01", msgspec.msgpack.encode(17)], "an ABORT payload that is an int",
+_garbage(lambda spec: [_type(spec, "ABORT"), msgspec.msgpack.encode(17)],
+         "an ABORT payload that is an int",
          ["frames.abort-payload"], "engine/garbage/abort-not-list")
 _garbage(lambda spec: [b"READY"], "a READY frame on the input channel",
          ["frames.coordinator-subscribe-first"], "engine/garbage/ready-on-input")
-_garbage(lambda spec: [b"\x02", msgspec.msgpack.encode([1, 0])],
+_garbage(lambda spec: [_type(spec, "START_DP_WAVE"), msgspec.msgpack.encode([1, 0])],
          "a START_DP_WAVE from the front end", ["frames.start-dp-wave-from-coordinator",
                                                 "frames.start-dp-wave-payload"],
          "engine/garbage/start-dp-wave-on-input")
@@ -449,7 +457,7 @@ def _missing_oob(spec: Any) -> list[bytes]:
     index = [f.name for f in spec.struct("EngineCoreRequest").fields].index("prompt_embeds")
     wire[index] = ["float32", [4, 64], 1]
     _ = np  # the data frame is the thing missing
-    return [b"\x00", msgspec.msgpack.encode(wire)]
+    return [spec.request_type_byte("ADD"), msgspec.msgpack.encode(wire)]
 
 
 _garbage(_missing_oob, "an ADD naming an out-of-band frame that is not there",
@@ -462,7 +470,8 @@ _garbage(_missing_oob, "an ADD naming an out-of-band frame that is not there",
 def _served_after(engine: Any, ctx: Any) -> None:
     """After a burst of malformed messages an ADD is still generated to the end."""
     front, handshake = _started(engine, ctx)
-    for frames in ([b"\x07"], [b"\x00", b"\xc1"], [b"\x03", b"\x90"], [b""]):
+    for frames in ([b"\x07"], [TYPE_BYTES["add"], b"\xc1"], [TYPE_BYTES["utility"], b"\x90"],
+                   [b""]):
         front.send_input(handshake.identity, frames)
     front.add(handshake.identity, minimal_request("req-after"))
     try:

@@ -18,7 +18,12 @@ from enginewire.conformance.checks._helpers import check_high_water_marks
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.values import neutral
-from enginewire.conformance.peers.zmq_peers import ENGINE_CORE_DEAD, SuiteEngine, decode
+from enginewire.conformance.peers.zmq_peers import (
+    ENGINE_CORE_DEAD,
+    TYPE_BYTES,
+    SuiteEngine,
+    decode,
+)
 from enginewire.conformance.targets.contract import FrontendLaunch
 
 PEER_TIMEOUT = 25.0
@@ -288,16 +293,17 @@ def _add_frames(frontend: Any, ctx: Any) -> None:
     request = minimal_request("req-fe", prompt_token_ids=[5, 6, 7])
     client.add_request(request, 0)
     frames = _request(engine, ctx, "add_request")
-    if frames[0] != b"\x00":
+    if frames[0] != TYPE_BYTES["add"]:
         raise CheckFailure(f"the type frame is {frames[0].hex()}, expected 00",
                            Reproduction(received=frames))
     value = decode(frames[1:], "EngineCoreRequest", ctx.spec)
     if value["request_id"] != "req-fe" or value["prompt_token_ids"] != [5, 6, 7]:
         raise CheckFailure(f"the engine got {value['request_id']!r} with prompt "
                            f"{value['prompt_token_ids']!r}", Reproduction(received=frames))
-    if (value["sampling_params"] is None) == (value["pooling_params"] is None):
-        raise CheckFailure("an ADD must carry exactly one of sampling_params and "
-                           "pooling_params", Reproduction(received=frames))
+    for rule in ctx.spec.constraints("EngineCoreRequest", "exactly-one-of"):
+        if sum(value[name] is not None for name in rule.fields) != 1:
+            raise CheckFailure(f"an ADD must carry exactly one of {rule.fields} "
+                               f"({rule.clause})", Reproduction(received=frames))
 
 
 @check("frontend/requests/routed-to-engine", clauses=["identity.little-endian-rank",
@@ -325,7 +331,8 @@ def _abort_frames(frontend: Any, ctx: Any) -> None:
     _request(engine, ctx, "add_request")
     client.abort(["req-x"], 0)
     frames = _request(engine, ctx, "abort")
-    if frames[0] != b"\x01" or len(frames) != 2 or msgspec.msgpack.decode(frames[1]) != ["req-x"]:
+    if (frames[0] != TYPE_BYTES["abort"] or len(frames) != 2
+            or msgspec.msgpack.decode(frames[1]) != ["req-x"]):
         raise CheckFailure("expected [01, ['req-x']]", Reproduction(received=frames))
 
 
@@ -356,7 +363,7 @@ def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list
     caller.start()
     frames = _request(engine, ctx, f"call_utility({method!r})")
     payload = msgspec.msgpack.decode(frames[1]) if len(frames) > 1 else None
-    if frames[0] != b"\x03" or not isinstance(payload, list) or len(payload) != 4:
+    if frames[0] != TYPE_BYTES["utility"] or not isinstance(payload, list) or len(payload) != 4:
         raise CheckFailure("a utility call must be [03, [client_index, call_id, method, args]]",
                            Reproduction(received=frames))
     engine.reply(payload[1], result=result, failure=failure)
@@ -591,8 +598,8 @@ def _type_bytes(frontend: Any, ctx: Any) -> None:
     seen.append(frames[0])
     while engine.inputs[0].poll(300):
         seen.append(engine.inputs[0].recv_multipart()[0])
-    if seen[:3] != [b"\x00", b"\x01", b"\x03"] or any(
-            t not in (b"\x00", b"\x01", b"\x03") for t in seen):
+    sent = [TYPE_BYTES["add"], TYPE_BYTES["abort"], TYPE_BYTES["utility"]]
+    if seen[:3] != sent or any(t not in sent for t in seen):
         raise CheckFailure(f"type frames seen: {[t.hex() for t in seen]}, expected 00 01 03")
 
 
@@ -619,7 +626,7 @@ def _no_drop(frontend: Any, ctx: Any) -> None:
     seen: list[str] = []
     while engine.inputs[0].poll(int(ctx.wait(1.0) * 1000)):
         frames = engine.inputs[0].recv_multipart()
-        if frames[0] == b"\x01":
+        if frames[0] == TYPE_BYTES["abort"]:
             seen.extend(msgspec.msgpack.decode(frames[1]))
     if seen != sent:
         missing = [r for r in sent if r not in set(seen)]

@@ -620,7 +620,8 @@ def _reader_ready(ring: Any, ctx: Any) -> None:
     waiting = Background(lambda: reader.wait_until_ready(ctx.wait(8.0)), "reader ready")
     message = writer.xpub.recv_multipart() if writer.xpub.poll(
         int(ctx.wait(5.0) * 1000)) else None
-    if not message or message[0][:1] != b"\x01":
+    subscribe = bytes.fromhex(ctx.spec.surface("ring").constants["subscribe_message_hex"])
+    if not message or message[0][:1] != subscribe:
         raise CheckFailure(f"the reader sent no subscription (got {message!r})")
     time.sleep(0.5)
     if waiting.done():

@@ -423,7 +423,7 @@ class Case:
     kind: str
     description: str
     value: Any
-    threshold: int = 256
+    threshold: int = load().surface("tensors").threshold_default
 
 
 def cases() -> list[Case]:

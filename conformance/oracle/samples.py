@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 #: struct name -> field name -> a valid, non-default neutral value.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -57,8 +57,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 #: publisher=None into "null"); minimal samples set those fields so that nested structs compare
 #: cleanly, and the normalization itself is left to the stand-alone checks of each struct.
 REQUIRED_EXTRAS: dict[str, dict[str, Any]] = {
-    # structs.exclusive-params: exactly one of sampling_params and pooling_params.
-    "EngineCoreRequest": {"pooling_params": None},
     "LoRARequest": {"lora_path": "/tmp/adapter"},
     "SamplingParams": {"stop": [], "stop_token_ids": [], "bad_words": [],
                        "skip_reading_prefix_cache": False},
@@ -77,10 +75,11 @@ CONTEXTUAL = frozenset(
 )
 
 
-class Sampler:
+class Sampler(TypeVisitor[Any]):
     """Deterministic sample values; each call hands out the next distinct scalar."""
 
     def __init__(self, spec: Any, start: int = 1) -> None:
+        super().__init__(spec.structs)
         self.spec = spec
         self.counter = start
 
@@ -90,50 +89,77 @@ class Sampler:
 
     def value(self, type_text: str | TypeExpr, depth: int = 0) -> Any:
         expr = parse_type(type_text) if isinstance(type_text, str) else type_text
-        name = expr.name
-        if name == "union":
-            return self.value(self._pick(expr, depth), depth)
-        item = self.spec.structs.get(name)
-        if isinstance(item, StructSpec):
-            return self.struct(item.name, depth=depth + 1, full=False)
-        if isinstance(item, EnumSpec):
-            return item.members[-1].value
+        return self.visit(expr, depth)
+
+    def visit_union(self, expr: TypeExpr, depth: int) -> Any:
+        return self.value(self._pick(expr, depth), depth)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, depth: int) -> Any:
+        return self.struct(item.name, depth=depth + 1, full=False)
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, depth: int) -> Any:
+        return item.members[-1].value
+
+    # Every other constructor takes the next counter value first, used or not.
+    def visit_int(self, expr: TypeExpr, depth: int) -> Any:
+        return 100 + self._next()
+
+    def visit_float(self, expr: TypeExpr, depth: int) -> Any:
+        return self._next() + 0.25
+
+    def visit_str(self, expr: TypeExpr, depth: int) -> Any:
+        return f"v{self._next()}"
+
+    def visit_bool(self, expr: TypeExpr, depth: int) -> Any:
+        self._next()
+        return True
+
+    def visit_bytes(self, expr: TypeExpr, depth: int) -> Any:
+        return bytes([self._next() % 256]) * 3
+
+    def visit_any(self, expr: TypeExpr, depth: int) -> Any:
+        return self._next()
+
+    def visit_none(self, expr: TypeExpr, depth: int) -> Any:
+        self._next()
+        return None
+
+    def visit_slice(self, expr: TypeExpr, depth: int) -> Any:
+        return slice(0, self._next(), 1)
+
+    def visit_tensor(self, expr: TypeExpr, depth: int) -> Any:
+        import torch
+
         n = self._next()
-        if name == "int":
-            return 100 + n
-        if name == "float":
-            return n + 0.25
-        if name == "str":
-            return f"v{n}"
-        if name == "bool":
-            return True
-        if name == "bytes":
-            return bytes([n % 256]) * 3
-        if name in ("any",):
-            return n
-        if name == "none":
-            return None
-        if name == "slice":
-            return slice(0, n, 1)
-        if name == "tensor":
-            import torch
+        return torch.tensor([n, n + 1], dtype=torch.int32)
 
-            return torch.tensor([n, n + 1], dtype=torch.int32)
-        if name == "ndarray":
-            import numpy as np
+    def visit_ndarray(self, expr: TypeExpr, depth: int) -> Any:
+        import numpy as np
 
-            return np.array([n, n + 1], dtype="<i4")
-        if name == "list":
-            return [self.value(expr.args[0], depth)]
-        if name == "set":
-            return {self.value(expr.args[0], depth)}
-        if name == "tuple":
-            if expr.variadic:
-                return [self.value(expr.args[0], depth)]
-            return [self.value(a, depth) for a in expr.args]
-        if name == "dict":
-            return {self.value(expr.args[0], depth): self.value(expr.args[1], depth)}
+        n = self._next()
+        return np.array([n, n + 1], dtype="<i4")
+
+    def visit_nested_tensors(self, expr: TypeExpr, depth: int) -> Any:
+        self._next()
         raise ValueError(f"no sample for type {expr}")
+
+    def visit_list(self, expr: TypeExpr, depth: int) -> Any:
+        self._next()
+        return [self.value(expr.args[0], depth)]
+
+    def visit_set(self, expr: TypeExpr, depth: int) -> Any:
+        self._next()
+        return {self.value(expr.args[0], depth)}
+
+    def visit_tuple(self, expr: TypeExpr, depth: int) -> Any:
+        self._next()
+        if expr.variadic:
+            return [self.value(expr.args[0], depth)]
+        return [self.value(a, depth) for a in expr.args]
+
+    def visit_dict(self, expr: TypeExpr, depth: int) -> Any:
+        self._next()
+        return {self.value(expr.args[0], depth): self.value(expr.args[1], depth)}
 
     def _pick(self, expr: TypeExpr, depth: int) -> TypeExpr:
         members = [a for a in expr.args if a.name != "none"]
@@ -156,7 +182,10 @@ class Sampler:
     def struct(self, name: str, *, depth: int = 0, full: bool = True) -> dict[str, Any]:
         """A sample of struct ``name``: every field when ``full``, else the required ones."""
         item = self.spec.struct(name)
-        extras = REQUIRED_EXTRAS.get(name, {})
+        # Of each exactly-one-of group the first field is set (by the sample), the rest nil.
+        extras = {other: None for rule in item.constraints if rule.kind == "exactly-one-of"
+                  for other in rule.fields[1:]}
+        extras.update(REQUIRED_EXTRAS.get(name, {}))
         overrides = {**OVERRIDES.get(name, {}), **extras} if full else extras
         out: dict[str, Any] = {}
         for fld in item.fields:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 
 @dataclass(frozen=True)
@@ -149,32 +149,60 @@ def default_of(field: Any) -> Any:
 def complete(value: Any, type_text: str | TypeExpr, spec: Any) -> Any:
     """``value`` with every struct's missing fields set to the spec's defaults, recursively."""
     expr = parse_type(type_text) if isinstance(type_text, str) else type_text
-    if value is None:
-        return None
-    if expr.name == "union":
-        member = _union_member(value, expr, spec)
-        return value if member is None else complete(value, member, spec)
-    item = spec.structs.get(expr.name)
-    if isinstance(item, StructSpec) and isinstance(value, Mapping):
+    return _Complete(spec).walk(expr, value)
+
+
+class _Complete(TypeVisitor[Any]):
+    """Missing struct fields filled with their defaults; anything not of its type unchanged."""
+
+    def __init__(self, spec: Any) -> None:
+        super().__init__(spec.structs)
+        self.spec = spec
+
+    def walk(self, expr: TypeExpr, value: Any) -> Any:
+        return None if value is None else self.visit(expr, value)
+
+    def visit_union(self, expr: TypeExpr, value: Any) -> Any:
+        member = _union_member(value, expr, self.spec)
+        return value if member is None else self.walk(member, value)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
         out = {}
         for fld in item.fields:
             if fld.name in value:
-                out[fld.name] = complete(value[fld.name], fld.type, spec)
+                out[fld.name] = self.walk(parse_type(fld.type), value[fld.name])
             elif not fld.required:
                 out[fld.name] = default_of(fld)
         for key in value:
             if key not in out:
                 out[key] = value[key]
         return out
-    if expr.name in ("list", "tuple", "set") and isinstance(value, list | tuple | set):
+
+    def visit_list(self, expr: TypeExpr, value: Any) -> Any:
+        if not isinstance(value, list | tuple | set):
+            return value
         if expr.name == "tuple" and not expr.variadic and len(expr.args) == len(value):
-            return [complete(v, a, spec) for v, a in zip(value, expr.args, strict=True)]
-        inner = expr.args[0]
-        done = [complete(v, inner, spec) for v in value]
+            return [self.walk(a, v) for v, a in zip(value, expr.args, strict=True)]
+        done = [self.walk(expr.args[0], v) for v in value]
         return set(done) if isinstance(value, set) else done
-    if expr.name == "dict" and isinstance(value, Mapping):
-        return {k: complete(v, expr.args[1], spec) for k, v in value.items()}
-    return value
+
+    visit_set = visit_tuple = visit_list
+
+    def visit_dict(self, expr: TypeExpr, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        return {k: self.walk(expr.args[1], v) for k, v in value.items()}
+
+    def _as_is(self, expr: TypeExpr, value: Any) -> Any:
+        return value
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _as_is
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _as_is
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, value: Any) -> Any:
+        return value
 
 
 def _union_member(value: Any, expr: TypeExpr, spec: Any) -> TypeExpr | None:
@@ -262,38 +290,67 @@ def build(value: Any, type_text: str | TypeExpr, spec: Any, resolve: Resolver) -
     enum classes with the wire value.
     """
     expr = parse_type(type_text) if isinstance(type_text, str) else type_text
-    if value is None:
-        return None
-    if expr.name == "union":
-        member = _union_member(value, expr, spec)
+    return _Build(spec, resolve).walk(expr, value)
+
+
+class _Build(TypeVisitor[Any]):
+    """Neutral values turned into an implementation's objects (see :func:`build`)."""
+
+    def __init__(self, spec: Any, resolve: Resolver) -> None:
+        super().__init__(spec.structs)
+        self.spec = spec
+        self.resolve = resolve
+
+    def walk(self, expr: TypeExpr, value: Any) -> Any:
+        return None if value is None else self.visit(expr, value)
+
+    def visit_union(self, expr: TypeExpr, value: Any) -> Any:
+        member = _union_member(value, expr, self.spec)
         if member is None:
-            for arg in expr.args:
-                if isinstance(spec.structs.get(arg.name), EnumSpec):
-                    member = arg
-                    break
-        return value if member is None else build(value, member, spec, resolve)
-    item = spec.structs.get(expr.name)
-    if isinstance(item, StructSpec) and isinstance(value, Mapping):
-        kwargs = {}
+            member = next((a for a in expr.args
+                           if isinstance(self.structs.get(a.name), EnumSpec)), None)
+        return value if member is None else self.walk(member, value)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
         types = {f.name: f.type for f in item.fields}
-        for key, val in value.items():
-            kwargs[key] = build(val, types[key], spec, resolve) if key in types else val
-        cls = resolve(expr.name)
+        kwargs = {key: self.walk(parse_type(types[key]), val) if key in types else val
+                  for key, val in value.items()}
+        cls = self.resolve(expr.name)
         return kwargs if cls is None else cls(**kwargs)
-    if isinstance(item, EnumSpec):
-        cls = resolve(expr.name)
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, value: Any) -> Any:
+        cls = self.resolve(expr.name)
         return value if cls is None else cls(value)
-    if expr.name == "list" and isinstance(value, list | tuple):
-        return [build(v, expr.args[0], spec, resolve) for v in value]
-    if expr.name == "set" and isinstance(value, list | tuple | set):
-        return {build(v, expr.args[0], spec, resolve) for v in value}
-    if expr.name == "tuple" and isinstance(value, list | tuple):
+
+    def visit_list(self, expr: TypeExpr, value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            return value
+        return [self.walk(expr.args[0], v) for v in value]
+
+    def visit_set(self, expr: TypeExpr, value: Any) -> Any:
+        if not isinstance(value, list | tuple | set):
+            return value
+        return {self.walk(expr.args[0], v) for v in value}
+
+    def visit_tuple(self, expr: TypeExpr, value: Any) -> Any:
+        if not isinstance(value, list | tuple):
+            return value
         if expr.variadic:
-            return tuple(build(v, expr.args[0], spec, resolve) for v in value)
-        return tuple(build(v, a, spec, resolve) for v, a in zip(value, expr.args, strict=False))
-    if expr.name == "dict" and isinstance(value, Mapping):
-        return {k: build(v, expr.args[1], spec, resolve) for k, v in value.items()}
-    return value
+            return tuple(self.walk(expr.args[0], v) for v in value)
+        return tuple(self.walk(a, v) for v, a in zip(value, expr.args, strict=False))
+
+    def visit_dict(self, expr: TypeExpr, value: Any) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        return {k: self.walk(expr.args[1], v) for k, v in value.items()}
+
+    def _as_is(self, expr: TypeExpr, value: Any) -> Any:
+        return value
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _as_is
+    visit_any = visit_slice = visit_tensor = visit_ndarray = visit_nested_tensors = _as_is
 
 
 def import_class(path: str) -> type:

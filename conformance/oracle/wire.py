@@ -31,10 +31,14 @@ from enginewire.conformance.oracle.values import (
     neutral,
     tensor_value,
 )
+from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
-RAW_VIEW_EXT = 3
+#: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
+RAW_VIEW_EXT: int = load().ext_code("raw_view")
+#: The default inline threshold in bytes (tensors surface, threshold_default).
+THRESHOLD_DEFAULT: int = load().surface("tensors").threshold_default
 
 
 class OmittableMap(dict):
@@ -65,60 +69,90 @@ def raw_decode(frame: bytes | bytearray | memoryview) -> Any:
 
 
 def expected_wire(value: Any, type_text: str | TypeExpr, spec: Any, *,
-                  threshold: int = 256) -> WireForm:
+                  threshold: int = THRESHOLD_DEFAULT) -> WireForm:
     """What ``value`` (neutral, of spec type ``type_text``) must look like on the wire."""
     form = WireForm(None)
-    form.value = _wire(value, parse_type(type_text) if isinstance(type_text, str) else type_text,
-                       spec, threshold, form.oob)
+    form.value = _ToWire(spec, threshold, form.oob).wire(
+        parse_type(type_text) if isinstance(type_text, str) else type_text, value)
     return form
 
 
-def _wire(value: Any, expr: TypeExpr, spec: Any, threshold: int, oob: list[bytes]) -> Any:
-    if value is None:
-        return None
-    if expr.name == "union":
-        member = _union_member(value, expr, spec)
+class _ToWire(TypeVisitor[Any]):
+    """The wire form of a neutral value of one type; out-of-band buffers go to ``oob``."""
+
+    def __init__(self, spec: Any, threshold: int, oob: list[bytes]) -> None:
+        super().__init__(spec.structs)
+        self.spec = spec
+        self.threshold = threshold
+        self.oob = oob
+
+    def wire(self, expr: TypeExpr, value: Any) -> Any:
+        return None if value is None else self.visit(expr, value)
+
+    def visit_union(self, expr: TypeExpr, value: Any) -> Any:
+        member = _union_member(value, expr, self.spec)
         if member is None:
             tensor_members = [a for a in expr.args if a.name in ("tensor", "ndarray")]
             if tensor_members and _is_array(value):
                 member = tensor_members[0]
             else:
-                enums = [a for a in expr.args if isinstance(spec.structs.get(a.name), EnumSpec)]
+                enums = [a for a in expr.args if isinstance(self.structs.get(a.name), EnumSpec)]
                 member = enums[0] if enums else TypeExpr("any")
-        return _wire(value, member, spec, threshold, oob)
-    item = spec.structs.get(expr.name)
-    if isinstance(item, StructSpec):
-        return _struct(value, item, spec, threshold, oob)
-    if isinstance(item, EnumSpec):
+        return self.wire(member, value)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, value: Any) -> Any:
+        return _struct(value, item, self)
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, value: Any) -> Any:
         return neutral(value)
-    if expr.name in ("tensor", "ndarray"):
-        return _tensor(value, expr.name, threshold, oob)
-    if expr.name in ("list", "set") or (expr.name == "tuple" and expr.variadic):
-        return [_wire(v, expr.args[0], spec, threshold, oob) for v in value]
-    if expr.name == "tuple":
-        return [_wire(v, a, spec, threshold, oob) for v, a in zip(value, expr.args, strict=True)]
-    if expr.name == "dict":
-        return {_wire(k, expr.args[0], spec, threshold, oob):
-                _wire(v, expr.args[1], spec, threshold, oob) for k, v in value.items()}
-    if expr.name == "slice":
+
+    def visit_tensor(self, expr: TypeExpr, value: Any) -> Any:
+        return _tensor(value, expr.name, self.threshold, self.oob)
+
+    visit_ndarray = visit_tensor
+
+    def visit_list(self, expr: TypeExpr, value: Any) -> Any:
+        return [self.wire(expr.args[0], v) for v in value]
+
+    visit_set = visit_list
+
+    def visit_tuple(self, expr: TypeExpr, value: Any) -> Any:
+        if expr.variadic:
+            return self.visit_list(expr, value)
+        return [self.wire(a, v) for v, a in zip(value, expr.args, strict=True)]
+
+    def visit_dict(self, expr: TypeExpr, value: Any) -> Any:
+        return {self.wire(expr.args[0], k): self.wire(expr.args[1], v) for k, v in value.items()}
+
+    def visit_slice(self, expr: TypeExpr, value: Any) -> Any:
         return [value.start, value.stop, value.step]
-    if expr.name == "float" and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expr.name == "any":
+
+    def visit_float(self, expr: TypeExpr, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return neutral(value)
+
+    def visit_any(self, expr: TypeExpr, value: Any) -> Any:
         if _is_array(value):
-            return _tensor(value, "tensor", threshold, oob)
+            return _tensor(value, "tensor", self.threshold, self.oob)
         if isinstance(value, Mapping):
-            return {k: _wire(v, TypeExpr("any"), spec, threshold, oob) for k, v in value.items()}
+            return {k: self.wire(expr, v) for k, v in value.items()}
         if isinstance(value, list | tuple):
-            return [_wire(v, TypeExpr("any"), spec, threshold, oob) for v in value]
-    return neutral(value)
+            return [self.wire(expr, v) for v in value]
+        return neutral(value)
+
+    def _plain(self, expr: TypeExpr, value: Any) -> Any:
+        return neutral(value)
+
+    visit_str = visit_int = visit_bool = visit_bytes = visit_none = _plain
+    visit_nested_tensors = _plain
 
 
 def _is_array(value: Any) -> bool:
     return isinstance(value, TensorValue) or type(value).__name__ in ("Tensor", "ndarray")
 
 
-def _struct(value: Any, item: StructSpec, spec: Any, threshold: int, oob: list[bytes]) -> Any:
+def _struct(value: Any, item: StructSpec, walk: _ToWire) -> Any:
     if not isinstance(value, Mapping):
         raise TypeError(f"a {item.name} value must be a dict, got {type(value).__name__}")
     unknown = set(value) - {f.name for f in item.fields}
@@ -137,13 +171,14 @@ def _struct(value: Any, item: StructSpec, spec: Any, threshold: int, oob: list[b
         )
         entries.append((fld, present, is_default))
     if item.encoding in ("array", "tuple"):
-        return [_wire(v, parse_type(f.type), spec, threshold, oob) for f, v, _ in entries]
+        return [walk.wire(parse_type(f.type), v) for f, v, _ in entries]
     out = OmittableMap()
     for fld, present, is_default in entries:
         if item.encoding == "map" and item.omit_defaults and is_default:
-            out.omitted[fld.name] = _wire(present, parse_type(fld.type), spec, threshold, [])
+            scratch = _ToWire(walk.spec, walk.threshold, [])
+            out.omitted[fld.name] = scratch.wire(parse_type(fld.type), present)
             continue
-        out[fld.name] = _wire(present, parse_type(fld.type), spec, threshold, oob)
+        out[fld.name] = walk.wire(parse_type(fld.type), present)
     return out
 
 
@@ -239,16 +274,24 @@ def from_wire(raw: Any, type_text: str | TypeExpr, spec: Any,
     tensor tuples :class:`TensorValue` (out-of-band data taken from ``oob``, index 1 first).
     Raises :class:`WireShapeError` where the data cannot be that type."""
     expr = parse_type(type_text) if isinstance(type_text, str) else type_text
-    return _back(raw, expr, spec, list(oob), "$")
+    return _FromWire(spec, list(oob)).back(expr, raw, "$")
 
 
-def _back(raw: Any, expr: TypeExpr, spec: Any, oob: list[bytes], path: str) -> Any:
-    if raw is None:
-        return None
-    if expr.name == "union":
-        return _back(raw, _wire_member(raw, expr, spec), spec, oob, path)
-    item = spec.structs.get(expr.name)
-    if isinstance(item, StructSpec):
+class _FromWire(TypeVisitor[Any]):
+    """A neutral value of one type read from wire data; ``path`` names the position."""
+
+    def __init__(self, spec: Any, oob: list[bytes]) -> None:
+        super().__init__(spec.structs)
+        self.spec = spec
+        self.oob = oob
+
+    def back(self, expr: TypeExpr, raw: Any, path: str) -> Any:
+        return None if raw is None else self.visit(expr, raw, path)
+
+    def visit_union(self, expr: TypeExpr, raw: Any, path: str) -> Any:
+        return self.back(_wire_member(raw, expr, self.spec), raw, path)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, raw: Any, path: str) -> Any:
         names = [f.name for f in item.fields]
         if item.encoding in ("array", "tuple"):
             if not isinstance(raw, list):
@@ -263,34 +306,49 @@ def _back(raw: Any, expr: TypeExpr, spec: Any, oob: list[bytes], path: str) -> A
         out = {}
         for fld in item.fields:
             if fld.name in pairs:
-                out[fld.name] = _back(pairs[fld.name], parse_type(fld.type), spec, oob,
-                                      f"{path}.{fld.name}")
+                out[fld.name] = self.back(parse_type(fld.type), pairs[fld.name],
+                                          f"{path}.{fld.name}")
             elif not fld.required:
                 out[fld.name] = default_of(fld)
             else:
                 raise WireShapeError(f"{path}: {item.name}.{fld.name} is missing")
         return out
-    if isinstance(item, EnumSpec):
-        return raw
-    if expr.name in ("tensor", "ndarray"):
-        return _tensor_back(raw, expr.name, oob, path)
-    if expr.name in ("list", "set") or (expr.name == "tuple" and expr.variadic):
+
+    def visit_tensor(self, expr: TypeExpr, raw: Any, path: str) -> Any:
+        return _tensor_back(raw, expr.name, self.oob, path)
+
+    visit_ndarray = visit_tensor
+
+    def visit_list(self, expr: TypeExpr, raw: Any, path: str) -> Any:
         if not isinstance(raw, list):
             raise WireShapeError(f"{path}: expected an array, got {type(raw).__name__}")
-        items = [_back(v, expr.args[0], spec, oob, f"{path}[{i}]") for i, v in enumerate(raw)]
+        items = [self.back(expr.args[0], v, f"{path}[{i}]") for i, v in enumerate(raw)]
         return set(items) if expr.name == "set" else items
-    if expr.name == "tuple":
+
+    visit_set = visit_list
+
+    def visit_tuple(self, expr: TypeExpr, raw: Any, path: str) -> Any:
+        if expr.variadic:
+            return self.visit_list(expr, raw, path)
         if not isinstance(raw, list) or len(raw) != len(expr.args):
             raise WireShapeError(f"{path}: expected an array of {len(expr.args)}")
-        return [_back(v, a, spec, oob, f"{path}[{i}]")
+        return [self.back(a, v, f"{path}[{i}]")
                 for i, (v, a) in enumerate(zip(raw, expr.args, strict=True))]
-    if expr.name == "dict":
+
+    def visit_dict(self, expr: TypeExpr, raw: Any, path: str) -> Any:
         if not isinstance(raw, dict):
             raise WireShapeError(f"{path}: expected a map, got {type(raw).__name__}")
-        return {k: _back(v, expr.args[1], spec, oob, f"{path}.{k}") for k, v in raw.items()}
-    if isinstance(raw, msgspec.msgpack.Ext):
+        return {k: self.back(expr.args[1], v, f"{path}.{k}") for k, v in raw.items()}
+
+    def _as_is(self, expr: TypeExpr, raw: Any, path: str) -> Any:
+        """Scalars, enums, untyped and nested-tensor data stay the wire value."""
         return raw
-    return raw
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _as_is
+    visit_any = visit_slice = visit_nested_tensors = _as_is
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, raw: Any, path: str) -> Any:
+        return raw
 
 
 def _wire_member(raw: Any, expr: TypeExpr, spec: Any) -> TypeExpr:

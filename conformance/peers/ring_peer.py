@@ -36,13 +36,15 @@ from typing import Any
 import zmq
 
 from enginewire.conformance.targets.contract import RingHandle
+from enginewire.spec import load
 
-OOB_MIN_BYTES = 1024 * 1024
+_CONSTANTS = load().surface("ring").constants
+OOB_MIN_BYTES: int = _CONSTANTS["oob_threshold_bytes"]
 #: 1 byte overflow flag + 2 bytes count, then 4 bytes per buffer.
-FRAME_HEADER = 3
-LENGTH_PREFIX = 4
-READY = b"READY"
-NOTIFY = b"\x00"
+FRAME_HEADER: int = _CONSTANTS["in_ring_header_bytes"]
+LENGTH_PREFIX: int = _CONSTANTS["buffer_length_bytes"]
+READY: bytes = _CONSTANTS["ready_message"].encode()
+NOTIFY = bytes.fromhex(_CONSTANTS["notify_message_hex"])
 POLL_S = 0.0005
 
 _HAS_TRACK = "track" in inspect.signature(shared_memory.SharedMemory.__init__).parameters

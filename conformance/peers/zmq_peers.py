@@ -27,18 +27,32 @@ from typing import Any
 import msgspec
 import zmq
 
-from enginewire.conformance.oracle.wire import expected_wire, from_wire, raw_decode
+from enginewire.conformance.oracle.wire import (
+    THRESHOLD_DEFAULT,
+    expected_wire,
+    from_wire,
+    raw_decode,
+)
+from enginewire.spec import load
 
-ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
-TYPE_BYTES = {"add": b"\x00", "abort": b"\x01", "start_dp_wave": b"\x02", "utility": b"\x03"}
+#: The engine's dying words, the literal frame of the engine_core_dead message (frames.toml).
+ENGINE_CORE_DEAD = bytes.fromhex(next(
+    m.frames[0].literal_hex or "" for m in load().surface("frames").messages
+    if m.kind == "engine_core_dead"))
+#: message kind -> its request type byte (request_types.toml, the on-wire types).
+TYPE_BYTES = {t.message: bytes([t.byte])
+              for t in load().surface("request_types").types if t.on_wire and t.message}
 
 
 def identity_of(rank: int) -> bytes:
-    """The engine identity the spec prescribes: the rank as 2 bytes little-endian."""
-    return rank.to_bytes(2, "little")
+    """The engine identity the spec prescribes: the rank in the identity surface's width and
+    byte order (2 bytes little-endian)."""
+    identity = load().surface("identity")
+    return rank.to_bytes(identity.width, identity.byteorder)
 
 
-def encode(value: Any, type_text: str, spec: Any, threshold: int = 256) -> list[bytes]:
+def encode(value: Any, type_text: str, spec: Any,
+           threshold: int = THRESHOLD_DEFAULT) -> list[bytes]:
     """``value`` as the spec's frames: ``[msgpack, oob...]``."""
     form = expected_wire(value, type_text, spec, threshold=threshold)
     return [msgspec.msgpack.encode(form.value), *form.oob]

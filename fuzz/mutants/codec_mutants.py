@@ -55,7 +55,8 @@ class SwappedTypeBytes(ReferenceCodec):
     ``vllm/v1/engine/__init__.py``.
     """
 
-    SWAP = {b"\x00": b"\x01", b"\x01": b"\x00"}
+    SWAP = {load().request_type_byte("ADD"): load().request_type_byte("ABORT"),
+            load().request_type_byte("ABORT"): load().request_type_byte("ADD")}
 
     def _swap(self, frames: Sequence[Any]) -> list[Any]:
         out = list(frames)

@@ -21,18 +21,22 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from enginewire.spec import load
+
 from ..errors import RingError
+
+_CONSTANTS = load().surface("ring").constants
 
 #: Byte 0 of an in-ring chunk.
 IN_RING = 0
 #: Byte 0 of an overflow chunk.
 OVERFLOW = 1
-#: Overflow byte plus the 2-byte buffer count.
-HEADER_BYTES = 3
+#: Overflow byte plus the 2-byte buffer count (ring.constants).
+HEADER_BYTES: int = _CONSTANTS["in_ring_header_bytes"]
 #: Width of the big-endian length in front of every buffer.
-LENGTH_BYTES = 4
+LENGTH_BYTES: int = _CONSTANTS["buffer_length_bytes"]
 #: The base of vLLM's overflow test: 2 count bytes plus the main buffer's 4 length bytes.
-OVERFLOW_BASE = 6
+OVERFLOW_BASE: int = _CONSTANTS["overflow_total_base"]
 MAX_BUFFERS = 0xFFFF
 MAX_BUFFER_BYTES = 0xFFFFFFFF
 

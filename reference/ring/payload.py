@@ -30,11 +30,13 @@ from typing import Any, Protocol
 
 import msgspec
 
+from enginewire.spec import load
+
 from ..errors import PayloadError
 from .framing import Buffer
 
 #: PickleBuffers of at least this many bytes travel out of band.
-OOB_THRESHOLD_BYTES = 1024 * 1024
+OOB_THRESHOLD_BYTES: int = load().surface("ring").constants["oob_threshold_bytes"]
 #: The module holding vLLM's tensor rebuild function.
 VLLM_SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 VLLM_REBUILD_NAME = "_rebuild_tensor"

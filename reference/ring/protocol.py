@@ -14,16 +14,10 @@ Every method is one non-blocking step; the caller loops (and waits) around them:
     ... write chunk `index` ...                    try: ... read chunk `index` ...
     writer.commit()                                finally: reader.release()
 
-The chunk states (``states`` table of ``spec/data/ring.toml``), for n_reader = 3:
-
-=============  ==============  =========  ==========
-state          flags           can read   can write
-=============  ==============  =========  ==========
-NOT_WRITTEN    ``0...``        no         yes
-WRITTEN        ``1000``        yes        no
-PARTLY_READ    ``1?1?``        if own 0   no
-READ_BY_ALL    ``1111``        no         yes
-=============  ==============  =========  ==========
+The chunk states are the ``states`` table of ``spec/data/ring.toml`` (not-written ``0...``,
+written ``1000``, partly-read, read-by-all ``1111`` for n_reader = 3): :class:`ChunkState` has
+one member per row, named after the row (``not-written`` -> ``NOT_WRITTEN``), its value the
+row's flag pattern, ``can_write`` the row's ``can_write``.
 """
 
 from __future__ import annotations
@@ -33,6 +27,8 @@ import os
 import threading
 from collections.abc import Callable
 from typing import Protocol
+
+from enginewire.spec import load
 
 from ..errors import RingError
 from .framing import Buffer
@@ -113,17 +109,24 @@ class BytearrayMemory:
         os.sched_yield()
 
 
-class ChunkState(enum.Enum):
-    """The four states of a chunk's metadata row (``states`` in ``spec/data/ring.toml``)."""
+_STATES = load().chunk_states()
+_CAN_WRITE = {state.pattern: state.can_write for state in _STATES}
 
-    NOT_WRITTEN = "0..."
-    WRITTEN = "1000"
-    PARTLY_READ = "1?1?"
-    READ_BY_ALL = "1111"
 
+class _ChunkStateBase(enum.Enum):
     @property
     def can_write(self) -> bool:
-        return self in (ChunkState.NOT_WRITTEN, ChunkState.READ_BY_ALL)
+        """The writer may claim a chunk in this state (the state's ``can_write``)."""
+        return _CAN_WRITE[self.value]
+
+
+#: The states of a chunk's metadata row, one member per row of the spec's ``states`` table:
+#: NOT_WRITTEN, WRITTEN, PARTLY_READ, READ_BY_ALL.
+ChunkState = _ChunkStateBase(  # type: ignore[call-overload]
+    "ChunkState",
+    [(state.name.upper().replace("-", "_"), state.pattern) for state in _STATES],
+    module=__name__,
+)
 
 
 def classify(row: Buffer) -> ChunkState:

@@ -45,6 +45,8 @@ from typing import Any
 import zmq
 from zmq.backend import Socket as BackendSocket
 
+from enginewire.spec import load
+
 from ..addresses import ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
 from .framing import Buffer, decode_chunk, needs_overflow, single_buffer, write_chunk
@@ -54,16 +56,17 @@ from .protocol import RingReader, RingWriter
 from .shm import ShmMemory, ShmSegment
 from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin
 
-#: vLLM's ``MessageQueue`` defaults.
-MAX_CHUNK_BYTES_DEFAULT = 24 * 1024 * 1024
-MAX_CHUNKS_DEFAULT = 10
+_CONSTANTS = load().surface("ring").constants
+#: vLLM's ``MessageQueue`` defaults (ring.constants).
+MAX_CHUNK_BYTES_DEFAULT: int = _CONSTANTS["max_chunk_bytes_default"]
+MAX_CHUNKS_DEFAULT: int = _CONSTANTS["max_chunks_default"]
 #: A busy reader drains its notify socket at least this often (libzmq queues a command per
 #: notification until the socket is polled).
-NOTIFY_POLL_INTERVAL_S = 2.0
-NOTIFY_MESSAGE = b"\x00"
-READY_MESSAGE = b"READY"
+NOTIFY_POLL_INTERVAL_S: float = _CONSTANTS["notify_poll_interval_s"]
+NOTIFY_MESSAGE = bytes.fromhex(_CONSTANTS["notify_message_hex"])
+READY_MESSAGE: bytes = _CONSTANTS["ready_message"].encode()
 #: The first byte of an XPUB subscription message (0 unsubscribes).
-SUBSCRIBE_BYTE = 1
+SUBSCRIBE_BYTE: int = bytes.fromhex(_CONSTANTS["subscribe_message_hex"])[0]
 
 
 def _is_ipv6(host: str) -> bool:

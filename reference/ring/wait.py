@@ -27,10 +27,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from enginewire.spec import load
+
 from ..errors import ProtocolTimeout
 
 #: An idle reader re-reads the flags at least this often, notification or not.
-READER_RECHECK_INTERVAL_S = 5.0
+READER_RECHECK_INTERVAL_S: float = (
+    load().surface("ring").constants["reader_recheck_interval_ms"] / 1000)
 
 
 @dataclass(frozen=True)

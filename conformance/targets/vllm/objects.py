@@ -38,7 +38,7 @@ from enginewire.conformance.oracle.values import build, import_class
 from enginewire.reference.tensors import WireTensor
 from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
 
 #: Spec types vLLM holds in a container class of its own (module:QualName).
 CONTAINER_CLASSES = {
@@ -74,34 +74,7 @@ class VllmObjects:
         expr = parse_type(type_text) if isinstance(type_text, str) else type_text
         if value is None:
             return None
-        if expr.name == "union":
-            return self.convert(value, self._member(value, expr))
-        item = self.spec.structs.get(expr.name)
-        if isinstance(item, StructSpec):
-            return self._struct(value, item)
-        if isinstance(item, EnumSpec):
-            return self.vllm_class(item.name)(value.value if isinstance(value, enum.Enum)
-                                              else value)
-        if expr.name == "tensor" and isinstance(value, WireTensor):
-            return value.to_torch()
-        if expr.name == "nested_tensors":
-            if isinstance(value, list | tuple):
-                return [self.convert(v, expr) for v in value]
-            return value.to_torch() if isinstance(value, WireTensor) else value
-        if expr.name in ("list", "set") or (expr.name == "tuple" and expr.variadic):
-            items = [self.convert(v, expr.args[0]) for v in value]
-            if expr.name == "set":
-                # Same elements in the same order, so the encoded arrays are byte-identical.
-                return value.copy() if items == list(value) else set(items)
-            return tuple(items) if expr.name == "tuple" else items
-        if expr.name == "tuple":
-            return tuple(self.convert(v, a) for v, a in zip(value, expr.args, strict=True))
-        if expr.name == "dict":
-            converted = {self.convert(k, expr.args[0]): self.convert(v, expr.args[1])
-                         for k, v in value.items()}
-            container = CONTAINER_CLASSES.get(str(expr))
-            return import_class(container)(converted) if container else converted
-        return value
+        return _Convert(self).visit(expr, value)
 
     def _member(self, value: Any, expr: TypeExpr) -> TypeExpr:
         """The union member a reference value belongs to."""
@@ -191,3 +164,53 @@ def converter(version: str | None = None) -> VllmObjects:
 def to_vllm(value: Any, type_text: str | TypeExpr, version: str | None = None) -> Any:
     """``value`` rebuilt from vLLM's classes without their validation (see module docs)."""
     return converter(version).convert(value, type_text)
+
+
+class _Convert(TypeVisitor[Any]):
+    """One step of :meth:`VllmObjects.convert`: nested values go back through ``convert``."""
+
+    def __init__(self, objects: Any) -> None:
+        super().__init__(objects.spec.structs)
+        self.objects = objects
+
+    def visit_union(self, expr: TypeExpr, value: Any) -> Any:
+        return self.objects.convert(value, self.objects._member(value, expr))
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, value: Any) -> Any:
+        return self.objects._struct(value, item)
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, value: Any) -> Any:
+        return self.objects.vllm_class(item.name)(
+            value.value if isinstance(value, enum.Enum) else value)
+
+    def visit_tensor(self, expr: TypeExpr, value: Any) -> Any:
+        return value.to_torch() if isinstance(value, WireTensor) else value
+
+    def visit_nested_tensors(self, expr: TypeExpr, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return [self.objects.convert(v, expr) for v in value]
+        return value.to_torch() if isinstance(value, WireTensor) else value
+
+    def visit_list(self, expr: TypeExpr, value: Any) -> Any:
+        if expr.name == "tuple" and not expr.variadic:
+            return tuple(self.objects.convert(v, a)
+                         for v, a in zip(value, expr.args, strict=True))
+        items = [self.objects.convert(v, expr.args[0]) for v in value]
+        if expr.name == "set":
+            # Same elements in the same order, so the encoded arrays are byte-identical.
+            return value.copy() if items == list(value) else set(items)
+        return tuple(items) if expr.name == "tuple" else items
+
+    visit_set = visit_tuple = visit_list
+
+    def visit_dict(self, expr: TypeExpr, value: Any) -> Any:
+        converted = {self.objects.convert(k, expr.args[0]): self.objects.convert(v, expr.args[1])
+                     for k, v in value.items()}
+        container = CONTAINER_CLASSES.get(str(expr))
+        return import_class(container)(converted) if container else converted
+
+    def _as_is(self, expr: TypeExpr, value: Any) -> Any:
+        return value
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = visit_none = _as_is
+    visit_any = visit_slice = visit_ndarray = _as_is

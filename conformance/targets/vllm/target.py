@@ -29,20 +29,17 @@ from enginewire.spec import load
 
 #: Message kinds on the input channel: kind -> (type byte, payload type).
 INPUT_KINDS = {
-    "add": (b"\x00", "EngineCoreRequest"),
-    "abort": (b"\x01", None),
-    "start_dp_wave": (b"\x02", None),
-    "utility": (b"\x03", None),
+    t.message: (bytes([t.byte]), "EngineCoreRequest" if t.name == "ADD" else None)
+    for t in load().surface("request_types").types if t.on_wire and t.message
 }
-ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
-#: Single-frame literals: kind -> bytes (vllm/v1/engine/coordinator.py:247-254,
-#: vllm/v1/engine/core.py:1981, vllm/v1/engine/core_client.py stats subscription).
+#: Single-frame literals: kind -> bytes (frames.toml, the messages made of one literal frame:
+#: engine_core_dead, coordinator_subscribe, coordinator_ready, stats_subscribe).
 LITERAL_KINDS = {
-    "engine_core_dead": ENGINE_CORE_DEAD,
-    "coordinator_subscribe": b"\x01",
-    "coordinator_ready": b"READY",
-    "stats_subscribe": b"\x01",
+    message.kind: bytes.fromhex(message.frames[0].literal_hex or "")
+    for message in load().surface("frames").messages
+    if len(message.frames) == 1 and message.frames[0].content == "literal"
 }
+ENGINE_CORE_DEAD = LITERAL_KINDS["engine_core_dead"]
 #: Plain msgspec payloads of the coordinator channels (vllm/v1/engine/coordinator.py:288-456).
 PLAIN_KINDS = ("stats_update", "scale_elastic_ep")
 #: Kinds carried as an EngineCoreOutputs payload (vllm/v1/engine/core.py:2078-2100).
