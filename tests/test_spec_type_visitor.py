@@ -11,9 +11,9 @@ import pytest
 import enginewire.conformance.oracle.samples as samples
 import enginewire.conformance.oracle.values as values
 import enginewire.conformance.oracle.wire as wire
+import enginewire.conformance.targets.vllm.objects as vllm_objects
 import enginewire.fuzz.mutations as mutations
 import enginewire.fuzz.strategies as strategies
-import enginewire.fuzz.vllm_objects as vllm_objects
 import enginewire.reference.codec as codec
 import enginewire.reference.structs as structs
 import enginewire.spec.loader as loader
@@ -39,7 +39,7 @@ WALKERS = {
     "enginewire.conformance.oracle.samples": {"Sampler"},
     "enginewire.fuzz.strategies": {"_StrategyOf"},
     "enginewire.fuzz.mutations": {"_Inside", "_MsgpackKinds"},
-    "enginewire.fuzz.vllm_objects": {"_Convert"},
+    "enginewire.conformance.targets.vllm.objects": {"_Convert"},
     "enginewire.reference.structs": {"_Annotation"},
     "enginewire.reference.codec": {"_Child"},
     "enginewire.spec.loader": {"_DefaultProblem"},
