@@ -39,7 +39,7 @@ from .schema import (
     SurfaceHeader,
 )
 from .types import TypeExpr, TypeSyntaxError, parse_type
-from .versions import VersionError, VersionRange
+from .versions import VersionError, VersionRange, parse_version
 
 #: The vLLM release the spec files describe completely.
 REFERENCE_VLLM_VERSION = "0.33.0"
@@ -66,6 +66,10 @@ class SpecError(ValueError):
         if field:
             where += f" field {field}"
         super().__init__(f"{where}: {message}")
+
+
+class UnknownVersionError(SpecError):
+    """The version asked for is not one of the releases the spec was derived from."""
 
 
 @dataclass(frozen=True)
@@ -337,14 +341,16 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec,
         if len(set(values)) != len(values):
             raise SpecError(file, "duplicate enum values", field="members")
         return
-    seen: set[str] = set()
-    defaulted_before: str | None = None
+    seen: dict[str, list[VersionRange]] = {}
+    defaulted_before: list[FieldSpec] = []
     for index, fld in enumerate(spec.fields):
         where = f"fields[{index}] ({fld.name})"
-        if fld.name in seen:
-            raise SpecError(file, "duplicate field name", field=where)
-        seen.add(fld.name)
         _check_range(file, fld.versions, clause=None, field=where + ".versions")
+        own = _field_range(spec, fld)
+        if any(own.overlaps(other) for other in seen.get(fld.name, [])):
+            raise SpecError(file, "duplicate field name (entries of one name need versions "
+                                  "ranges that do not overlap)", field=where)
+        seen.setdefault(fld.name, []).append(own)
         if fld.source is not None:
             _check_source(file, fld.source, clause=None, field=where + ".source")
         try:
@@ -363,14 +369,21 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec,
         _check_default(file, where, fld, expr, structs)
         if spec.encoding == "array":
             if has_default:
-                defaulted_before = defaulted_before or fld.name
-            elif defaulted_before is not None:
-                raise SpecError(
-                    file,
-                    f"required field after defaulted field {defaulted_before!r} in an array "
-                    "encoding",
-                    field=where,
-                )
+                defaulted_before.append(fld)
+            else:
+                clash = next((d for d in defaulted_before
+                              if _field_range(spec, d).overlaps(own)), None)
+                if clash is not None:
+                    raise SpecError(
+                        file,
+                        f"required field after defaulted field {clash.name!r} in an array "
+                        "encoding",
+                        field=where,
+                    )
+
+
+def _field_range(spec: StructSpec, fld: FieldSpec) -> VersionRange:
+    return VersionRange.parse(fld.versions or spec.versions)
 
 
 def _restrict(spec: StructSpec | EnumSpec, version: str) -> StructSpec | EnumSpec:
@@ -409,7 +422,27 @@ def load(version: str | None = None, data_dir: Path | str | None = None) -> Spec
     whose version range excludes ``version`` are left out of the result.
     """
     version = version or REFERENCE_VLLM_VERSION
-    return _load_cached(version, str(Path(data_dir) if data_dir else DATA_DIR))
+    root = Path(data_dir) if data_dir else DATA_DIR
+    _check_known_version(root, version)
+    return _load_cached(version, str(root))
+
+
+def _check_known_version(root: Path, version: str) -> None:
+    """Raise :class:`UnknownVersionError` unless ``version`` is one of the releases listed in
+    ``history/releases.toml`` (a data directory without that file accepts any version)."""
+    from .history.wheels import RELEASES_FILE, read_releases
+
+    try:
+        wanted = parse_version(version)
+    except VersionError as exc:
+        raise UnknownVersionError(str(RELEASES_FILE), str(exc)) from None
+    releases = read_releases(root)
+    if releases and wanted not in {parse_version(r) for r in releases}:
+        raise UnknownVersionError(
+            str(RELEASES_FILE),
+            f"vLLM {version} is not a release the spec was derived from "
+            f"({releases[0]} to {releases[-1]}, {len(releases)} releases: "
+            "`enginewire spec releases` lists them)")
 
 
 @lru_cache(maxsize=8)
