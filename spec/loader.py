@@ -449,26 +449,62 @@ def _check_known_version(root: Path, version: str) -> None:
 def _load_cached(version: str, data_dir: str) -> Spec:
     root = Path(data_dir)
     surfaces: dict[str, SurfaceHeader] = {}
-    seen_clauses: dict[str, str] = {}
     clause_refs: dict[str, ClauseRef] = {}
-    for surface, schema in SURFACE_SCHEMAS.items():
-        path = root / f"{surface}.toml"
+    surface_paths = [root / f"{surface}.toml" for surface in SURFACE_SCHEMAS]
+    for path in surface_paths:
         if not path.exists():
             raise SpecError(path.name, "surface file is missing")
+    surface_stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                          for p in surface_paths)
+    parsed_surfaces, seen_clauses = _parsed_surfaces(data_dir, surface_stamp)
+    for surface, parsed in parsed_surfaces.items():
+        path = root / f"{surface}.toml"
+        active = [c for c in parsed.clauses if _in_range(c.versions, version)]
+        surfaces[surface] = msgspec.structs.replace(parsed, clauses=active)
+        for clause in active:
+            clause_refs[clause.id] = ClauseRef(surface, path.name, clause)
+
+    paths = sorted((root / "structs").glob("*.toml"))
+    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+    structs = _parsed_structs(data_dir, stamp)
+
+    all_ids = set(seen_clauses)
+    for surface in surfaces.values():
+        _check_surface_refs(f"{surface.surface}.toml", surface, all_ids)
+
+    active_structs = {
+        name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
+    }
+    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)
+
+
+@lru_cache(maxsize=4)
+def _parsed_surfaces(data_dir: str, stamp: tuple[tuple[str, int, int], ...]
+                     ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every surface file, validated, and clause id -> file (``stamp`` keys the cache)."""
+    surfaces: dict[str, Any] = {}
+    seen_clauses: dict[str, str] = {}
+    for surface, schema in SURFACE_SCHEMAS.items():
+        path = Path(data_dir) / f"{surface}.toml"
         raw = _read_toml(path)
         parsed = _decode(path, raw, schema)
         if parsed.surface != surface:
             raise SpecError(path.name, f"surface must be {surface!r}", field="surface")
         _check_range(path.name, parsed.versions, clause=None, field="versions")
         _check_clauses(path.name, surface, parsed.clauses, seen_clauses)
-        active = [c for c in parsed.clauses if _in_range(c.versions, version)]
-        surfaces[surface] = msgspec.structs.replace(parsed, clauses=active)
-        for clause in active:
-            clause_refs[clause.id] = ClauseRef(surface, path.name, clause)
+        surfaces[surface] = parsed
+    return surfaces, seen_clauses
 
+
+@lru_cache(maxsize=4)
+def _parsed_structs(data_dir: str, stamp: tuple[tuple[str, int, int], ...]
+                    ) -> dict[str, StructSpec | EnumSpec]:
+    """Every struct file of ``data_dir``, validated, for all versions at once (``stamp``, the
+    files' names, mtimes and sizes, keys the cache: loading every release parses them once)."""
     structs: dict[str, StructSpec | EnumSpec] = {}
     struct_files: dict[str, str] = {}
-    for path in sorted((root / "structs").glob("*.toml")):
+    for name, _mtime, _size in stamp:
+        path = Path(data_dir) / "structs" / name
         raw = _read_toml(path)
         schema = EnumSpec if raw.get("kind") == "enum" else StructSpec
         parsed = _decode(path, raw, schema)
@@ -479,12 +515,4 @@ def _load_cached(version: str, data_dir: str) -> Spec:
         struct_files[parsed.name] = f"structs/{path.name}"
     for name, parsed in structs.items():
         _check_struct(struct_files[name], parsed, structs)
-
-    all_ids = set(seen_clauses)
-    for surface in surfaces.values():
-        _check_surface_refs(f"{surface.surface}.toml", surface, all_ids)
-
-    active_structs = {
-        name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
-    }
-    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)
+    return structs

@@ -32,9 +32,22 @@ from typing import Any
 
 import msgspec
 
-from ..loader import Spec, load
+from ..loader import REFERENCE_VLLM_VERSION, Spec, load
 from ..schema import EnumSpec, StructSpec
 from ..types import TypeExpr, parse_type
+
+_SPECS: dict[tuple[str, str], Spec] = {}
+
+
+def spec_for(version: str, data_dir: Path | None = None) -> Spec:
+    """``load(version)``, kept for the process: comparisons over every release load each
+    release once (the loader's own cache holds a few)."""
+    key = (version, str(data_dir))
+    found = _SPECS.get(key)
+    if found is None:
+        found = _SPECS[key] = load(version, data_dir)
+    return found
+
 
 SEVERITY = {"identical": 0, "compatible": 1, "silent": 2, "rejected": 3, "absent": 4}
 SIDES = {"frontend": "front end", "engine": "engine"}
@@ -253,9 +266,9 @@ def _verdict(findings: list[Finding]) -> str:
 
 def predict(frontend: str, engine: str) -> list[MessageVerdict]:
     """One verdict per message kind of the frames surface, in its direction."""
-    specs = {"frontend": load(frontend), "engine": load(engine)}
+    specs = {"frontend": spec_for(frontend), "engine": spec_for(engine)}
     versions = {"frontend": frontend, "engine": engine}
-    reference = load()
+    reference = spec_for(REFERENCE_VLLM_VERSION)
     out: list[MessageVerdict] = []
     for message in reference.surface("frames").messages:
         writer = message.sender if message.sender in specs else None
@@ -387,7 +400,7 @@ def confirm(verdict: MessageVerdict, frontend: str, engine: str) -> None:
     except ValueError:
         verdict.confirmation = "not run: no single payload type"
         return
-    wspec = load(writer_version)
+    wspec = spec_for(writer_version)
     if expr.name not in wspec.structs or not isinstance(wspec.structs[expr.name], StructSpec):
         verdict.confirmation = "not run: the payload is no struct"
         verdict.confirmed = None
