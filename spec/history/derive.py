@@ -449,6 +449,10 @@ def derive(data_dir: Path, wheels: dict[str, Path], log: Callable[[str], None] =
     histories = [derive_struct(item, releases) for item in structs.values()]
     write_releases(data_dir, [r.version for r in releases], skipped)
     write_history(data_dir, releases, histories)
+    from .breaks import find_changes, write_changes
+
+    ordered = sorted((r.version for r in releases), key=parse_version)
+    write_changes(data_dir, find_changes(data_dir, ordered))
     return histories
 
 
