@@ -14,6 +14,8 @@ import importlib
 import inspect
 import re
 import sys
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,19 +43,55 @@ class MatchResult:
 
 def describe_struct(cls: type) -> tuple[str, list[tuple[str, str]]]:
     """(encoding, [(field, type)]) of a msgspec Struct class, types in the spec grammar."""
-    from ..drift import _Describer
-
-    describer = _Describer()
     encoding = "array" if cls.__struct_config__.array_like else "map"  # type: ignore[attr-defined]
-    hints = msgspec.structs.fields(cls)
     fields = []
-    for info in hints:
+    for info in msgspec.structs.fields(cls):
         try:
-            text = describer.type_expr(info.type, {})
+            text = annotation_type(info.type)
         except TypeError:
             text = "any"
         fields.append((info.name, _canonical(parse_type(text))))
     return encoding, fields
+
+
+def annotation_type(annotation: Any) -> str:
+    """A runtime annotation in the spec grammar (no torch or numpy import: their array types
+    are recognised by module and name)."""
+    if annotation is None or annotation is type(None):
+        return "none"
+    if annotation is Any:
+        return "any"
+    simple = {str: "str", int: "int", float: "float", bool: "bool", bytes: "bytes",
+              slice: "slice"}
+    if annotation in simple:
+        return simple[annotation]
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(annotation_type(a) for a in args)
+    if origin is typing.Annotated:
+        return annotation_type(args[0])
+    if origin in (list, set, frozenset):
+        name = "list" if origin is list else "set"
+        return f"{name}[{annotation_type(args[0]) if args else 'any'}]"
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"tuple[{annotation_type(args[0])}, ...]"
+        return "tuple[" + ", ".join(annotation_type(a) for a in args) + "]" if args \
+            else "tuple[any, ...]"
+    if origin is dict:
+        return f"dict[{annotation_type(args[0])}, {annotation_type(args[1])}]" if args \
+            else "dict[any, any]"
+    if annotation in (list, set, dict, tuple):
+        return {list: "list[any]", set: "set[any]", dict: "dict[any, any]",
+                tuple: "tuple[any, ...]"}[annotation]
+    if isinstance(annotation, type):
+        module = annotation.__module__.split(".")[0]
+        if module == "torch" and annotation.__name__ == "Tensor":
+            return "tensor"
+        if module == "numpy" and annotation.__name__ == "ndarray":
+            return "ndarray"
+        return annotation.__name__
+    raise TypeError(f"no spec type for annotation {annotation!r}")
 
 
 def spec_layout(spec_struct: StructSpec) -> tuple[str, list[tuple[str, str]]]:
