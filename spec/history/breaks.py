@@ -106,7 +106,8 @@ def _enum_change(name: str, old: EnumSpec, new: EnumSpec, a: str, b: str) -> Cha
     new_by_value = {m.value: m.name for m in new.members}
     moved = [n for n, v in old_map.items() if n in new_map and new_map[n] != v]
     renamed = [(n, new_by_value[v]) for n, v in old_map.items()
-               if v in new_by_value and new_by_value[v] != n and n not in new_map]
+               if v in new_by_value and new_by_value[v] != n and n not in new_map
+               and new_by_value[v] in old_map]
     removed = [n for n in old_map if n not in new_map and (n, None) not in renamed]
     if not (moved or renamed or removed):
         return None
@@ -115,6 +116,8 @@ def _enum_change(name: str, old: EnumSpec, new: EnumSpec, a: str, b: str) -> Cha
     # Confirm: each old member's value, encoded, decoded by the new enum.
     evidence = []
     for member, value in old_map.items():
+        if member not in new_map and new_by_value.get(value) not in (None, *old_map):
+            continue  # renamed in place: the same value, a name the old enum lacks
         data = msgspec.msgpack.encode(value)
         decoded = msgspec.msgpack.decode(data)
         meaning = new_by_value.get(decoded)
@@ -140,7 +143,12 @@ def _table_changes(data_dir: Path, releases: list[str]) -> list[Change]:
                 continue
             new_by_code = {v: k for k, v in new.items()}
             evidence = []
+            renamed = [f"{name} -> {new_by_code[code]}" for name, code in old.items()
+                       if name not in new and code in new_by_code
+                       and new_by_code[code] not in old]
             for name, code in old.items():
+                if name not in new and new_by_code.get(code) not in old:
+                    continue  # renamed in place (same code, a name the old table lacks)
                 frame = msgspec.msgpack.encode(msgspec.msgpack.Ext(code, b"x")
                                                if table == "ext_codes" else bytes([code]))
                 decoded = msgspec.msgpack.decode(frame)
@@ -148,9 +156,10 @@ def _table_changes(data_dir: Path, releases: list[str]) -> list[Change]:
                 meaning = new_by_code.get(got)
                 if meaning != name:
                     evidence.append(f"{name}={code} is {meaning or 'unknown'} to {b}")
-            kinds = ["renumbered code"] if evidence else ["addition"]
+            kinds = ["renumbered code"] if evidence else ["rename"] if renamed else ["addition"]
             out.append(Change(table, a, b, kinds, f"{old} -> {new}", bool(evidence),
-                              "; ".join(evidence) or "every old code keeps its meaning"))
+                              "; ".join(evidence) or "every old code keeps its meaning"
+                              + (f" (renamed: {', '.join(renamed)})" if renamed else "")))
     return out
 
 
