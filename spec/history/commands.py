@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction, spec_sub: argparse._SubPars
                               "history/releases.toml)")
     history.add_argument("--offline", action="store_true",
                          help="use cached wheels only, never run pip download")
+    history.add_argument("--no-extract-cache", action="store_true",
+                         help="read every wheel again, ignoring the extraction kept beside it")
     history.set_defaults(handler=cmd_history)
 
     releases = spec_sub.add_parser("releases", help="list the releases the spec knows")
@@ -85,7 +87,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     except WheelError as exc:
         print(f"enginewire spec history: error: {exc}", file=sys.stderr)
         return 1
-    histories = derive(data_dir, wheels, log=lambda m: print(m, file=sys.stderr))
+    histories = derive(data_dir, wheels, log=lambda m: print(m, file=sys.stderr),
+                       use_cache=not args.no_extract_cache)
     problems = [h for h in histories if h.problem]
     for history in problems:
         print(f"warning: {history.name}: {history.problem}", file=sys.stderr)
