@@ -59,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction, spec_sub: argparse._SubPars
     compat.add_argument("--no-confirm", action="store_true",
                         help="predict only; skip the encode/decode confirmation")
     compat.add_argument("--json", action="store_true", help="print the report as JSON")
+    compat.add_argument("--real-wheels", action="store_true",
+                        help="also encode/decode the add and outputs messages with the wheels' "
+                             "own classes (slow: minutes; a wheel that does not import is "
+                             "skipped with the reason)")
     compat.set_defaults(handler=cmd_compat)
 
 
@@ -130,5 +134,10 @@ def cmd_compat(args: argparse.Namespace) -> int:
             print(f"enginewire compat: error: vLLM {version} is not a release the spec was "
                   f"derived from ({known[0]} to {known[-1]})", file=sys.stderr)
             return 2
-    return run_compat(normal_version(args.frontend), normal_version(args.engine),
-                      confirm=not args.no_confirm, as_json=args.json)
+    status = run_compat(normal_version(args.frontend), normal_version(args.engine),
+                        confirm=not args.no_confirm, as_json=args.json)
+    if args.real_wheels:
+        from .compat import real_wheel_check
+
+        real_wheel_check(normal_version(args.frontend), normal_version(args.engine))
+    return status

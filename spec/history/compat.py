@@ -520,3 +520,21 @@ def run_matrix(releases: list[str], out: Path, *, confirm: bool = True) -> int:
     from .matrix import write_matrix
 
     return write_matrix(releases, out, confirm=confirm)
+
+
+def real_wheel_check(frontend: str, engine: str) -> None:
+    """Print what the wheels' own classes do with the add and outputs messages."""
+    from .realwheels import try_pair
+    from .wheels import default_wheel_dir, find_wheel
+
+    folder = default_wheel_dir()
+    for name, writer, reader in (("EngineCoreRequest", frontend, engine),
+                                 ("EngineCoreOutputs", engine, frontend)):
+        wheels = find_wheel(folder, writer), find_wheel(folder, reader)
+        if None in wheels:
+            print(f"real wheels {name} {writer} -> {reader}: skipped: no wheel in {folder}")
+            continue
+        wspec = spec_for(writer)
+        sample = _Sampler(wspec).struct(wspec.struct(name))
+        outcome = try_pair(wheels[0], wheels[1], name, sample)  # type: ignore[arg-type]
+        print(f"real wheels {name} {writer} -> {reader}: {outcome.outcome}: {outcome.detail}")
