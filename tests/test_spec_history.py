@@ -300,3 +300,25 @@ def test_compat_json_names_every_message(capsys) -> None:
     assert main(["compat", "0.33.0", "0.33.0", "--json", "--no-confirm"]) == 0
     kinds = {v["kind"] for v in json.loads(capsys.readouterr().out)}
     assert {"add", "outputs", "ready_response"} <= kinds
+
+
+def test_append_only_check_fails_on_an_inserted_field(monkeypatch) -> None:
+    import enginewire.spec as spec_package
+    from enginewire.conformance.checks import codec
+    from enginewire.conformance.registry import CheckFailure
+
+    codec._append_only(None, None)  # the committed spec: 0.33.0 only appends to 0.32.0
+    real_load = spec_package.load
+
+    def swapped(version=None, data_dir=None):
+        found = real_load(version, data_dir)
+        if version is not None:
+            return found
+        item = found.struct("UtilityOutput")
+        fields = [item.fields[1], item.fields[0], *item.fields[2:]]
+        structs = {**found.structs, "UtilityOutput": msgspec.structs.replace(item, fields=fields)}
+        return type(found)(found.version, found.surfaces, structs, found.clauses)
+
+    monkeypatch.setattr(spec_package, "load", swapped)
+    with pytest.raises(CheckFailure, match="UtilityOutput"):
+        codec._append_only(None, None)

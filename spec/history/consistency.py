@@ -125,3 +125,12 @@ def _check_append_only(data_dir: Path, releases: list[str], specs: dict) -> list
                                     StructSpec)):
         out.append(f"history/changes.toml lists {key}, but the struct files show no change")
     return out
+
+
+def layout_change(old: StructSpec, new: StructSpec) -> bool:
+    """Whether ``new`` is anything but ``old`` with defaulted fields appended."""
+    before = [(f.name, f.type) for f in old.fields]
+    after = [(f.name, f.type) for f in new.fields]
+    if old.encoding != new.encoding or after[:len(before)] != before:
+        return True
+    return any(f.required for f in new.fields[len(before):])
