@@ -398,16 +398,18 @@ def _load_mutant(name: str) -> Target:
     return from_object(f"mutant:{name}", registry[name])
 
 
-def load_target(text: str = "reference", commands: Sequence[str] = ()) -> Target:
+def load_target(text: str = "reference", commands: Sequence[str] = (),
+                version: str | None = None) -> Target:
     """Resolve ``--target`` text (and ``--target-cmd`` entries) to a :class:`Target`.
 
     With only commands and no explicit target text, the target is made of the commands alone.
-    Commands replace the surfaces they name on a built-in or in-process target.
+    Commands replace the surfaces they name on a built-in or in-process target. ``version``
+    makes the reference target's codec follow that vLLM release's layouts.
     """
     if text in ("reference", ""):
         from .reference_target import reference_target
 
-        target = reference_target()
+        target = reference_target(version)
     elif text == "vllm":
         from .vllm_target import vllm_target
 

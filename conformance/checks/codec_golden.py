@@ -19,7 +19,7 @@ from enginewire.conformance.golden import payload_type
 from enginewire.conformance.registry import CheckFailure, CheckSkip, Reproduction, check
 from enginewire.conformance.values import TensorValue, complete, differences, neutral
 
-from ._helpers import as_bytes
+from ._helpers import as_bytes, require_reference_version
 
 #: The clause a vector of each kind is first about (struct kinds: their layout clause).
 KIND_CLAUSES = {
@@ -83,6 +83,7 @@ def _register(vector: Any, spec: Any) -> None:
     @check(f"{base}.encode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (encode, byte-exact)")
     def _encode(codec: Any, ctx: Any) -> None:
+        require_reference_version(ctx)
         configured = _configured(codec, ctx, vector.threshold)
         try:
             frames = as_bytes(configured.encode(vector.kind, vector.value))
@@ -110,6 +111,7 @@ def _register(vector: Any, spec: Any) -> None:
     @check(f"{base}.decode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (decode)")
     def _decode(codec: Any, ctx: Any) -> None:
+        require_reference_version(ctx)
         try:
             decoded = codec.decode(vector.kind, list(vector.frames))
         except Exception as exc:  # noqa: BLE001

@@ -32,7 +32,14 @@ from enginewire.spec import load
 from enginewire.spec.schema import StructSpec
 from enginewire.spec.types import parse_type
 
-from ._helpers import decode, encode, expect_rejection, expect_value, expect_wire
+from ._helpers import (
+    decode,
+    encode,
+    expect_rejection,
+    expect_value,
+    expect_wire,
+    require_struct,
+)
 
 #: Structs that are a whole message payload (frame 0 of a message kind).
 PAYLOADS = (
@@ -108,6 +115,7 @@ def _register_struct(item: StructSpec) -> None:
     @check(f"{base}.layout", clauses=layout, surface="codec",
            description=f"{name} with every field set encodes as the spec's {encoding}")
     def _layout(codec: Any, ctx: Any) -> None:
+        require_struct(ctx, name)
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
         expect_wire(frames, value, name, ctx.spec, what=name)
@@ -117,6 +125,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}.omit-defaults", clauses=[OMIT_CLAUSE], surface="codec",
                description=f"{name} leaves fields at their default out of the map")
         def _omit(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value = Sampler(ctx.spec).required(name)
             frames = encode(codec, name, value)
             expect_wire(frames, value, name, ctx.spec, what=name, strict_omit=True)
@@ -124,6 +133,7 @@ def _register_struct(item: StructSpec) -> None:
     @check(f"{base}.round-trip", clauses=layout, surface="codec",
            description=f"{name} decodes back to the value it was encoded from")
     def _round_trip(codec: Any, ctx: Any) -> None:
+        require_struct(ctx, name)
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
         decoded = decode(codec, name, frames)
@@ -137,6 +147,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}.defaults", clauses=[DEFAULTS_CLAUSES[encoding]], surface="codec",
                description=f"{name} with only its required fields decodes with spec defaults")
         def _defaults(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value, wire = _minimal_wire(ctx.spec, name)
             frames = [msgspec.msgpack.encode(wire)]
             decoded = decode(codec, name, frames)
@@ -150,6 +161,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}.missing-required", clauses=[REQUIRED_CLAUSES[encoding]], surface="codec",
                description=f"{name} without its last required field is rejected")
         def _missing(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             spec_item = ctx.spec.struct(name)
             _, wire = _minimal_wire(ctx.spec, name)
             needed = [f.name for f in spec_item.fields if f.required]
@@ -167,6 +179,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}.extra-rejected", clauses=[TUPLE_EXTRA_CLAUSE], surface="codec",
                description=f"{name} (a tuple) with one element too many is rejected")
         def _tuple_extra(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), _full_sample(ctx.spec, name))
             expect_rejection(
                 codec, name, [msgspec.msgpack.encode([*wire, 0])], [TUPLE_EXTRA_CLAUSE, GENERAL],
@@ -178,6 +191,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}.unknown-keys", clauses=[UNKNOWN_KEYS_CLAUSE], surface="codec",
                description=f"{name} with a key it does not know decodes (the key is ignored)")
         def _unknown_keys(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value, wire = _minimal_wire(ctx.spec, name)
             wire = {**wire, "field_from_a_newer_version": [1, "x"]}
             frames = [msgspec.msgpack.encode(wire)]
@@ -191,6 +205,7 @@ def _register_struct(item: StructSpec) -> None:
                description=f"{name} with an unknown trailing element decodes (the element "
                            "is ignored)")
         def _extra(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value = Sampler(ctx.spec).required(name)
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), value)
             frames = [msgspec.msgpack.encode([*wire, "field-from-a-newer-version"])]
@@ -201,6 +216,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}.map-rejected", clauses=[TYPE_CLAUSE], surface="codec",
                description=f"{name} sent as a map instead of an array is rejected")
         def _as_map(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             spec_item = ctx.spec.struct(name)
             value = Sampler(ctx.spec).required(name)
             wire = _wire_of(ctx.spec, spec_item, value)
@@ -217,6 +233,7 @@ def _register_struct(item: StructSpec) -> None:
                    description=f"{name} whose {typed.name} has the wrong msgpack type is "
                                "rejected")
             def _wrong_type(codec: Any, ctx: Any) -> None:
+                require_struct(ctx, name)
                 spec_item = ctx.spec.struct(name)
                 value = Sampler(ctx.spec).required(name)
                 wire = _wire_of(ctx.spec, spec_item, value)
