@@ -533,8 +533,9 @@ def real_wheel_check(frontend: str, engine: str) -> None:
     from .wheels import default_wheel_dir, find_wheel
 
     folder = default_wheel_dir()
-    for name, writer, reader in (("EngineCoreRequest", frontend, engine),
-                                 ("EngineCoreOutputs", engine, frontend)):
+    predicted = {v.kind: v.verdict for v in predict(frontend, engine)}
+    for name, writer, reader, kind in (("EngineCoreRequest", frontend, engine, "add"),
+                                       ("EngineCoreOutputs", engine, frontend, "outputs")):
         wheels = find_wheel(folder, writer), find_wheel(folder, reader)
         if None in wheels:
             print(f"real wheels {name} {writer} -> {reader}: skipped: no wheel in {folder}")
@@ -542,4 +543,10 @@ def real_wheel_check(frontend: str, engine: str) -> None:
         wspec = spec_for(writer)
         sample = _Sampler(wspec, minimal=True).struct(wspec.struct(name))
         outcome = try_pair(wheels[0], wheels[1], name, sample)  # type: ignore[arg-type]
-        print(f"real wheels {name} {writer} -> {reader}: {outcome.outcome}: {outcome.detail}")
+        agrees = ""
+        if outcome.outcome != "skipped":
+            expected = "rejected" if predicted.get(kind) == "rejected" else "decoded"
+            agrees = (" (agrees with the prediction)" if outcome.outcome == expected else
+                      f" (DISAGREES with the prediction {predicted.get(kind)})")
+        print(f"real wheels {name} {writer} -> {reader}: {outcome.outcome}{agrees}: "
+              f"{outcome.detail}")
