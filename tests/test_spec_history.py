@@ -331,3 +331,11 @@ def test_check_follows_an_older_release(capsys) -> None:
     out = capsys.readouterr().out
     assert "0 failed" in out and "skipped" in out
     assert main(["check", "--version", "0.9.5"]) == 2
+
+
+def test_compat_renumbered_request_type_is_silent_and_confirmed() -> None:
+    utility = {v.kind: v for v in analyse("0.8.2", "0.8.3")}["utility"]
+    assert utility.verdict == "silent" and utility.confirmed is True
+    finding = next(f for f in utility.findings if f.path == "request type UTILITY")
+    assert (finding.writer_field, finding.reader_field) == ("UTILITY", "START_DP")
+    assert {v.kind: v for v in analyse("0.33.0", "0.7.3")}["utility"].verdict == "rejected"

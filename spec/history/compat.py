@@ -271,6 +271,46 @@ def _verdict(findings: list[Finding]) -> str:
     return max((f.kind for f in findings), key=SEVERITY.__getitem__, default="identical")
 
 
+def constants_at(version: str, table: str, data_dir: Path | None = None) -> dict[str, Any]:
+    """One table of ``history/constants.toml`` (``request_types``, ``ext_codes``, ...) as it
+    stands at ``version``; {} where the file or the table is missing."""
+    import tomllib
+
+    from ..loader import DATA_DIR
+    from ..versions import VersionRange
+
+    path = (data_dir or DATA_DIR) / "history" / "constants.toml"
+    if not path.exists():
+        return {}
+    with path.open("rb") as handle:
+        rows = tomllib.load(handle).get(table, [])
+    return next((dict(r["values"]) for r in rows if version in VersionRange.parse(r["versions"])),
+                {})
+
+
+def _request_type(walker: _Walker, name: str, writer: str, reader: str) -> None:
+    """The request-type byte ``name`` travels as at the writer, read with the reader's table."""
+    wtable = constants_at(writer, "request_types")
+    rtable = constants_at(reader, "request_types")
+    if not wtable or not rtable:
+        return
+    byte = wtable.get(name)
+    if byte is None:
+        walker.add("absent", f"request type {name}", f"release {writer} has no {name} request "
+                   "type")
+        return
+    meaning = {v: k for k, v in rtable.items()}.get(byte)
+    if meaning == name:
+        return
+    if meaning is None:
+        walker.add("rejected", f"request type {name}", f"byte {byte:#04x} is no request type to "
+                   f"{reader}: its EngineCoreRequestType(...) raises", position=0)
+    else:
+        walker.add("silent", f"request type {name}", f"byte {byte:#04x} is {name} to {writer}, "
+                   f"{meaning} to {reader}: the payload is handled as a {meaning}",
+                   position=0, writer_field=name, reader_field=meaning, passes_type_check=True)
+
+
 def predict(frontend: str, engine: str) -> list[MessageVerdict]:
     """One verdict per message kind of the frames surface, in its direction."""
     specs = {"frontend": spec_for(frontend), "engine": spec_for(engine)}
@@ -285,6 +325,8 @@ def predict(frontend: str, engine: str) -> list[MessageVerdict]:
         wspec, rspec = specs[writer], specs[reader]
         payloads = [f.payload for f in message.frames if f.payload]
         walker = _Walker(wspec, rspec)
+        if message.request_type:
+            _request_type(walker, message.request_type, versions[writer], versions[reader])
         for payload in payloads:
             names = parse_type(payload).names()
             missing = [n for n in sorted(names) if n not in wspec.structs or
@@ -397,7 +439,34 @@ def _dec_hook(_type: Any, value: Any) -> Any:
 
 def confirm(verdict: MessageVerdict, frontend: str, engine: str) -> None:
     """Encode the message's payload struct with the writer release's classes and decode it
-    with the reader's; set ``verdict.confirmed`` and ``verdict.confirmation``."""
+    with the reader's; set ``verdict.confirmed`` and ``verdict.confirmation``. A request-type
+    finding is confirmed on its own frame: the writer's byte, sent as a one-byte frame, looked
+    up in the reader's table."""
+    _confirm_payload(verdict)
+    typed = [f for f in verdict.findings if f.path.startswith("request type")]
+    if not typed:
+        return
+    writer_version = verdict.writer.rsplit(" ", 1)[1]
+    reader_version = verdict.reader.rsplit(" ", 1)[1]
+    wtable = constants_at(writer_version, "request_types")
+    rtable = {v: k for k, v in constants_at(reader_version, "request_types").items()}
+    outcomes = []
+    agree = True
+    for finding in typed:
+        name = finding.path.removeprefix("request type ")
+        if name not in wtable:
+            continue
+        frame = msgspec.msgpack.decode(msgspec.msgpack.encode(bytes([wtable[name]])))
+        meaning = rtable.get(frame[0])
+        outcome = "rejected" if meaning is None else "silent" if meaning != name else "decoded"
+        agree = agree and outcome == finding.kind
+        outcomes.append(f"request-type byte {frame[0]:#04x} read as {meaning or 'nothing'}")
+    if outcomes:
+        verdict.confirmed = agree and verdict.confirmed is not False
+        verdict.confirmation = "; ".join([*outcomes, verdict.confirmation])
+
+
+def _confirm_payload(verdict: MessageVerdict) -> None:
     from enginewire.reference.structs import build
 
     payload = verdict.payload
@@ -440,9 +509,13 @@ def confirm(verdict: MessageVerdict, frontend: str, engine: str) -> None:
             outcome, detail = "silent", f"decoded; fields with another value: {moved}"
         else:
             outcome, detail = "decoded", "decoded; every field both sides have kept its value"
+    # The request-type byte is a frame of its own: only the payload's findings predict the
+    # payload's decode.
+    payload_verdict = _verdict([f for f in verdict.findings
+                                if not f.path.startswith("request type")])
     expected = {"identical": {"decoded"}, "compatible": {"decoded"}, "silent": {"silent"},
-                "rejected": {"rejected", "silent", "decoded"}}[verdict.verdict]
-    if verdict.verdict == "rejected":
+                "rejected": {"rejected", "silent", "decoded"}}[payload_verdict]
+    if payload_verdict == "rejected":
         # A type error the sample's value avoids (an empty list, a null) decodes: only a
         # rejection of a top-level position or required key must show.
         expected = {"rejected"} if _top_level_rejection(verdict) else expected
