@@ -303,7 +303,7 @@ def _field_block(facts: FieldFacts, versions: str, structs: set[str]) -> str:
 def _raw_default(raw: str, type_text: str, structs: set[str]) -> str:
     """A JSON stand-in for a default written as code: ``Name()`` of a struct is ``{}``."""
     call = re.fullmatch(r"(\w+)\(\)", raw)
-    if call and call.group(1) in structs:
+    if call and (call.group(1) in structs or call.group(1) == type_text):
         return "{}"
     if "none" in type_text.split(" | ") or type_text == "any":
         return "null"
@@ -378,6 +378,7 @@ def derive_struct(item: SpecStruct, releases: list[ReleaseFacts]) -> StructHisto
         for entry, (_, chunk) in zip([e for e in entries if e.releases[0] == newest], current,
                                      strict=True):
             entry.block = chunk
+        entries = _split_unfit_defaults(item.name, entries, releases)
     struct_range = range_text([v for v, _ in run], newest)
     out: list[str] = []
     body_written = False
@@ -397,6 +398,48 @@ def derive_struct(item: SpecStruct, releases: list[ReleaseFacts]) -> StructHisto
     new_text = "".join(out).rstrip("\n") + "\n"
     item.path.write_text(new_text)
     return history
+
+
+def _split_unfit_defaults(struct: str, entries: list[Entry],
+                          releases: list[ReleaseFacts]) -> list[Entry]:
+    """Cut a hand-written entry whose default is an object of a struct at the first older
+    release whose struct lacks one of the object's keys; the older releases get a generated
+    entry with their own default (a hand-written default describes the newest release)."""
+    by_version = {r.version: r for r in releases}
+    out: list[Entry] = []
+    for entry in entries:
+        cut = _unfit_release(entry, by_version) if entry.block is not None else None
+        if cut is None:
+            out.append(entry)
+            continue
+        index = entry.releases.index(cut)
+        newer, older = entry.releases[:index], entry.releases[index:]
+        found = by_version[cut].classes[struct]
+        facts = next(f for f in found.fields if f.name == entry.key[0]) if found else entry.facts
+        out.append(Entry(entry.key, older, facts))
+        entry.releases = newer
+        out.append(entry)
+    return out
+
+
+def _unfit_release(entry: Entry, by_version: dict[str, ReleaseFacts]) -> str | None:
+    value = _chunk_value(entry.block or "\n")
+    default = value.get("default")
+    if default is None:
+        return None
+    try:
+        parsed = json.loads(default)
+    except json.JSONDecodeError:
+        return None
+    names = [n for n in re.findall(r"[A-Za-z_]\w*", value.get("type", ""))
+             if n[0].isupper()]
+    if not isinstance(parsed, dict) or len(names) != 1:
+        return None
+    for version in entry.releases:
+        nested = by_version[version].classes.get(names[0])
+        if nested is not None and set(parsed) - {f.name for f in nested.fields}:
+            return version
+    return None
 
 
 def _entry_text(entry: Entry, item: SpecStruct, struct_range: str, newest: str,
