@@ -339,3 +339,17 @@ def test_compat_renumbered_request_type_is_silent_and_confirmed() -> None:
     finding = next(f for f in utility.findings if f.path == "request type UTILITY")
     assert (finding.writer_field, finding.reader_field) == ("UTILITY", "START_DP")
     assert {v.kind: v for v in analyse("0.33.0", "0.7.3")}["utility"].verdict == "rejected"
+
+
+def test_consistency_check_fails_on_a_default_an_older_release_cannot_hold(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "structs" / "SchedulerStats.toml"
+    text = path.read_text()
+    broken = text.replace('versions = "0.7.3-0.31.0"\ndefault = "{}"',
+                          'versions = "0.7.3-0.31.0"\ndefault = "{\\"hits_by_source\\": {}}"')
+    assert broken != text
+    path.write_text(broken)
+    found = consistency.problems(data)
+    assert any("SchedulerStats.prefix_cache_stats at 0.7.3" in p for p in found), found

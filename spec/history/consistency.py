@@ -7,6 +7,7 @@
 - a field or member entry's range lies inside its struct's range;
 - entries of one name never overlap (the loader refuses that too);
 - in ``history/constants.toml`` each table's ranges cover every release once;
+- every default fits its field's type with the structs of each release it holds for;
 - ``history/changes.toml`` lists exactly the struct changes the struct files show between
   consecutive releases (so an array struct that changes other than by appending defaulted
   fields inside one range is always listed, with its encode/decode evidence).
@@ -43,7 +44,32 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
         except SpecError as exc:
             found.append(f"release {version} does not load: {exc}")
     found.extend(_check_append_only(data_dir, releases, specs))
+    found.extend(_check_defaults(specs))
     return found
+
+
+def _check_defaults(specs: dict) -> list[str]:
+    """Every field's default fits its type with the structs of each release it holds for (a
+    default object naming a field the nested struct of that release lacks does not)."""
+    import json
+
+    from ..loader import _default_problem
+    from ..types import parse_type
+
+    out = []
+    for version, spec in specs.items():
+        for item in spec.structs.values():
+            if not isinstance(item, StructSpec):
+                continue
+            for fld in item.fields:
+                if fld.default is None:
+                    continue
+                problem = _default_problem(json.loads(fld.default), parse_type(fld.type),
+                                           spec.structs)
+                if problem:
+                    out.append(f"{item.name}.{fld.name} at {version}: default {fld.default} "
+                               f"does not fit: {problem}")
+    return out
 
 
 def _check_ranges(file: str, raw: dict, listed: set[tuple[int, int, int]]) -> list[str]:
