@@ -35,6 +35,10 @@ def register(subparsers: Any) -> None:
         help="an external program for one surface; placeholders like {handshake} are filled "
              "in (see docs/conformance.md); may repeat",
     )
+    parser.add_argument("--version", default=None, metavar="X",
+                        help="vLLM release whose layouts the checks and the reference codec "
+                             "follow (default: the spec's reference version; `enginewire spec "
+                             "releases` lists them)")
     parser.add_argument("--surface", action="append", choices=SURFACES, default=[],
                         help="run only checks of this surface; may repeat")
     parser.add_argument("-k", "--select", action="append", default=[], metavar="GLOB",
@@ -70,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
     from enginewire.conformance.targets.contract import TargetError
     from enginewire.conformance.targets.resolve import load_target
     from enginewire.spec import load
+    from enginewire.spec.loader import UnknownVersionError
 
     dotted = [pattern for pattern in args.select if "." in pattern]
     if dotted:
@@ -77,7 +82,11 @@ def main(args: argparse.Namespace) -> int:
               f"their parts with '/' (try {dotted[0].replace('.', '/')!r}); dots are for "
               "clause IDs", file=sys.stderr)
         return 2
-    spec = load()
+    try:
+        spec = load(args.version)
+    except UnknownVersionError as exc:
+        print(f"enginewire check: {exc}", file=sys.stderr)
+        return 2
     checks = select(all_checks(), surfaces=args.surface, patterns=args.select)
 
     if args.list:
@@ -108,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
     if target_text is None:
         target_text = "none" if args.target_cmd else "reference"
     try:
-        target = load_target(target_text, args.target_cmd)
+        target = load_target(target_text, args.target_cmd, version=args.version)
     except TargetError as exc:
         print(f"enginewire check: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from .loader import REFERENCE_VLLM_VERSION, SpecError, load
+from .loader import REFERENCE_VLLM_VERSION, SpecError, UnknownVersionError, load
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,10 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="exit 1 if the pages on disk differ from a fresh rendering")
     docs.set_defaults(handler=cmd_docs)
 
+    from .history.commands import register as register_history
+
+    register_history(subparsers, spec_sub)
+
 
 def _load(args: argparse.Namespace):
     try:
         return load(args.version, args.data_dir)
+    except UnknownVersionError as exc:
+        print(f"enginewire spec: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     except SpecError as exc:
         print(f"enginewire spec: error: {exc}", file=sys.stderr)
         return None

@@ -55,7 +55,7 @@ from .schema import (
     TensorsFile,
 )
 from .types import TypeExpr, TypeSyntaxError, TypeVisitor, parse_type
-from .versions import VersionError, VersionRange
+from .versions import VersionError, VersionRange, parse_version
 
 #: The vLLM release the spec files describe completely.
 REFERENCE_VLLM_VERSION = "0.33.0"
@@ -82,6 +82,10 @@ class SpecError(ValueError):
         if field:
             where += f" field {field}"
         super().__init__(f"{where}: {message}")
+
+
+class UnknownVersionError(SpecError):
+    """The version asked for is not one of the releases the spec was derived from."""
 
 
 @dataclass(frozen=True)
@@ -421,14 +425,16 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec,
         if len(set(values)) != len(values):
             raise SpecError(file, "duplicate enum values", field="members")
         return
-    seen: set[str] = set()
-    defaulted_before: str | None = None
+    seen: dict[str, list[VersionRange]] = {}
+    defaulted_before: list[FieldSpec] = []
     for index, fld in enumerate(spec.fields):
         where = f"fields[{index}] ({fld.name})"
-        if fld.name in seen:
-            raise SpecError(file, "duplicate field name", field=where)
-        seen.add(fld.name)
         _check_range(file, fld.versions, clause=None, field=where + ".versions")
+        own = _field_range(spec, fld)
+        if any(own.overlaps(other) for other in seen.get(fld.name, [])):
+            raise SpecError(file, "duplicate field name (entries of one name need versions "
+                                  "ranges that do not overlap)", field=where)
+        seen.setdefault(fld.name, []).append(own)
         if fld.source is not None:
             _check_source(file, fld.source, clause=None, field=where + ".source")
         try:
@@ -447,14 +453,21 @@ def _check_struct(file: str, spec: StructSpec | EnumSpec,
         _check_default(file, where, fld, expr, structs)
         if spec.encoding == "array":
             if has_default:
-                defaulted_before = defaulted_before or fld.name
-            elif defaulted_before is not None:
-                raise SpecError(
-                    file,
-                    f"required field after defaulted field {defaulted_before!r} in an array "
-                    "encoding",
-                    field=where,
-                )
+                defaulted_before.append(fld)
+            else:
+                clash = next((d for d in defaulted_before
+                              if _field_range(spec, d).overlaps(own)), None)
+                if clash is not None:
+                    raise SpecError(
+                        file,
+                        f"required field after defaulted field {clash.name!r} in an array "
+                        "encoding",
+                        field=where,
+                    )
+
+
+def _field_range(spec: StructSpec, fld: FieldSpec) -> VersionRange:
+    return VersionRange.parse(fld.versions or spec.versions)
 
 
 def _check_struct_rules(file: str, spec: StructSpec | EnumSpec,
@@ -532,7 +545,12 @@ def _restrict(spec: StructSpec | EnumSpec, version: str) -> StructSpec | EnumSpe
         members = [m for m in spec.members if _in_range(m.versions, version)]
         return msgspec.structs.replace(spec, members=members)
     fields: list[FieldSpec] = [f for f in spec.fields if _in_range(f.versions, version)]
-    return msgspec.structs.replace(spec, fields=fields)
+    names = {f.name for f in fields}
+    # A rule about fields a release does not have does not hold in that release.
+    constraints = [c for c in spec.constraints if set(c.fields) <= names]
+    tagged_unions = [u for u in spec.tagged_unions if u.field in names]
+    return msgspec.structs.replace(spec, fields=fields, constraints=constraints,
+                                   tagged_unions=tagged_unions)
 
 
 def _check_surface_refs(file: str, surface: SurfaceHeader, clause_ids: set[str]) -> None:
@@ -563,33 +581,94 @@ def load(version: str | None = None, data_dir: Path | str | None = None) -> Spec
     whose version range excludes ``version`` are left out of the result.
     """
     version = version or REFERENCE_VLLM_VERSION
-    return _load_cached(version, str(Path(data_dir) if data_dir else DATA_DIR))
+    root = Path(data_dir) if data_dir else DATA_DIR
+    _check_known_version(root, version)
+    return _load_cached(version, str(root))
+
+
+def _check_known_version(root: Path, version: str) -> None:
+    """Raise :class:`UnknownVersionError` unless ``version`` is one of the releases listed in
+    ``history/releases.toml`` (a data directory without that file accepts any version)."""
+    from .history.wheels import RELEASES_FILE, read_releases
+
+    try:
+        wanted = parse_version(version)
+    except VersionError as exc:
+        raise UnknownVersionError(str(RELEASES_FILE), str(exc)) from None
+    releases = read_releases(root)
+    if releases and wanted not in {parse_version(r) for r in releases}:
+        raise UnknownVersionError(
+            str(RELEASES_FILE),
+            f"vLLM {version} is not a release the spec was derived from "
+            f"({releases[0]} to {releases[-1]}, {len(releases)} releases: "
+            "`enginewire spec releases` lists them)")
 
 
 @lru_cache(maxsize=8)
 def _load_cached(version: str, data_dir: str) -> Spec:
     root = Path(data_dir)
     surfaces: dict[str, SurfaceHeader] = {}
-    seen_clauses: dict[str, str] = {}
     clause_refs: dict[str, ClauseRef] = {}
-    for surface, schema in SURFACE_SCHEMAS.items():
-        path = root / f"{surface}.toml"
+    surface_paths = [root / f"{surface}.toml" for surface in SURFACE_SCHEMAS]
+    for path in surface_paths:
         if not path.exists():
             raise SpecError(path.name, "surface file is missing")
+    surface_stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size)
+                          for p in surface_paths)
+    parsed_surfaces, seen_clauses = _parsed_surfaces(data_dir, surface_stamp)
+    for surface, parsed in parsed_surfaces.items():
+        path = root / f"{surface}.toml"
+        active = [c for c in parsed.clauses if _in_range(c.versions, version)]
+        surfaces[surface] = msgspec.structs.replace(parsed, clauses=active)
+        for clause in active:
+            clause_refs[clause.id] = ClauseRef(surface, path.name, clause)
+
+    paths = sorted((root / "structs").glob("*.toml"))
+    stamp = tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+    structs = _parsed_structs(data_dir, stamp)
+
+    all_ids = set(seen_clauses)
+    for surface in surfaces.values():
+        _check_surface_refs(f"{surface.surface}.toml", surface, all_ids)
+    for name, parsed in structs.items():
+        _check_struct_rules(f"structs/{name}.toml", parsed, structs, all_ids)
+    surfaces["frames"] = _fill_type_bytes(
+        surfaces["frames"], surfaces["request_types"]  # type: ignore[arg-type]
+    )
+
+    active_structs = {
+        name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
+    }
+    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)
+
+
+@lru_cache(maxsize=4)
+def _parsed_surfaces(data_dir: str, stamp: tuple[tuple[str, int, int], ...]
+                     ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every surface file, validated, and clause id -> file (``stamp`` keys the cache)."""
+    surfaces: dict[str, Any] = {}
+    seen_clauses: dict[str, str] = {}
+    for surface, schema in SURFACE_SCHEMAS.items():
+        path = Path(data_dir) / f"{surface}.toml"
         raw = _read_toml(path)
         parsed = _decode(path, raw, schema)
         if parsed.surface != surface:
             raise SpecError(path.name, f"surface must be {surface!r}", field="surface")
         _check_range(path.name, parsed.versions, clause=None, field="versions")
         _check_clauses(path.name, surface, parsed.clauses, seen_clauses)
-        active = [c for c in parsed.clauses if _in_range(c.versions, version)]
-        surfaces[surface] = msgspec.structs.replace(parsed, clauses=active)
-        for clause in active:
-            clause_refs[clause.id] = ClauseRef(surface, path.name, clause)
+        surfaces[surface] = parsed
+    return surfaces, seen_clauses
 
+
+@lru_cache(maxsize=4)
+def _parsed_structs(data_dir: str, stamp: tuple[tuple[str, int, int], ...]
+                    ) -> dict[str, StructSpec | EnumSpec]:
+    """Every struct file of ``data_dir``, validated, for all versions at once (``stamp``, the
+    files' names, mtimes and sizes, keys the cache: loading every release parses them once)."""
     structs: dict[str, StructSpec | EnumSpec] = {}
     struct_files: dict[str, str] = {}
-    for path in sorted((root / "structs").glob("*.toml")):
+    for name, _mtime, _size in stamp:
+        path = Path(data_dir) / "structs" / name
         raw = _read_toml(path)
         schema = EnumSpec if raw.get("kind") == "enum" else StructSpec
         parsed = _decode(path, raw, schema)
@@ -600,17 +679,4 @@ def _load_cached(version: str, data_dir: str) -> Spec:
         struct_files[parsed.name] = f"structs/{path.name}"
     for name, parsed in structs.items():
         _check_struct(struct_files[name], parsed, structs)
-
-    all_ids = set(seen_clauses)
-    for surface in surfaces.values():
-        _check_surface_refs(f"{surface.surface}.toml", surface, all_ids)
-    for name, parsed in structs.items():
-        _check_struct_rules(struct_files[name], parsed, structs, all_ids)
-    surfaces["frames"] = _fill_type_bytes(
-        surfaces["frames"], surfaces["request_types"]  # type: ignore[arg-type]
-    )
-
-    active_structs = {
-        name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
-    }
-    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)
+    return structs

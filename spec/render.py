@@ -150,6 +150,10 @@ def render_pages(spec: Spec) -> dict[str, str]:
         renderers[name](page, surface)
         page.clauses(surface.clauses)
         pages[f"{name}.md"] = page.text()
+    if spec.version == REFERENCE_VLLM_VERSION:
+        from .history.docs import history_pages
+
+        pages.update(history_pages(GENERATED_MARK))
     return pages
 
 

@@ -64,6 +64,11 @@ class VersionRange(msgspec.Struct, frozen=True):
             return False
         return self.low <= version and (self.high is None or version <= self.high)
 
+    def overlaps(self, other: VersionRange) -> bool:
+        """Whether some version lies in both ranges."""
+        return (self.high is None or other.low <= self.high) and (
+            other.high is None or self.low <= other.high)
+
     def __str__(self) -> str:
         if self.high is None:
             return f"{format_version(self.low)}+"

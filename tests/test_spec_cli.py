@@ -60,6 +60,8 @@ def test_export_is_json_with_every_surface_and_struct() -> None:
 def test_export_follows_data_dir_and_version(tmp_path: Path, capsys) -> None:
     data = tmp_path / "data"
     shutil.copytree(DATA_DIR, data)
+    releases = data / "history" / "releases.toml"
+    releases.write_text(releases.read_text().replace('releases = [', 'releases = [\n    "0.34.0",'))
     (data / "structs" / "ZzExported.toml").write_text(
         'name = "ZzExported"\nencoding = "array"\nversions = "0.34.0+"\n'
         'source = "vllm/v1/engine/__init__.py:1"\nvllm_class = "vllm.v1.engine:ZzExported"\n'

@@ -19,7 +19,7 @@ from enginewire.spec.schema import SURFACE_SCHEMAS, RingFile, RingState, StateMa
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "spec"
-PAGES = {"index.md", *(f"{surface}.md" for surface in SURFACE_SCHEMAS)}
+PAGES = {"index.md", "history.md", "breaks.md", *(f"{surface}.md" for surface in SURFACE_SCHEMAS)}
 
 #: vLLM's ring layout (shm_broadcast.py:334-342), spelled as the layout table spells formulas.
 VLLM_LAYOUT = {

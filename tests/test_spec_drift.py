@@ -9,6 +9,7 @@ spec files make ``run_diff`` fail naming the edited fact.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 import sys
@@ -256,8 +257,14 @@ def test_annotations_narrower_than_the_wire_are_compared_as_sent_with_notes(inst
 def test_moved_field_in_spec_copy_fails_diff(installed, tmp_path, capsys) -> None:
     data = copy_spec(tmp_path)
 
+    current = [f.name for f in load().struct("EngineCoreRequest").fields]
+
     def move_session_id(blocks: list[str], index: int) -> None:
-        blocks.insert(11, blocks.pop(index))
+        moved = blocks.pop(index)
+        # before the block of the field at position 11 (older releases' entries lie between)
+        at = next(i for i, b in enumerate(blocks) if b.startswith(f'name = "{current[11]}"\n')
+                  and not re.search(r'^versions = "[0-9.]+(-[0-9.]+)?"$', b, re.MULTILINE))
+        blocks.insert(at, moved)
 
     edit_field_block(data / "structs" / "EngineCoreRequest.toml", "session_id", move_session_id)
     modified = load(data_dir=data)

@@ -125,6 +125,8 @@ def test_copied_data_with_probe_struct_loads(data_dir: Path) -> None:
 
 
 def test_version_selects_clauses_and_fields(data_dir: Path) -> None:
+    releases = data_dir / "history" / "releases.toml"
+    releases.write_text(releases.read_text().replace('releases = [', 'releases = [\n    "0.34.0",'))
     append(data_dir / "identity.toml", PROBE_CLAUSE + 'versions = "0.34.0+"\n')
     append(data_dir / "structs" / "ZzProbe.toml",
            '\n[[fields]]\nname = "late"\ntype = "int"\ndefault = "1"\nversions = "0.34.0+"\n')

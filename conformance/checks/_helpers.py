@@ -218,3 +218,20 @@ def require_ipv6_loopback() -> None:
         probe.close()
     except OSError as exc:
         raise CheckSkip(f"no IPv6 loopback here: {exc}") from exc
+
+
+def require_struct(ctx: Any, name: str) -> None:
+    """Skip a struct's check (CheckSkip) when the run's vLLM release has no such struct
+    (``enginewire check --version X`` for a release before the struct existed)."""
+    if name not in ctx.spec.structs:
+        raise CheckSkip(f"{name} does not exist in vLLM {ctx.spec.version}")
+
+
+def require_reference_version(ctx: Any) -> None:
+    """Skip a golden-vector check (CheckSkip) when the run follows another release than the
+    one the vectors were recorded from."""
+    from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+
+    if ctx.spec.version != REFERENCE_VLLM_VERSION:
+        raise CheckSkip(f"the golden vectors are vLLM {REFERENCE_VLLM_VERSION}'s; this run "
+                        f"follows {ctx.spec.version}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from enginewire.conformance.checks._helpers import as_bytes
+from enginewire.conformance.checks._helpers import as_bytes, require_reference_version
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction, check
 from enginewire.conformance.oracle.golden import payload_type
 from enginewire.conformance.oracle.values import TensorValue, complete, differences, neutral
@@ -82,6 +82,7 @@ def _register(vector: Any, spec: Any) -> None:
     @check(f"{base}/encode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (encode, byte-exact)")
     def _encode(codec: Any, ctx: Any) -> None:
+        require_reference_version(ctx)
         configured = _configured(codec, ctx, vector.threshold)
         try:
             frames = as_bytes(configured.encode(vector.kind, vector.value))
@@ -109,6 +110,7 @@ def _register(vector: Any, spec: Any) -> None:
     @check(f"{base}/decode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (decode)")
     def _decode(codec: Any, ctx: Any) -> None:
+        require_reference_version(ctx)
         try:
             decoded = codec.decode(vector.kind, list(vector.frames))
         except Exception as exc:  # noqa: BLE001

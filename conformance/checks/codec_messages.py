@@ -1178,27 +1178,30 @@ _register_bad_input()
 @check("codec/spec/array-structs-append-only", clauses=["structs.array.append-only"],
        surface="codec")
 def _append_only(codec: Any, ctx: Any) -> None:
-    """(Spec structure, any target) Every array-encoded struct only ever grew at its end:
-    no field appears in an earlier vLLM version than a field before it, and no field before
-    the end was removed."""
+    """(Spec structure, any target) Every array-encoded struct of the reference version is its
+    layout at the release before (``spec/data/history/releases.toml``) with defaulted fields
+    appended: no field inserted, removed, reordered or retyped. Earlier releases broke the rule
+    many times (docs/spec/breaks.md); the clause's vllm_deviation says so."""
     from enginewire.spec import load
-    from enginewire.spec.versions import VersionRange
+    from enginewire.spec.history.consistency import layout_change
+    from enginewire.spec.history.wheels import read_releases
+    from enginewire.spec.loader import DATA_DIR, REFERENCE_VLLM_VERSION
 
-    full = load()  # the reference version; each field carries its own version range
+    releases = read_releases(DATA_DIR)
+    if REFERENCE_VLLM_VERSION not in releases or releases.index(REFERENCE_VLLM_VERSION) == 0:
+        raise CheckFailure("no release before the reference version in "
+                           "spec/data/history/releases.toml to compare with",
+                           Reproduction(notes={"releases": releases}))
+    previous = releases[releases.index(REFERENCE_VLLM_VERSION) - 1]
+    full, before = load(), load(previous)
     problems = []
     for item in full.structs.values():
-        if getattr(item, "encoding", None) not in ("array", "tuple"):
+        old = before.structs.get(item.name)
+        if getattr(item, "encoding", None) not in ("array", "tuple") or old is None:
             continue
-        earliest = None
-        for index, fld in enumerate(item.fields):
-            bounds = VersionRange.parse(fld.versions or item.versions)
-            if bounds.high is not None and index < len(item.fields) - 1:
-                problems.append(f"{item.name}.{fld.name} ({fld.versions}) was removed before "
-                                "the end of the struct")
-            if earliest is not None and bounds.low < earliest:
-                problems.append(f"{item.name}.{fld.name} ({fld.versions}) is older than a "
-                                "field before it")
-            earliest = bounds.low if earliest is None else max(earliest, bounds.low)
+        if layout_change(old, item):  # type: ignore[arg-type]
+            problems.append(f"{item.name}: {[f.name for f in old.fields]} at {previous} -> "
+                            f"{[f.name for f in item.fields]} at {REFERENCE_VLLM_VERSION}")
     if problems:
         raise CheckFailure(f"array structs changed other than by appending: {problems[0]}",
                            Reproduction(notes={"problems": problems}))

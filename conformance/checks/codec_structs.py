@@ -30,6 +30,7 @@ from enginewire.conformance.checks._helpers import (
     expect_rejection,
     expect_value,
     expect_wire,
+    require_struct,
 )
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.oracle.samples import CONTEXTUAL, Sampler
@@ -113,6 +114,7 @@ def _register_struct(item: StructSpec) -> None:
     @check(f"{base}/layout", clauses=layout, surface="codec",
            description=f"{name} with every field set encodes as the spec's {encoding}")
     def _layout(codec: Any, ctx: Any) -> None:
+        require_struct(ctx, name)
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
         expect_wire(frames, value, name, ctx.spec, what=name)
@@ -122,6 +124,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/omit-defaults", clauses=[OMIT_CLAUSE], surface="codec",
                description=f"{name} leaves fields at their default out of the map")
         def _omit(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value = Sampler(ctx.spec).required(name)
             frames = encode(codec, name, value)
             expect_wire(frames, value, name, ctx.spec, what=name, strict_omit=True)
@@ -129,6 +132,7 @@ def _register_struct(item: StructSpec) -> None:
     @check(f"{base}/round-trip", clauses=layout, surface="codec",
            description=f"{name} decodes back to the value it was encoded from")
     def _round_trip(codec: Any, ctx: Any) -> None:
+        require_struct(ctx, name)
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
         decoded = decode(codec, name, frames)
@@ -142,6 +146,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/defaults", clauses=[DEFAULTS_CLAUSES[encoding]], surface="codec",
                description=f"{name} with only its required fields decodes with spec defaults")
         def _defaults(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value, wire = _minimal_wire(ctx.spec, name)
             frames = [msgspec.msgpack.encode(wire)]
             decoded = decode(codec, name, frames)
@@ -155,6 +160,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/missing-required", clauses=[REQUIRED_CLAUSES[encoding]], surface="codec",
                description=f"{name} without its last required field is rejected")
         def _missing(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             spec_item = ctx.spec.struct(name)
             _, wire = _minimal_wire(ctx.spec, name)
             needed = [f.name for f in spec_item.fields if f.required]
@@ -172,6 +178,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/extra-rejected", clauses=[TUPLE_EXTRA_CLAUSE], surface="codec",
                description=f"{name} (a tuple) with one element too many is rejected")
         def _tuple_extra(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), _full_sample(ctx.spec, name))
             expect_rejection(
                 codec, name, [msgspec.msgpack.encode([*wire, 0])], [TUPLE_EXTRA_CLAUSE, GENERAL],
@@ -183,6 +190,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/unknown-keys", clauses=[UNKNOWN_KEYS_CLAUSE], surface="codec",
                description=f"{name} with a key it does not know decodes (the key is ignored)")
         def _unknown_keys(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value, wire = _minimal_wire(ctx.spec, name)
             wire = {**wire, "field_from_a_newer_version": [1, "x"]}
             frames = [msgspec.msgpack.encode(wire)]
@@ -196,6 +204,7 @@ def _register_struct(item: StructSpec) -> None:
                description=f"{name} with an unknown trailing element decodes (the element "
                            "is ignored)")
         def _extra(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             value = Sampler(ctx.spec).required(name)
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), value)
             frames = [msgspec.msgpack.encode([*wire, "field-from-a-newer-version"])]
@@ -206,6 +215,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/map-rejected", clauses=[TYPE_CLAUSE], surface="codec",
                description=f"{name} sent as a map instead of an array is rejected")
         def _as_map(codec: Any, ctx: Any) -> None:
+            require_struct(ctx, name)
             spec_item = ctx.spec.struct(name)
             value = Sampler(ctx.spec).required(name)
             wire = _wire_of(ctx.spec, spec_item, value)
@@ -222,6 +232,7 @@ def _register_struct(item: StructSpec) -> None:
                    description=f"{name} whose {typed.name} has the wrong msgpack type is "
                                "rejected")
             def _wrong_type(codec: Any, ctx: Any) -> None:
+                require_struct(ctx, name)
                 spec_item = ctx.spec.struct(name)
                 value = Sampler(ctx.spec).required(name)
                 wire = _wire_of(ctx.spec, spec_item, value)

@@ -34,19 +34,21 @@ def _optional(module: str) -> Any:
 class ReferenceCodec:
     """``enginewire.reference.codec.Codec`` with neutral values in and its classes out."""
 
-    def __init__(self, threshold: int | None = None, insecure: bool = False) -> None:
+    def __init__(self, threshold: int | None = None, insecure: bool = False,
+                 version: str | None = None) -> None:
         from enginewire.reference.codec import Codec
 
-        self.codec = Codec(threshold=threshold, allow_insecure=insecure)
+        self.codec = Codec(threshold=threshold, allow_insecure=insecure, version=version)
         self.threshold = threshold
         self.insecure = insecure
+        self.version = version
         self.spec = self.codec.spec
 
     def with_threshold(self, threshold: int) -> ReferenceCodec:
-        return ReferenceCodec(threshold, self.insecure)
+        return ReferenceCodec(threshold, self.insecure, self.version)
 
     def with_insecure_serialization(self) -> ReferenceCodec:
-        return ReferenceCodec(self.threshold, insecure=True)
+        return ReferenceCodec(self.threshold, insecure=True, version=self.version)
 
     def _payload_type(self, kind: str) -> str | None:
         for message in self.spec.surface("frames").messages:
@@ -385,9 +387,11 @@ class ReferenceFrontends:
         return [(s.channel, s.socket) for s in client.frontend._sockets]
 
 
-def reference_target() -> Target:
-    """enginewire's reference implementation (whatever parts of it exist)."""
-    codec = ReferenceCodec() if _optional("enginewire.reference.codec") is not None else None
+def reference_target(version: str | None = None) -> Target:
+    """enginewire's reference implementation (whatever parts of it exist); ``version``: the
+    vLLM release whose struct layouts its codec follows."""
+    codec = (ReferenceCodec(version=version) if _optional("enginewire.reference.codec")
+             is not None else None)
     ring = ReferenceRing() if _optional("enginewire.reference.ring") is not None else None
     engine = ReferenceEngines() if _optional("enginewire.reference.engine") else None
     frontend = None

@@ -62,17 +62,19 @@ def _from_module(text: str) -> Target:
     return from_object(text, obj)
 
 
-def load_target(text: str = "reference", commands: Sequence[str] = ()) -> Target:
+def load_target(text: str = "reference", commands: Sequence[str] = (),
+                version: str | None = None) -> Target:
     """Resolve ``--target`` text (and ``--target-cmd`` entries) to a :class:`Target`.
 
     With only commands and no explicit target text, the target is made of the commands alone.
-    Commands replace the surfaces they name on a built-in or in-process target.
+    Commands replace the surfaces they name on a built-in or in-process target. ``version``
+    makes the reference target's codec follow that vLLM release's layouts.
     """
     prefix = text.partition(":")[0]
     if text in ("reference", ""):
         from enginewire.conformance.targets.reference import reference_target
 
-        target = reference_target()
+        target = reference_target(version)
     elif text == "vllm":
         from enginewire.conformance.targets.vllm.target import vllm_target
 

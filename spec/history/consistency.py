@@ -1,0 +1,162 @@
+"""Consistency of the committed history, checked without any wheel.
+
+:func:`problems` returns one line per broken rule (empty: consistent):
+
+- ``history/releases.toml`` lists releases, sorted and unique, and every one of them loads;
+- every range in a struct file starts at a listed release and, when closed, ends at one;
+- a field or member entry's range lies inside its struct's range;
+- entries of one name never overlap (the loader refuses that too);
+- in ``history/constants.toml`` each table's ranges cover every release once;
+- every default fits its field's type with the structs of each release it holds for;
+- ``history/changes.toml`` lists exactly the struct changes the struct files show between
+  consecutive releases (so an array struct that changes other than by appending defaulted
+  fields inside one range is always listed, with its encode/decode evidence).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from ..loader import DATA_DIR, SpecError, load
+from ..schema import StructSpec
+from ..versions import VersionError, VersionRange, parse_version
+from .wheels import read_releases
+
+
+def problems(data_dir: Path = DATA_DIR) -> list[str]:
+    found: list[str] = []
+    releases = read_releases(data_dir)
+    if not releases:
+        return ["history/releases.toml is missing or lists no release"]
+    listed = {parse_version(v) for v in releases}
+    if len(listed) != len(releases):
+        found.append("history/releases.toml lists a release twice")
+    for path in sorted((data_dir / "structs").glob("*.toml")):
+        with path.open("rb") as handle:
+            raw = tomllib.load(handle)
+        found.extend(_check_ranges(f"structs/{path.name}", raw, listed))
+    found.extend(_check_constants(data_dir, releases))
+    specs = {}
+    for version in releases:
+        try:
+            specs[version] = load(version, data_dir)
+        except SpecError as exc:
+            found.append(f"release {version} does not load: {exc}")
+    found.extend(_check_append_only(data_dir, releases, specs))
+    found.extend(_check_defaults(specs))
+    return found
+
+
+def _check_defaults(specs: dict) -> list[str]:
+    """Every field's default fits its type with the structs of each release it holds for (a
+    default object naming a field the nested struct of that release lacks does not)."""
+    import json
+
+    from ..loader import _default_problem
+    from ..types import parse_type
+
+    out = []
+    for version, spec in specs.items():
+        for item in spec.structs.values():
+            if not isinstance(item, StructSpec):
+                continue
+            for fld in item.fields:
+                if fld.default is None:
+                    continue
+                problem = _default_problem(json.loads(fld.default), parse_type(fld.type),
+                                           spec.structs)
+                if problem:
+                    out.append(f"{item.name}.{fld.name} at {version}: default {fld.default} "
+                               f"does not fit: {problem}")
+    return out
+
+
+def _check_ranges(file: str, raw: dict, listed: set[tuple[int, int, int]]) -> list[str]:
+    out = []
+    try:
+        struct_range = VersionRange.parse(raw["versions"])
+    except (KeyError, VersionError) as exc:
+        return [f"{file}: struct range: {exc}"]
+    for rng, where in [(struct_range, "struct")]:
+        out.extend(_endpoints(file, where, rng, listed))
+    entries = raw.get("fields", raw.get("members", []))
+    by_name: dict[str, list[VersionRange]] = {}
+    for entry in entries:
+        where = f"{entry.get('name')}"
+        rng = VersionRange.parse(entry["versions"]) if "versions" in entry else struct_range
+        out.extend(_endpoints(file, where, rng, listed))
+        if rng.low < struct_range.low or (struct_range.high is not None and (
+                rng.high is None or rng.high > struct_range.high)):
+            out.append(f"{file}: {where}: range {rng} outside the struct's {struct_range}")
+        if any(rng.overlaps(other) for other in by_name.get(where, [])):
+            out.append(f"{file}: {where}: entries of one name overlap")
+        by_name.setdefault(where, []).append(rng)
+    return out
+
+
+def _endpoints(file: str, where: str, rng: VersionRange,
+               listed: set[tuple[int, int, int]]) -> list[str]:
+    out = []
+    if rng.low not in listed:
+        out.append(f"{file}: {where}: range {rng} starts at an unlisted release")
+    if rng.high is not None and rng.high not in listed:
+        out.append(f"{file}: {where}: range {rng} ends at an unlisted release")
+    return out
+
+
+def _check_constants(data_dir: Path, releases: list[str]) -> list[str]:
+    path = data_dir / "history" / "constants.toml"
+    if not path.exists():
+        return ["history/constants.toml is missing"]
+    with path.open("rb") as handle:
+        raw = tomllib.load(handle)
+    out = []
+    for table, rows in raw.items():
+        for version in releases:
+            hits = sum(version in VersionRange.parse(row["versions"]) for row in rows)
+            if hits != 1:
+                out.append(f"history/constants.toml: [[{table}]] covers {version} {hits} times")
+    return out
+
+
+def _check_append_only(data_dir: Path, releases: list[str], specs: dict) -> list[str]:
+    """The changes ``history/changes.toml`` lists are exactly the ones the struct files show
+    between consecutive releases (an array struct that changes other than by appending
+    defaulted fields is always among them)."""
+    from .breaks import _struct_kinds, read_changes
+
+    listed = {(c.subject, c.old, c.new): c.kinds for c in read_changes(data_dir)
+              if c.subject not in ("request_types", "ext_codes")}
+    shown: dict[tuple[str, str, str], list[str]] = {}
+    for old_v, new_v in zip(releases, releases[1:], strict=False):
+        if old_v not in specs or new_v not in specs:
+            continue
+        for name, new in specs[new_v].structs.items():
+            old = specs[old_v].structs.get(name)
+            if isinstance(new, StructSpec) and isinstance(old, StructSpec):
+                kinds, _ = _struct_kinds(old, new)
+                if kinds:
+                    shown[(name, old_v, new_v)] = kinds
+    out = []
+    for key in sorted(set(shown) - set(listed)):
+        out.append(f"{key[0]}: its layout changes from {key[1]} to {key[2]} ({shown[key]}) "
+                   "and history/changes.toml does not list it")
+    for key in sorted(set(listed) & set(shown)):
+        if listed[key] != shown[key]:
+            out.append(f"history/changes.toml: {key}: kinds {listed[key]}, the files show "
+                       f"{shown[key]}")
+    for key in sorted(k for k in set(listed) - set(shown)
+                      if isinstance(specs.get(k[2], None) and specs[k[2]].structs.get(k[0]),
+                                    StructSpec)):
+        out.append(f"history/changes.toml lists {key}, but the struct files show no change")
+    return out
+
+
+def layout_change(old: StructSpec, new: StructSpec) -> bool:
+    """Whether ``new`` is anything but ``old`` with defaulted fields appended."""
+    before = [(f.name, f.type) for f in old.fields]
+    after = [(f.name, f.type) for f in new.fields]
+    if old.encoding != new.encoding or after[:len(before)] != before:
+        return True
+    return any(f.required for f in new.fields[len(before):])

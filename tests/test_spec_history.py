@@ -1,0 +1,355 @@
+"""The version history: derivation from wheels, consistency, per-release loading, compat and
+match.
+
+The re-derivation test needs the vLLM wheels of every release in ``history/releases.toml`` in
+the wheel cache (``$ENGINEWIRE_WHEEL_DIR`` or ``~/.cache/enginewire/wheels``; fill it with
+``enginewire spec history``); without them it is skipped, saying so. Everything else runs on
+the committed data or on small wheels the tests build.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+import sys
+import zipfile
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from enginewire.cli import main
+from enginewire.spec import load
+from enginewire.spec.history import consistency
+from enginewire.spec.history.compat import analyse, predict
+from enginewire.spec.history.derive import derive, merge_runs
+from enginewire.spec.history.extract import WheelSource
+from enginewire.spec.history.match import layout_source, match_module
+from enginewire.spec.history.wheels import (
+    default_wheel_dir,
+    find_wheel,
+    read_releases,
+    read_skipped,
+)
+from enginewire.spec.loader import DATA_DIR
+
+RELEASES = read_releases(DATA_DIR)
+
+
+# --- committed data ---------------------------------------------------------------------
+
+
+def test_committed_history_is_consistent() -> None:
+    assert consistency.problems() == []
+
+
+def test_consistency_check_fails_on_an_overlap_and_an_unlisted_change(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "structs" / "EngineCoreOutputs.toml"
+    text = path.read_text()
+    # engine_index claims an earlier start: its range no longer starts at its first release,
+    # and the layout change it brings at that release is not in changes.toml
+    path.write_text(text.replace('name = "engine_index"\ntype = "int"\nversions = "0.8.3+"',
+                                 'name = "engine_index"\ntype = "int"\nversions = "0.8.2+"'))
+    assert path.read_text() != text
+    found = consistency.problems(data)
+    assert any("0.8.1 to 0.8.2" in p and "EngineCoreOutputs" in p for p in found), found
+
+
+def test_history_spans_first_ipc_release_to_reference() -> None:
+    assert RELEASES[0] == "0.7.3" and RELEASES[-1] == "0.33.0"
+    assert "0.7.2" in read_skipped(DATA_DIR)
+    for minor in {tuple(v.split(".")[:2]) for v in RELEASES}:
+        assert any(tuple(v.split(".")[:2]) == minor for v in RELEASES)
+
+
+def test_every_release_loads_with_its_own_layout() -> None:
+    old = load("0.8.0").struct("EngineCoreRequest")
+    new = load("0.33.0").struct("EngineCoreRequest")
+    assert [f.name for f in old.fields][:3] == ["request_id", "prompt", "prompt_token_ids"]
+    assert [f.name for f in new.fields][:3] == ["request_id", "prompt_token_ids", "mm_features"]
+    assert "engine_index" not in [f.name for f in load("0.8.2").struct("EngineCoreOutputs").fields]
+    assert load("0.8.3").struct("EngineCoreOutputs").fields[0].name == "engine_index"
+
+
+def test_reference_classes_build_per_release() -> None:
+    from enginewire.reference import structs
+
+    old = structs.build("0.8.0")["EngineCoreRequest"]
+    assert [f.name for f in msgspec.structs.fields(old)][1] == "prompt"
+    assert [f.name for f in msgspec.structs.fields(structs.EngineCoreRequest)][1] == \
+        "prompt_token_ids"
+
+
+@pytest.mark.parametrize("version", ["0.22.5", "0.6.4", "1.0.0", "x"])
+def test_unknown_release_is_a_one_line_error(version: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["spec", "check", "--version", version])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not a release" in err or "expected a version" in err
+
+
+def test_older_release_checks_with_its_structs(capsys) -> None:
+    assert main(["spec", "check", "--version", "0.22.0"]) == 0
+    out = capsys.readouterr().out
+    assert "spec ok for vLLM 0.22.0" in out and " 0 structs" not in out
+
+
+# --- derivation on small wheels ------------------------------------------------------------
+
+STRUCT_FILE = '''name = "EngineCoreRequest"
+encoding = "array"
+versions = "0.2.0+"
+source = "vllm/v1/engine/__init__.py:1"
+vllm_class = "vllm.v1.engine:EngineCoreRequest"
+description = "probe"
+
+[[fields]]
+name = "request_id"
+type = "str"
+description = "hand-written"
+required = true
+
+[[fields]]
+name = "extra"
+type = "int | none"
+required = true
+
+[[fields]]
+name = "prompt_token_ids"
+type = "list[int] | none"
+required = true
+
+[[fields]]
+name = "flag"
+type = "bool"
+default = "false"
+'''
+
+RELEASE_1 = '''
+import msgspec
+from typing import List, Optional
+from .kinds import Kind
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    prompt_token_ids: List[int]
+    gone: Optional["Kind"]
+'''
+RELEASE_2 = '''
+import msgspec
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    request_id: str
+    extra: int | None
+    prompt_token_ids: list[int] | None
+    flag: bool = False
+'''
+
+
+def _wheel(path: Path, engine: str) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("vllm/v1/engine/__init__.py", engine)
+        archive.writestr("vllm/v1/engine/kinds.py", "class Kind(dict):\n    pass\n")
+    return path
+
+
+def test_derive_writes_ranges_keeps_hand_written_blocks_and_is_stable(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "structs").mkdir(parents=True)
+    (data / "structs" / "EngineCoreRequest.toml").write_text(STRUCT_FILE)
+    wheels = {"0.1.0": _wheel(tmp_path / "vllm-0.1.0-x.whl", RELEASE_1),
+              "0.2.0": _wheel(tmp_path / "vllm-0.2.0-x.whl", RELEASE_2)}
+    derive(data, wheels, log=lambda _m: None, use_cache=False, changes=False)
+    text = (data / "structs" / "EngineCoreRequest.toml").read_text()
+    raw = __import__("tomllib").loads(text)
+    assert raw["versions"] == "0.1.0+"
+    entries = [(f["name"], f["type"], f.get("versions")) for f in raw["fields"]]
+    assert entries == [
+        ("request_id", "str", None),
+        ("prompt_token_ids", "list[int]", "0.1.0"),
+        ("gone", "any", "0.1.0"),
+        ("extra", "int | none", "0.2.0+"),
+        ("prompt_token_ids", "list[int] | none", "0.2.0+"),
+        ("flag", "bool", "0.2.0+"),
+    ]
+    assert 'description = "hand-written"' in text
+    history = (data / "history" / "structs.toml").read_text()
+    assert '"gone" = { "0.1.0" = "Optional[\'Kind\']" }' in history
+    derive(data, wheels, log=lambda _m: None, use_cache=False, changes=False)
+    assert (data / "structs" / "EngineCoreRequest.toml").read_text() == text
+
+
+def test_merge_runs_gives_each_release_its_order() -> None:
+    releases = [("3", ["a", "c", "b", "d"]), ("2", ["a", "b", "c"]), ("1", ["a", "x", "b"])]
+    merged = merge_runs([(v, keys, keys) for v, keys in releases])
+    for version, keys in releases:
+        assert [e.key for e in merged if version in e.releases] == keys
+    for entry in merged:
+        order = [v for v, _ in releases]
+        positions = sorted(order.index(v) for v in entry.releases)
+        assert positions == list(range(positions[0], positions[-1] + 1))
+
+
+def test_extract_follows_reexports_and_translates(tmp_path: Path) -> None:
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/v1/engine/__init__.py", "from vllm.v1.other import Out\n")
+        archive.writestr("vllm/v1/other.py", (
+            "import enum, msgspec, torch\nfrom typing import Optional, Union, Any\n"
+            "class Reason(enum.IntEnum):\n    STOP = 0\n    LENGTH = enum.auto()\n"
+            "class Out(msgspec.Struct, array_like=True):\n    t: Optional[torch.Tensor]\n"
+            "    r: Reason = Reason.LENGTH\n    u: Union[int, str, None] = None\n"
+            "    m: dict = {}\n"))
+    with WheelSource(wheel) as source:
+        reason = source.describe_class("Reason", ["vllm.v1.other"], set())
+        assert reason is not None and reason.members == [("STOP", 0), ("LENGTH", 1)]
+        found = source.describe_class("Out", ["vllm.v1.engine"], {"Reason"},
+                                      {"Reason": dict(reason.members)})
+    assert found is not None and found.kind == "array" and found.module == "vllm.v1.other"
+    assert [(f.name, f.type, f.default) for f in found.fields] == [
+        ("t", "tensor | none", None), ("r", "Reason", "1"), ("u", "int | str | none", "null"),
+        ("m", "dict[any, any]", "{}")]
+
+
+# --- re-derivation from the real wheels -----------------------------------------------------
+
+
+def _cached_wheels() -> dict[str, Path] | None:
+    folder = default_wheel_dir()
+    wanted = [*RELEASES, *read_skipped(DATA_DIR)]
+    found = {v: find_wheel(folder, v) for v in wanted}
+    return None if any(p is None for p in found.values()) else found  # type: ignore[return-value]
+
+
+def test_committed_history_rederives_from_the_wheels(tmp_path: Path) -> None:
+    wheels = _cached_wheels()
+    if wheels is None:
+        pytest.skip(f"RE-DERIVATION SKIPPED: the wheel cache {default_wheel_dir()} lacks some of "
+                    "the releases in spec/data/history/releases.toml; run `enginewire spec "
+                    "history` (downloads them) or set ENGINEWIRE_WHEEL_DIR")
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    derive(data, wheels, log=lambda _m: None)
+    comparison = filecmp.dircmp(DATA_DIR, data)
+    differing: list[str] = []
+
+    def walk(cmp: filecmp.dircmp, prefix: str) -> None:
+        differing.extend(prefix + n for n in cmp.diff_files + cmp.left_only + cmp.right_only
+                         if n != "__pycache__")
+        for name, sub in cmp.subdirs.items():
+            walk(sub, f"{prefix}{name}/")
+
+    walk(comparison, "")
+    assert differing == [], f"re-derived spec data differs from the committed: {differing}"
+
+
+# --- compat and match -------------------------------------------------------------------------
+
+
+def test_compat_inserted_field_is_predicted_and_confirmed() -> None:
+    verdicts = {v.kind: v for v in analyse("0.8.2", "0.8.3")}
+    outputs = verdicts["outputs"]
+    assert outputs.verdict == "rejected"
+    assert any(f.position == 0 and f.writer_field == "engine_index" and
+               f.reader_field == "outputs" for f in outputs.findings)
+    assert outputs.confirmed is True
+    assert all(v.confirmed is not False for v in verdicts.values())
+
+
+def test_compat_same_release_is_identical() -> None:
+    assert {v.verdict for v in predict("0.20.0", "0.20.0")} == {"identical"}
+
+
+def test_compat_silent_misdecode_is_reported_with_both_meanings() -> None:
+    verdicts = analyse("0.9.0", "0.9.1")
+    silent = [f for v in verdicts for f in v.findings if f.kind == "silent"]
+    assert silent, [(v.kind, v.verdict) for v in verdicts]
+    assert all(f.writer_field and f.reader_field and f.passes_type_check for f in silent
+               if f.position is not None)
+    assert all(v.confirmed is not False for v in verdicts)
+
+
+def test_compat_cli_refuses_unknown_release(capsys) -> None:
+    assert main(["compat", "0.22.5", "0.33.0"]) == 2
+    assert "not a release" in capsys.readouterr().err
+
+
+def test_match_names_the_release_and_the_first_difference(tmp_path: Path, monkeypatch) -> None:
+    names = ["EngineCoreRequest", "EngineCoreOutputs"]
+    (tmp_path / "mirror_exact.py").write_text(layout_source("0.10.2", names))
+    moved = layout_source("0.10.2", names).replace(
+        "    arrival_time:", "    zz_inserted: int\n    arrival_time:", 1)
+    (tmp_path / "mirror_moved.py").write_text(moved)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    exact = {r.name: r for r in match_module("mirror_exact")}
+    assert "0.10.2" in exact["EngineCoreRequest"].matches
+    assert "0.33.0" not in exact["EngineCoreRequest"].matches
+    near = {r.name: r for r in match_module("mirror_moved")}["EngineCoreRequest"]
+    assert near.matches == [] and near.nearest == "0.10.2"
+    assert near.target_meaning == "zz_inserted: int"
+    assert near.spec_meaning is not None and near.spec_meaning.startswith("arrival_time")
+    for module in ("mirror_exact", "mirror_moved"):
+        sys.modules.pop(module, None)
+
+
+def test_compat_json_names_every_message(capsys) -> None:
+    assert main(["compat", "0.33.0", "0.33.0", "--json", "--no-confirm"]) == 0
+    kinds = {v["kind"] for v in json.loads(capsys.readouterr().out)}
+    assert {"add", "outputs", "ready_response"} <= kinds
+
+
+def test_append_only_check_fails_on_an_inserted_field(monkeypatch) -> None:
+    import enginewire.spec as spec_package
+    from enginewire.conformance.checks import codec
+    from enginewire.conformance.registry import CheckFailure
+
+    codec._append_only(None, None)  # the committed spec: 0.33.0 only appends to 0.32.0
+    real_load = spec_package.load
+
+    def swapped(version=None, data_dir=None):
+        found = real_load(version, data_dir)
+        if version is not None:
+            return found
+        item = found.struct("UtilityOutput")
+        fields = [item.fields[1], item.fields[0], *item.fields[2:]]
+        structs = {**found.structs, "UtilityOutput": msgspec.structs.replace(item, fields=fields)}
+        return type(found)(found.version, found.surfaces, structs, found.clauses)
+
+    monkeypatch.setattr(spec_package, "load", swapped)
+    with pytest.raises(CheckFailure, match="UtilityOutput"):
+        codec._append_only(None, None)
+
+
+def test_check_follows_an_older_release(capsys) -> None:
+    # The struct checks follow 0.9.1's layout, and RequestError (0.33.0 only) is skipped
+    assert main(["check", "--version", "0.9.1", "--no-progress", "-k",
+                 "codec.struct.lora-request.*", "-k", "codec.struct.request-error.*"]) == 0
+    out = capsys.readouterr().out
+    assert "0 failed" in out and "skipped" in out
+    assert main(["check", "--version", "0.9.5"]) == 2
+
+
+def test_compat_renumbered_request_type_is_silent_and_confirmed() -> None:
+    utility = {v.kind: v for v in analyse("0.8.2", "0.8.3")}["utility"]
+    assert utility.verdict == "silent" and utility.confirmed is True
+    finding = next(f for f in utility.findings if f.path == "request type UTILITY")
+    assert (finding.writer_field, finding.reader_field) == ("UTILITY", "START_DP")
+    assert {v.kind: v for v in analyse("0.33.0", "0.7.3")}["utility"].verdict == "rejected"
+
+
+def test_consistency_check_fails_on_a_default_an_older_release_cannot_hold(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "structs" / "SchedulerStats.toml"
+    text = path.read_text()
+    broken = text.replace('versions = "0.7.3-0.31.0"\ndefault = "{}"',
+                          'versions = "0.7.3-0.31.0"\ndefault = "{\\"hits_by_source\\": {}}"')
+    assert broken != text
+    path.write_text(broken)
+    found = consistency.problems(data)
+    assert any("SchedulerStats.prefix_cache_stats at 0.7.3" in p for p in found), found
