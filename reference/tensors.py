@@ -29,6 +29,7 @@ import msgspec
 import numpy as np
 
 from enginewire.spec import load
+from enginewire.spec.classes import TensorSlot
 
 from .errors import FramingError, TensorError
 
@@ -463,3 +464,7 @@ def _build_torch(dtype: str, shape: tuple[int, ...], buffer: memoryview, *, clon
     else:
         raw = torch.frombuffer(buffer, dtype=torch.uint8)
     return raw.view(torch_dtype).view(shape)
+
+
+# The spec's struct classes accept in a tensor position what this codec builds there.
+TensorSlot.admit(WireTensor, TensorIpcHandle, predicate=is_torch_tensor)

@@ -304,8 +304,8 @@ def test_compat_json_names_every_message(capsys) -> None:
 
 def test_append_only_check_fails_on_an_inserted_field(monkeypatch) -> None:
     import enginewire.spec as spec_package
-    from enginewire.conformance.checks import codec
-    from enginewire.conformance.registry import CheckFailure
+    from enginewire.conformance.checks import codec_messages as codec
+    from enginewire.conformance.framework.registry import CheckFailure
 
     codec._append_only(None, None)  # the committed spec: 0.33.0 only appends to 0.32.0
     real_load = spec_package.load
@@ -327,7 +327,7 @@ def test_append_only_check_fails_on_an_inserted_field(monkeypatch) -> None:
 def test_check_follows_an_older_release(capsys) -> None:
     # The struct checks follow 0.9.1's layout, and RequestError (0.33.0 only) is skipped
     assert main(["check", "--version", "0.9.1", "--no-progress", "-k",
-                 "codec.struct.lora-request.*", "-k", "codec.struct.request-error.*"]) == 0
+                 "codec/struct/lora-request/*", "-k", "codec/struct/request-error/*"]) == 0
     out = capsys.readouterr().out
     assert "0 failed" in out and "skipped" in out
     assert main(["check", "--version", "0.9.5"]) == 2

@@ -15,7 +15,7 @@ import enginewire.conformance.targets.vllm.objects as vllm_objects
 import enginewire.fuzz.mutations as mutations
 import enginewire.fuzz.strategies as strategies
 import enginewire.reference.codec as codec
-import enginewire.reference.structs as structs
+import enginewire.spec.classes as structs
 import enginewire.spec.loader as loader
 import enginewire.spec.render as render
 import enginewire.spec.types as types
@@ -40,7 +40,7 @@ WALKERS = {
     "enginewire.fuzz.strategies": {"_StrategyOf"},
     "enginewire.fuzz.mutations": {"_Inside", "_MsgpackKinds"},
     "enginewire.conformance.targets.vllm.objects": {"_Convert"},
-    "enginewire.reference.structs": {"_Annotation"},
+    "enginewire.spec.classes": {"_Annotation"},
     "enginewire.reference.codec": {"_Child"},
     "enginewire.spec.loader": {"_DefaultProblem"},
     "enginewire.spec.render": {"_TypeCell"},

@@ -8,7 +8,7 @@ value, request-type byte or extension code that names another thing). Array stru
 append defaulted fields, and map structs that only add defaulted keys, are no change.
 
 Each change is then tried both ways (old writes, new reads; new writes, old reads) with the
-classes built for each release (:func:`enginewire.reference.structs.build`) and the sampler of
+classes built for each release (:func:`enginewire.spec.classes.build`) and the sampler of
 :mod:`.compat`. It is a ``break`` when a direction raises or a field both sides have decodes to
 another value; otherwise it is listed with ``break = false`` (both sides decode it the same).
 :func:`write_changes` writes ``history/changes.toml``; the docs page lists the breaks.
@@ -81,7 +81,7 @@ def _struct_kinds(old: StructSpec, new: StructSpec) -> tuple[list[str], str]:
 
 def _try(writer: str, reader: str, name: str) -> tuple[str, str]:
     """Encode a filled ``name`` with ``writer``'s classes, decode with ``reader``'s."""
-    from enginewire.reference.structs import build
+    from enginewire.spec.classes import build
 
     wspec = spec_for(writer)
     sample = _Sampler(wspec).struct(wspec.struct(name))

@@ -117,11 +117,12 @@ def cmd_match(args: argparse.Namespace) -> int:
 
 def cmd_compat(args: argparse.Namespace) -> int:
     from ..loader import DATA_DIR
-    from .compat import run_compat, run_matrix
+    from .compat import run_compat
+    from .compat_matrix import write_matrix
 
     known = read_releases(DATA_DIR)
     if args.matrix:
-        return run_matrix(known, args.out, confirm=not args.no_confirm)
+        return write_matrix(known, args.out, confirm=not args.no_confirm)
     if not args.frontend or not args.engine:
         print("enginewire compat: error: give releases A and B, or --matrix", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ Each finding has a kind, ordered by severity: ``identical`` (no finding), ``comp
 two sides read as different fields, and a realistic value passes the reader's type check),
 ``rejected`` (the reader raises). :func:`confirm` then encodes a filled-in message with the
 classes built for the writer's release and decodes it with the reader's
-(:func:`enginewire.reference.structs.build`), and says whether the outcome matches.
+(:func:`enginewire.spec.classes.build`), and says whether the outcome matches.
 """
 
 from __future__ import annotations
@@ -467,7 +467,7 @@ def confirm(verdict: MessageVerdict, frontend: str, engine: str) -> None:
 
 
 def _confirm_payload(verdict: MessageVerdict) -> None:
-    from enginewire.reference.structs import build
+    from enginewire.spec.classes import build
 
     payload = verdict.payload
     writer_version = verdict.writer.rsplit(" ", 1)[1]
@@ -592,12 +592,6 @@ def run_compat(frontend: str, engine: str, *, confirm: bool = True,
     else:
         print(render_text(frontend, engine, verdicts))
     return 1 if any(v.confirmed is False for v in verdicts) else 0
-
-
-def run_matrix(releases: list[str], out: Path, *, confirm: bool = True) -> int:
-    from .matrix import write_matrix
-
-    return write_matrix(releases, out, confirm=confirm)
 
 
 def real_wheel_check(frontend: str, engine: str) -> None:
