@@ -147,9 +147,34 @@ def render_pages(spec: Spec) -> dict[str, str]:
         page = _Page(spec, name)
         page.header(surface)
         renderers[name](page, surface)
+        _limits(page, surface)
         page.clauses(surface.clauses)
         pages[f"{name}.md"] = page.text()
     return pages
+
+
+def _limits(page: _Page, surface: SurfaceHeader) -> None:
+    """The surface's numeric limits, each with the clauses that state it."""
+    if not surface.limits:
+        return
+    page.add("## Limits", "")
+    page.add(
+        *_table(
+            ["limit", "value", "clauses"],
+            (
+                [
+                    _code(name),
+                    _cell(_code(value)),
+                    ", ".join(
+                        page.clause_link(clause.id)
+                        for clause in getattr(surface, "clauses", ())
+                        if f"`{name}`" in clause.text
+                    ),
+                ]
+                for name, value in surface.limits.items()
+            ),
+        )
+    )
 
 
 # --- Markdown helpers ------------------------------------------------------------------------

@@ -41,6 +41,9 @@ class SurfaceHeader(_Strict, kw_only=True):
     title: str
     summary: str
     versions: str
+    #: Numeric bounds a decoder enforces on this surface (``name = value``); each is named by
+    #: the clause that states it, and rendered in the surface's page.
+    limits: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 # --- transport ---------------------------------------------------------------------------
