@@ -805,6 +805,17 @@ def _ring(page: _Page, surface: RingFile) -> None:
             ),
         )
     )
+    page.add("## Globals a reader unpickles", "")
+    page.add(
+        "A `module.name` entry allows that global, a `module.*` entry any class under the module "
+        f"({page.clause_link('ring.payload.pickle-allow-list')}):",
+        "",
+    )
+    page.add(
+        ", ".join(_code(entry) for entry in surface.pickle_allowed_globals)
+        or "*(none in this version of the spec)*",
+        "",
+    )
     page.add("## Constants", "")
     page.add(
         *_table(

@@ -254,6 +254,9 @@ class RingFile(SurfaceHeader, kw_only=True):
     framing: list[FramingField]
     constants: dict[str, int | float | str]
     clauses: list[Clause]
+    #: The globals a reader's unpickler may load: ``module.name`` exactly, or ``module.*`` for
+    #: any class under ``module`` (clause ring.payload.pickle-allow-list).
+    pickle_allowed_globals: list[str] = msgspec.field(default_factory=list)
 
 
 # --- structs -----------------------------------------------------------------------------

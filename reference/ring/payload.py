@@ -11,8 +11,12 @@ A codec turns an object into ``[main, oob_1, ..., oob_n]`` (see :mod:`.framing`)
   to :func:`rebuild_tensor`.
 - :class:`MsgspecCodec` is a fast path between enginewire peers only: one msgpack buffer.
 
-Unpickling runs code chosen by whoever wrote the bytes: use the pickle codec only between
-processes that trust each other (clause ring.payload.trusted-only, vLLM issue 29565).
+Unpickling runs code chosen by whoever wrote the bytes (clause ring.payload.trusted-only, vLLM
+issue 29565). So :class:`PickleCodec` reads with an allow-list of globals by default
+(:mod:`.allowlist`, clause ring.payload.pickle-allow-list): a stream naming any other global
+raises :class:`~enginewire.reference.errors.UnsafePickleError` and runs nothing.
+``PickleCodec(trusted=True)`` (codec name ``"pickle-trusted"``) opts into unpickling anything,
+for processes that trust each other.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..errors import PayloadError
+from .allowlist import AllowList, guarded_getattr, guarded_import, spec_entries
 from .framing import Buffer
 
 #: PickleBuffers of at least this many bytes travel out of band.
@@ -135,6 +140,42 @@ class _RingUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def _load_storage_weights_only(data: bytes) -> Any:
+    """``torch.storage._load_from_bytes`` through torch's own allow-list (weights_only)."""
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _safe_allow_list() -> AllowList:
+    special = {
+        ("torch.storage", "_load_from_bytes"): _load_storage_weights_only,
+        (VLLM_SHM_MODULE, VLLM_REBUILD_NAME): rebuild_tensor,
+        ("importlib", "import_module"): guarded_import({VLLM_SHM_MODULE: _VLLM_SHIM}),
+        ("builtins", "getattr"): guarded_getattr({id(_VLLM_SHIM): frozenset({VLLM_REBUILD_NAME})}),
+    }
+    return AllowList(spec_entries(), special)
+
+
+_SAFE: AllowList | None = None
+
+
+def safe_allow_list() -> AllowList:
+    """The allow-list of the spec, with the stand-ins for vLLM's tensor rebuild (shared)."""
+    global _SAFE
+    if _SAFE is None:
+        _SAFE = _safe_allow_list()
+    return _SAFE
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Resolves globals through the allow-list only."""
+
+    def __init__(self, file: Any, *, buffers: Any, allow: AllowList) -> None:
+        super().__init__(file, buffers=buffers)
+        self.find_class = allow.find_class  # type: ignore[method-assign]
+
+
 class _ViewReader:
     """A read-only file over a buffer, for :class:`pickle.Unpickler`: ``readinto`` lets the
     unpickler copy a large in-band buffer straight from the slot into its final object."""
@@ -213,12 +254,19 @@ class _Pickling:
 
 
 class PickleCodec:
-    """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``)."""
+    """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``).
+
+    Decoding resolves only the globals of the spec's allow-list unless ``trusted`` is set
+    (clause ring.payload.pickle-allow-list).
+    """
 
     name = "pickle"
 
-    def __init__(self, oob_threshold: int = OOB_THRESHOLD_BYTES) -> None:
+    def __init__(self, oob_threshold: int = OOB_THRESHOLD_BYTES, *,
+                 trusted: bool = False) -> None:
         self.oob_threshold = oob_threshold
+        self.trusted = trusted
+        self._allow = None if trusted else safe_allow_list()
         self._local = threading.local()
 
     def encode(self, obj: Any) -> list[Buffer]:
@@ -243,6 +291,13 @@ class PickleCodec:
         return buffers
 
     def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
+        allow = self._allow
+        if allow is not None:
+            if type(main) is bytes or memoryview(main).nbytes <= SCAN_BYTES_MAX:
+                stream: Any = io.BytesIO(main)
+            else:
+                stream = _ViewReader(main)
+            return _SafeUnpickler(stream, buffers=oob, allow=allow).load()
         if type(main) is bytes:
             data = main
         elif type(main) is memoryview and main.nbytes <= SCAN_BYTES_MAX:
@@ -290,8 +345,10 @@ def get_codec(codec: str | PayloadCodec) -> PayloadCodec:
     if isinstance(codec, str):
         if codec == "pickle":
             return PickleCodec()
+        if codec == "pickle-trusted":
+            return PickleCodec(trusted=True)
         if codec == "msgspec":
             return MsgspecCodec()
         raise PayloadError("ring.payload.codec", "unknown codec name",
-                           expected="'pickle' or 'msgspec'", got=codec)
+                           expected="'pickle', 'pickle-trusted' or 'msgspec'", got=codec)
     return codec
