@@ -15,6 +15,7 @@ from collections.abc import Sequence
 COMMAND_MODULES = (
     "enginewire.spec.commands",
     "enginewire.reference.commands",
+    "enginewire.reference.ring.commands",
     "enginewire.conformance.commands",
     "enginewire.fuzz.commands",
     "enginewire.fuzz.explore.commands",

@@ -1,6 +1,6 @@
 """ZMQ addresses for enginewire's own sockets, and their cleanup.
 
-Every ipc:// endpoint enginewire binds lives at ``{tempdir}/enginewire-p<pid>s<start>-{uuid4}``
+Every ipc:// endpoint enginewire binds lives at ``{tempdir}/enginewire-p<pid>s<start>-<16 hex digits>``
 (the creator's tag, :mod:`.liveness`) so that tests and users can find (and a test session can
 check for) leftovers by name, and ``enginewire ring clean`` can tell whose they are. Whoever
 binds an ipc endpoint removes its file when it closes the socket: ZMQ itself never does.
@@ -28,7 +28,8 @@ def ipc_address(base_dir: str | None = None) -> str:
     """A fresh ``ipc://`` address under ``base_dir`` (default: the temp dir), named after the
     calling process."""
     directory = base_dir or tempfile.gettempdir()
-    name = f"{IPC_PREFIX}{this_process().tag}-{uuid.uuid4().hex}"
+    # 64 random bits keep the name short (sun_path holds 107 bytes) and still unique.
+    name = f"{IPC_PREFIX}{this_process().tag}-{uuid.uuid4().hex[:16]}"
     return f"ipc://{os.path.join(directory, name)}"
 
 
