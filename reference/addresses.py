@@ -1,6 +1,6 @@
 """ZMQ addresses for enginewire's own sockets, and their cleanup.
 
-Every ipc:// endpoint enginewire binds lives at ``{tempdir}/enginewire-p<pid>s<start>-<16 hex digits>``
+Every ipc:// endpoint enginewire binds lives at ``{tempdir}/enginewire-p<pid>s<start>-<hex>``
 (the creator's tag, :mod:`.liveness`) so that tests and users can find (and a test session can
 check for) leftovers by name, and ``enginewire ring clean`` can tell whose they are. Whoever
 binds an ipc endpoint removes its file when it closes the socket: ZMQ itself never does.
