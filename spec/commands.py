@@ -8,7 +8,30 @@ import json
 import sys
 from pathlib import Path
 
+from enginewire.cliargs import existing_dir, writable_dir
+
 from .loader import REFERENCE_VLLM_VERSION, SpecError, load
+from .versions import VersionError, VersionRange, format_version, parse_version
+
+
+def oldest_version() -> tuple[int, int, int]:
+    """The oldest vLLM version a surface of the (reference) spec covers."""
+    return min(VersionRange.parse(s.versions).low for s in load().surfaces.values())
+
+
+def spec_version(text: str) -> str:
+    """A vLLM version the spec knows: well formed, from the oldest covered version up to the
+    reference version (newer versions are not described yet)."""
+    try:
+        version = parse_version(text)
+    except VersionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    oldest = oldest_version()
+    if not oldest <= version <= parse_version(REFERENCE_VLLM_VERSION):
+        raise argparse.ArgumentTypeError(
+            f"unknown vLLM version {format_version(version)}: the spec covers "
+            f"{format_version(oldest)} to {REFERENCE_VLLM_VERSION}")
+    return format_version(version)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,9 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     spec_sub = spec_parser.add_subparsers(dest="spec_command", metavar="ACTION", required=True)
 
     def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--version", default=REFERENCE_VLLM_VERSION,
+        parser.add_argument("--version", default=REFERENCE_VLLM_VERSION, type=spec_version,
                             help="vLLM version to select (default: %(default)s)")
-        parser.add_argument("--data-dir", type=Path, default=None,
+        parser.add_argument("--data-dir", type=existing_dir, default=None,
                             help="read spec files from this directory instead of the package's")
 
     check = spec_sub.add_parser("check", help="validate every spec file")
@@ -42,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     docs = spec_sub.add_parser("docs", help="render the spec as Markdown pages")
     common(docs)
-    docs.add_argument("--out", type=Path, default=Path("docs/spec"),
+    docs.add_argument("--out", type=writable_dir, default="docs/spec",
                       help="output directory (default: %(default)s)")
     docs.add_argument("--check", action="store_true",
                       help="exit 1 if the pages on disk differ from a fresh rendering")
@@ -132,4 +155,4 @@ def cmd_docs(args: argparse.Namespace) -> int:
     spec = _load(args)
     if spec is None:
         return 1
-    return run_docs(spec, out=args.out, check=args.check)
+    return run_docs(spec, out=Path(args.out), check=args.check)
