@@ -155,3 +155,26 @@ def test_every_kind_rejects_deep_nesting_as_a_protocol_error(kind: str) -> None:
         pass
     except RecursionError:  # pragma: no cover - the failure this test exists for
         pytest.fail(f"{kind}: RecursionError escaped the codec")
+
+
+def test_start_dp_wave_with_nil_exclude_decodes() -> None:
+    """The codec follows the spec's tuple[int, int | none] for START_DP_WAVE."""
+    codec = Codec()
+    frames = [*codec.layout("start_dp_wave").prefix, msgspec.msgpack.encode([1, None])]
+    assert codec.decode("start_dp_wave", frames) == (1, None)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "reference/session.py EngineSession.receive_request checks START_DP_WAVE as two ints, "
+    "but the spec types it tuple[int, int | none] (frames.toml start_dp_wave payload): "
+    "[1, nil] raises frames.start-dp-wave-payload"))
+def test_the_engine_session_accepts_start_dp_wave_with_nil_exclude() -> None:
+    from enginewire.reference.session import EngineSession
+
+    session = EngineSession(0)
+    session.start()
+    session.receive_init({"addresses": {"inputs": ["ipc:///tmp/a"], "outputs": ["ipc:///tmp/b"]},
+                          "parallel_config": {}})
+    session.send_ready_response()
+    session.send_ready()
+    assert session.receive_request(b"\x02", (1, None)) == []
