@@ -117,7 +117,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="comma-separated prompt token ids (default: 1,2,3)")
     utility = actions.add_parser("utility", help="call a utility method on every engine")
     utility.add_argument("method")
-    utility.add_argument("args", nargs="*")
+    utility.add_argument("args", nargs="*", type=utility_arg)
     actions.add_parser("ready", help="print every engine's ready response")
     frontend.set_defaults(handler=cmd_frontend)
 
@@ -155,11 +155,15 @@ def _json(value: Any) -> str:
     return json.dumps(msgspec.to_builtins(value), sort_keys=True)
 
 
-def _arg(text: str) -> Any:
+def utility_arg(text: str) -> Any:
+    """A utility argument: JSON when it parses as JSON, the text itself otherwise; JSON that
+    nests too deep to read is a usage error."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+    except RecursionError:
+        raise argparse.ArgumentTypeError("the JSON argument nests too deep") from None
 
 
 def cmd_frontend(args: argparse.Namespace) -> int:
@@ -219,7 +223,7 @@ def _run_action(frontend: Any, args: argparse.Namespace) -> int:
     if args.action == "utility":
         from .frontend import UtilityCallError
 
-        call_args = [_arg(a) for a in args.args]
+        call_args = list(args.args)
         status = 0
         for rank in range(frontend.engine_count):
             try:

@@ -70,6 +70,7 @@ CASES: list[tuple[str, int, str]] = [
     ("frontend nosuchaction", 2, "invalid choice"),
     ("frontend", 2, "ACTION"),
     ("frontend utility", 2, "method"),
+    ("frontend utility m " + "[" * 10_000 + "]" * 10_000, 2, "too deep"),
     # serve-engine
     ("serve-engine", 2, "--handshake"),
     ("serve-engine --handshake notaurl", 2, "not an address"),
@@ -153,7 +154,8 @@ def test_the_table_is_large_enough() -> None:
     assert len(CASES) >= 50
 
 
-@pytest.mark.parametrize(("argv", "status", "word"), CASES, ids=[c[0] or "(none)" for c in CASES])
+@pytest.mark.parametrize(("argv", "status", "word"), CASES,
+                         ids=[c[0][:60] or "(none)" for c in CASES])
 def test_bad_invocation(argv: str, status: int, word: str, files: dict[str, str],
                         capsys: pytest.CaptureFixture[str]) -> None:
     args = [part.format(**files) for part in argv.split()]

@@ -319,3 +319,30 @@ def test_engine_socket_files_are_owner_only_under_umask_000() -> None:
         os.umask(old)
         context.term()
     assert tempfile.gettempdir()
+
+
+# --- deep nesting -------------------------------------------------------------------------------
+
+
+def _deep(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("name", ["pickle", "msgspec"])
+def test_deep_values_are_payload_errors_not_recursion_errors(name: str) -> None:
+    from enginewire.reference.errors import PayloadError
+    from enginewire.reference.ring.payload import MsgspecCodec
+
+    codec = PickleCodec() if name == "pickle" else MsgspecCodec()
+    with pytest.raises(PayloadError):
+        codec.encode(_deep(10_000))
+    if name == "msgspec":
+        with pytest.raises(PayloadError):
+            codec.decode(b"\x91" * 10_000 + b"\xc0", [])
+    else:
+        stream = b"\x80\x05" + b"]" * 10_000 + b"a" * 9_999 + b"."
+        got = codec.decode(stream, [])  # the unpickler is iterative: deep lists are data
+        assert isinstance(got, list)

@@ -281,6 +281,10 @@ class PickleCodec:
         try:
             pickling.dump(obj)
             buffers[0] = output[0] if len(output) == 1 else b"".join(output)
+        except RecursionError:
+            local.pickling = None
+            raise PayloadError("ring.payload.codec", "the object nests too deep to pickle",
+                               got=type(obj).__name__) from None
         except BaseException:
             local.pickling = None  # start the next message from a fresh pickler
             raise
@@ -328,7 +332,11 @@ class MsgspecCodec:
         self._decoder = msgspec.msgpack.Decoder(type)
 
     def encode(self, obj: Any) -> list[Buffer]:
-        return [self._encoder.encode(obj)]
+        try:
+            return [self._encoder.encode(obj)]
+        except RecursionError:
+            raise PayloadError("ring.payload.codec", "the object nests too deep to encode",
+                               got=type(obj).__name__) from None
 
     def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
         if oob:
@@ -338,6 +346,9 @@ class MsgspecCodec:
             return self._decoder.decode(main)
         except msgspec.DecodeError as exc:
             raise PayloadError("ring.payload.codec", f"not a msgpack payload: {exc}") from None
+        except RecursionError:
+            raise PayloadError("ring.payload.codec", "the payload nests too deep to decode"
+                               ) from None
 
 
 def get_codec(codec: str | PayloadCodec) -> PayloadCodec:
