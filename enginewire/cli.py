@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "enginewire.reference.ring.commands",
     "enginewire.conformance.commands",
     "enginewire.fuzz.commands",
+    "enginewire.fuzz.soak",
     "enginewire.fuzz.explore.commands",
     "enginewire.fuzz.mutants.commands",
     "enginewire.bench.commands",

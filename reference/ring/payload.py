@@ -45,6 +45,17 @@ VLLM_SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 VLLM_REBUILD_NAME = "_rebuild_tensor"
 #: A pickle stream naming vLLM's rebuild function (either spelling) contains these bytes.
 _VLLM_MODULE_BYTES = VLLM_SHM_MODULE.encode()
+#: The opcodes through which a pickle stream gets hold of a global (and so of anything it can
+#: call): GLOBAL, INST, STACK_GLOBAL, EXT1, EXT2, EXT4. A stream none of whose bytes is one of
+#: them builds plain data only (REDUCE, BUILD, OBJ and NEWOBJ need a callable or class from one).
+_GLOBAL_OPCODES = (0x63, 0x69, 0x93, 0x82, 0x83, 0x84)
+
+
+def _names_no_global(data: bytes) -> bool:
+    """True when no byte of ``data`` is a global-loading opcode (one memchr per opcode: an
+    int operand makes ``in`` search for one byte)."""
+    return not (0x63 in data or 0x69 in data or 0x93 in data
+                or 0x82 in data or 0x83 in data or 0x84 in data)
 #: In-band streams up to this size are copied and searched for vLLM's module name, so that
 #: the common stream is unpickled by ``pickle.loads``; longer ones are read in place.
 SCAN_BYTES_MAX = 16 * 1024
@@ -297,11 +308,18 @@ class PickleCodec:
     def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
         allow = self._allow
         if allow is not None:
-            if type(main) is bytes or memoryview(main).nbytes <= SCAN_BYTES_MAX:
-                stream: Any = io.BytesIO(main)
+            if type(main) is bytes:
+                data = main
+            elif memoryview(main).nbytes <= SCAN_BYTES_MAX:
+                data = bytes(main)
             else:
-                stream = _ViewReader(main)
-            return _SafeUnpickler(stream, buffers=oob, allow=allow).load()
+                return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
+            if _names_no_global(data):
+                # No byte of the stream can be an opcode that loads a global, so nothing in it
+                # can be called: the C unpickler's fast path is as safe as the allow-list.
+                return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)
+            with io.BytesIO(data) as stream:
+                return _SafeUnpickler(stream, buffers=oob, allow=allow).load()
         if type(main) is bytes:
             data = main
         elif type(main) is memoryview and main.nbytes <= SCAN_BYTES_MAX:
