@@ -259,7 +259,7 @@ def _reap(process: subprocess.Popen[str]) -> None:
 
 
 def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0,
-             progress: Any = None) -> SoakReport:
+             ring_every: int = 3, progress: Any = None) -> SoakReport:
     """Run the campaign for about ``seconds``; see the module docstring."""
     import zmq
 
@@ -303,7 +303,7 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
                 problem = _serve_check(frontend, timeout, str(report.rounds))
                 if problem is None and not engine.alive():
                     problem = "the engine process died"
-                if report.rounds % 3 == 0:
+                if report.rounds % ring_every == 0:
                     _ring_round(rng, report, timeout)
                 if progress is not None:
                     progress(report)
