@@ -7,6 +7,7 @@ import difflib
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from enginewire.cliargs import existing_dir, writable_dir
 
@@ -20,18 +21,27 @@ def oldest_version() -> tuple[int, int, int]:
 
 
 def spec_version(text: str) -> str:
-    """A vLLM version the spec knows: well formed, from the oldest covered version up to the
-    reference version (newer versions are not described yet)."""
+    """A well-formed vLLM version (whether the spec covers it is decided with its data)."""
     try:
-        version = parse_version(text)
+        return format_version(parse_version(text))
     except VersionError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    oldest = oldest_version()
-    if not oldest <= version <= parse_version(REFERENCE_VLLM_VERSION):
-        raise argparse.ArgumentTypeError(
-            f"unknown vLLM version {format_version(version)}: the spec covers "
-            f"{format_version(oldest)} to {REFERENCE_VLLM_VERSION}")
-    return format_version(version)
+
+
+def _newest_named(spec: Any) -> tuple[int, int, int]:
+    """The newest version the spec names: the reference version or a bound of a range."""
+    newest = parse_version(REFERENCE_VLLM_VERSION)
+    texts = [s.versions for s in spec.surfaces.values()]
+    texts += [ref.clause.versions for ref in spec.clauses.values()]
+    for item in spec.structs.values():
+        texts.append(getattr(item, "versions", None))
+        texts += [getattr(f, "versions", None) for f in getattr(item, "fields", ())]
+        texts += [getattr(m, "versions", None) for m in getattr(item, "members", ())]
+    for text in texts:
+        if text:
+            bounds = VersionRange.parse(text)
+            newest = max(newest, bounds.low, bounds.high or bounds.low)
+    return newest
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -72,18 +82,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     docs.set_defaults(handler=cmd_docs)
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace) -> Any:
+    """The spec for ``args.version``, or the exit status after reporting why not: 1 for a
+    spec data error, 2 for a version the spec does not cover (older than every surface, or
+    newer than any version its data names)."""
     try:
-        return load(args.version, args.data_dir)
+        spec = load(args.version, args.data_dir)
     except SpecError as exc:
         print(f"enginewire spec: error: {exc}", file=sys.stderr)
-        return None
+        return 1
+    version = parse_version(args.version)
+    oldest = min(VersionRange.parse(s.versions).low for s in spec.surfaces.values())
+    newest = _newest_named(spec)
+    if not oldest <= version <= newest:
+        print(f"enginewire spec: error: unknown vLLM version {args.version}: the spec covers "
+              f"{format_version(oldest)} to {format_version(newest)}", file=sys.stderr)
+        return 2
+    return spec
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     n_fields = sum(len(s.fields) for s in spec.structs.values() if hasattr(s, "fields"))
     levels: dict[str, int] = {}
     for ref in spec.clauses.values():
@@ -100,8 +121,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     json.dump(spec.to_builtins(), sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
     return 0
@@ -109,8 +130,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     ref = spec.clauses.get(args.clause_id)
     if ref is None:
         close = _similar_clause_ids(args.clause_id, list(spec.clauses))
@@ -144,8 +165,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from .drift import run_diff
 
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     return run_diff(spec, against=args.against)
 
 
@@ -153,6 +174,6 @@ def cmd_docs(args: argparse.Namespace) -> int:
     from .render import run_docs
 
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     return run_docs(spec, out=Path(args.out), check=args.check)
