@@ -15,7 +15,9 @@ For ``--seconds`` (default 20), in rounds, with one random generator seeded by `
 
 The report: cases tried, typed errors, crashes, hangs, the engine's and front end's resident
 memory growth, and leftovers (segments and ipc files of dead processes still there after the
-clean-up). Exit status 1 when there is any crash, hang or leftover, else 0.
+clean-up). Memory growth counts from round :data:`RSS_BASELINE_ROUND`, once the engine has
+imported torch for its first tensor. Exit status 1 when there is any crash, hang or leftover,
+else 0.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ from typing import Any
 from enginewire.cliargs import non_negative_int, positive_float, writable_file
 
 INPUT_KINDS = ("add", "abort", "utility")
+#: Resident memory is measured from the start of this round (0: a run shorter than that
+#: reports no growth).
+RSS_BASELINE_ROUND = 10
 OUTPUT_KINDS = ("outputs", "utility_reply")
 
 
@@ -287,9 +292,10 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
             engine_rss0 = frontend_rss0 = 0
             while problem is None and time.monotonic() - started < seconds:
                 report.rounds += 1
-                if report.rounds == 2:
-                    # The baseline after one full round: imports (torch for the first tensor)
-                    # and caches are in place, so growth from here is what the traffic costs.
+                if report.rounds == RSS_BASELINE_ROUND:
+                    # The baseline after some rounds: imports (torch, at the first tensor a
+                    # malformed case carries) and caches are in place, so growth from here is
+                    # what the traffic costs.
                     engine_rss0, frontend_rss0 = rss_kib(engine.pid), rss_kib(os.getpid())
                 inputs = cases.draw(INPUT_KINDS, batch)
                 if report.rounds % 5 == 1:
