@@ -11,7 +11,7 @@ For ``--seconds`` (default 20), in rounds, with one random generator seeded by `
   other exception a *crash*;
 - *ring*: a writer and a reader process share a ring; one of them is killed with SIGKILL at a
   random point, and the survivor must raise ``RingPeerDead`` (a *hang* otherwise);
-  ``enginewire ring clean`` then removes what the dead process left.
+  ``enginewire ring clean``'s clean-up then removes what the dead process left, at once.
 
 The report: cases tried, typed errors, crashes, hangs, the engine's and front end's resident
 memory growth, and leftovers (segments and ipc files of dead processes still there after the
@@ -311,6 +311,8 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
                     problem = "the engine process died"
                 if report.rounds % ring_every == 0:
                     _ring_round(rng, report, timeout)
+                    clean()  # what the killed process left, as a later process would
+                    report.leftovers = max(report.leftovers, len(leftovers()))
                 if progress is not None:
                     progress(report)
             if problem is not None:
@@ -324,7 +326,7 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
             engine.stop(10.0)
             context.term()
     clean()
-    report.leftovers = len(leftovers())
+    report.leftovers = max(report.leftovers, len(leftovers()))
     report.seconds = time.monotonic() - started
     return report
 
