@@ -130,10 +130,6 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
     if args.input and len(args.input) != len(args.output):
         print("enginewire serve-engine: give one --output per --input", file=sys.stderr)
         return 2
-    if args.rank >= args.dp_size:
-        print(f"enginewire serve-engine: --rank {args.rank} is not below --dp-size "
-              f"{args.dp_size}", file=sys.stderr)
-        return 2
     options = EngineOptions(
         handshake_address=args.handshake,
         input_addresses=args.input or (),

@@ -79,7 +79,6 @@ CASES: list[tuple[str, int, str]] = [
     ("serve-engine --input tcp://127.0.0.1:1", 2, "--output"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --rank -1", 2, "--rank"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --rank 70000", 2, "--rank"),
-    ("serve-engine --handshake tcp://127.0.0.1:5555 --rank 1", 2, "--dp-size"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --tokens -1", 2, "--tokens"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --dp-size 0", 2, "--dp-size"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --step-delay -1", 2, "--step-delay"),
