@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from enginewire.bench.config import BENCHES, BenchConfig
+from enginewire.cliargs import positive_int, writable_dir, writable_file
 
 
 def register(subparsers: Any) -> None:
@@ -35,14 +36,17 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--quick", action="store_true",
                         help="a small grid and 3 rounds: under a minute")
-    parser.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
-    parser.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR (matplotlib)")
-    parser.add_argument("--markdown", metavar="PATH",
+    parser.add_argument("--json", metavar="PATH", type=writable_file,
+                        help="write every figure as JSON here")
+    parser.add_argument("--plot", metavar="DIR", type=writable_dir,
+                        help="write PNG plots into DIR (matplotlib)")
+    parser.add_argument("--markdown", metavar="PATH", type=writable_file,
                         help="write the command, the targets and the summary tables as "
                              "Markdown (for a README)")
     parser.add_argument("--bench", action="append", choices=BENCHES, default=[],
                         help="run only this bench; may repeat (default: all)")
-    parser.add_argument("--rounds", type=int, metavar="N", help="rounds (default 7, quick 3)")
+    parser.add_argument("--rounds", type=positive_int, metavar="N",
+                        help="rounds (default 7, quick 3)")
     parser.add_argument("--no-vllm", action="store_true",
                         help="do not measure vLLM (no vs-vLLM ratios)")
     parser.add_argument("--summary", action="store_true",
@@ -88,6 +92,20 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
     return replace(config, **overrides)
 
 
+def _unloadable_targets(targets: tuple[str, ...]) -> str | None:
+    """Why one of the asked targets cannot be measured (None: all load), found before the
+    run starts: an unknown target is an error, never a run of the others."""
+    from enginewire.conformance.targets.contract import TargetError
+    from enginewire.conformance.targets.resolve import load_target
+
+    for text in targets:
+        try:
+            load_target(text).close()
+        except (TargetError, ImportError) as exc:
+            return f"target {text!r}: {exc}"
+    return None
+
+
 def main(args: argparse.Namespace) -> int:
     from enginewire.bench import plots, report, rounds
 
@@ -106,6 +124,10 @@ def main(args: argparse.Namespace) -> int:
             config = config_from(args)
         except ValueError as exc:
             print(f"enginewire bench: {exc}", file=sys.stderr)
+            return 2
+        unknown = _unloadable_targets(config.targets)
+        if unknown:
+            print(f"enginewire bench: {unknown}", file=sys.stderr)
             return 2
         results = rounds.run(config, progress=not args.no_progress,
                              command=command_line(args))

@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from enginewire.cliargs import positive_float, writable_file
 from enginewire.conformance.framework.registry import SURFACES
 
 
@@ -45,10 +46,13 @@ def register(subparsers: Any) -> None:
                         help="run only checks whose ID matches this glob; may repeat")
     parser.add_argument("--strict", action="store_true",
                         help="also run checks of SHOULD and MAY clauses")
-    parser.add_argument("--json", metavar="PATH", help="write the JSON report here")
-    parser.add_argument("--junit", metavar="PATH", help="write a JUnit XML report here")
-    parser.add_argument("--html", metavar="PATH", help="write a self-contained HTML report")
-    parser.add_argument("--markdown", metavar="PATH",
+    parser.add_argument("--json", metavar="PATH", type=writable_file,
+                        help="write the JSON report here")
+    parser.add_argument("--junit", metavar="PATH", type=writable_file,
+                        help="write a JUnit XML report here")
+    parser.add_argument("--html", metavar="PATH", type=writable_file,
+                        help="write a self-contained HTML report")
+    parser.add_argument("--markdown", metavar="PATH", type=writable_file,
                         help="write a Markdown page of the result for publishing (clauses "
                              "passed per surface, every failure with its reproduction)")
     parser.add_argument("--expected-failures", metavar="FILE",
@@ -59,7 +63,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--coverage", action="store_true",
                         help="list clauses without a check (exit 1 if a MUST clause has none)")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
-    parser.add_argument("--timeout-scale", type=float, default=1.0, metavar="X",
+    parser.add_argument("--timeout-scale", type=positive_float, default=1.0, metavar="X",
                         help="multiply every check's time limit by X (slow machines)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show tracebacks, skips and not-implemented reasons")
@@ -105,8 +109,16 @@ def main(args: argparse.Namespace) -> int:
         print("enginewire check: --update-expected needs --expected-failures FILE",
               file=sys.stderr)
         return 2
+    if not checks:
+        print("enginewire check: no check matches the --surface / -k selection",
+              file=sys.stderr)
+        return 2
     expected = None
     if args.expected_failures:
+        problem = _expected_file_problem(args.expected_failures, args.update_expected)
+        if problem:
+            print(f"enginewire check: --expected-failures {problem}", file=sys.stderr)
+            return 2
         try:
             expected = ExpectedFailures.load(args.expected_failures)
         except ExpectedFileError as exc:
@@ -153,6 +165,30 @@ def main(args: argparse.Namespace) -> int:
                                description=target.description)
     print(reports.render_terminal(result, verbose=args.verbose))
     return 0 if result.ok else 1
+
+
+def _expected_file_problem(path_text: str, update: bool) -> str | None:
+    """Why ``path_text`` cannot be read as an expected-failure list (None: it can). A missing
+    file is fine only with --update-expected, which creates it."""
+    from pathlib import Path
+
+    path = Path(path_text)
+    if not path.exists():
+        if update and path.parent.is_dir():
+            return None
+        return f"{path_text} does not exist"
+    if not path.is_file():
+        return f"{path_text} is not a file"
+    try:
+        data = path.read_bytes()
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return f"{path_text} is not UTF-8 text"
+    except OSError as exc:
+        return f"{path_text}: {exc.strerror}"
+    if b"\x00" in data:
+        return f"{path_text} is a binary file"
+    return None
 
 
 def _command_line(args: argparse.Namespace) -> str:

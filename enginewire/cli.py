@@ -2,21 +2,31 @@
 
 Each part of enginewire contributes its commands through a ``commands`` module with a
 ``register(subparsers)`` function; this file only assembles them.
+
+Exit status: 0 success; 1 the thing checked failed; 2 a usage error (one line on stderr, see
+:mod:`enginewire.cliargs`); 70 an internal error (a bug: one line naming the exception, the
+traceback only with ``ENGINEWIRE_TRACEBACK=1``); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+
+from .cliargs import EXIT_INTERNAL, Parser
 
 #: Modules that add subcommands, in the order they appear in ``--help``.
 COMMAND_MODULES = (
     "enginewire.spec.commands",
     "enginewire.reference.commands",
+    "enginewire.reference.ring.commands",
     "enginewire.conformance.commands",
     "enginewire.fuzz.commands",
+    "enginewire.fuzz.soak",
     "enginewire.fuzz.explore.commands",
     "enginewire.fuzz.mutants.commands",
     "enginewire.bench.commands",
@@ -28,7 +38,7 @@ TARGET_PROVIDER_MODULES = ("enginewire.fuzz.mutants",)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="enginewire",
         description="Wire specification and conformance suite for LLM engine IPC (vLLM V1).",
     )
@@ -47,8 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    result = args.handler(args)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        result = args.handler(args)
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
+        return 130
+    except RecursionError:
+        # Last resort: every decoder bounds its depth, so this is a bug, not bad input.
+        print(f"{parser.prog} {args.command}: internal error: RecursionError",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+    except Exception as exc:  # the last resort: every known failure is handled where it happens
+        if os.environ.get("ENGINEWIRE_TRACEBACK"):
+            traceback.print_exc()
+        text = " ".join(str(exc).split())[:500]
+        print(f"{parser.prog} {args.command}: internal error: {type(exc).__name__}: {text}",
+              file=sys.stderr)
+        return EXIT_INTERNAL
     return int(result or 0)
 
 

@@ -11,6 +11,8 @@ import argparse
 import sys
 from typing import Any
 
+from enginewire.cliargs import non_negative_float, positive_float, writable_dir
+
 SURFACE_CHOICES = ("codec", "engine")
 
 
@@ -38,14 +40,14 @@ def register(subparsers: Any) -> None:
                              "default 20)")
     parser.add_argument("--seed", type=int, default=None,
                         help="Hypothesis seed, for a reproducible campaign")
-    parser.add_argument("--database", default=None, metavar="DIR",
+    parser.add_argument("--database", default=None, type=writable_dir, metavar="DIR",
                         help="example database directory (default .hypothesis/enginewire-fuzz)")
     parser.add_argument("--no-database", action="store_true",
                         help="keep no example database (nothing replays)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+    parser.add_argument("--timeout", type=positive_float, default=None, metavar="S",
                         help="seconds per decode (codec, default 2) or per served ADD "
                              "(engine, default 10)")
-    parser.add_argument("--shrink-seconds", type=float, default=5.0, metavar="S",
+    parser.add_argument("--shrink-seconds", type=non_negative_float, default=5.0, metavar="S",
                         help="codec: seconds spent shrinking each finding (default 5; 0: "
                              "report the smallest case the campaign saw)")
     parser.add_argument("--strict", action="store_true",

@@ -476,6 +476,10 @@ class Codec:
             aux[0] = self._encoder.encode(value)
         except TypeError as exc:
             raise PayloadError("frames.payload-matches-type", str(exc)) from None
+        except RecursionError:
+            raise PayloadError(
+                "frames.nesting-depth", "the value nests too deep to encode"
+            ) from None
         finally:
             state.aux = None
         if not oob and len(aux) > 1:
@@ -511,6 +515,10 @@ class Codec:
         except msgspec.DecodeError as exc:
             raise PayloadError(
                 "frames.payload-matches-type", f"{kind}: {exc}", expected=payload
+            ) from None
+        except RecursionError:
+            raise PayloadError(
+                "frames.nesting-depth", f"{kind}: the msgpack frame nests too deep to decode"
             ) from None
         finally:
             state.frames, state.used = (), None

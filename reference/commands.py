@@ -25,60 +25,99 @@ from typing import Any
 
 import msgspec
 
+from enginewire.cliargs import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    zmq_address,
+)
+
+#: Engine ranks travel in a 2-byte identity (identity.width-two-bytes).
+MAX_RANK = 0xFFFF
+
+
+def engine_rank(text: str) -> int:
+    value = non_negative_int(text)
+    if value > MAX_RANK:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an engine rank (0-{MAX_RANK})")
+    return value
+
+
+def engine_count(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_RANK + 1:
+        raise argparse.ArgumentTypeError(f"{text!r} engines do not fit 2-byte identities")
+    return value
+
+
+def prompt_tokens(text: str) -> list[int]:
+    """Comma-separated non-negative token ids."""
+    try:
+        tokens = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of token ids") from None
+    if not tokens or any(t < 0 for t in tokens):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a non-empty list of token ids >= 0")
+    return tokens
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     engine = subparsers.add_parser(
         "serve-engine", help="run the scripted reference engine core"
     )
     target = engine.add_mutually_exclusive_group(required=True)
-    target.add_argument("--handshake", metavar="ADDR",
+    target.add_argument("--handshake", metavar="ADDR", type=zmq_address,
                         help="the front end's handshake ROUTER (ipc:// or tcp://)")
-    target.add_argument("--input", metavar="ADDR", action="append",
+    target.add_argument("--input", metavar="ADDR", action="append", type=zmq_address,
                         help="connect directly to this input ROUTER (no handshake; repeatable, "
                              "one per front-end client, with as many --output)")
     engine.add_argument("--output", metavar="ADDR", action="append", default=[],
+                        type=zmq_address,
                         help="output PULL to connect to when there is no handshake")
-    engine.add_argument("--rank", type=int, default=0, help="engine index (DP rank)")
+    engine.add_argument("--rank", type=engine_rank, default=0, help="engine index (DP rank)")
     where = engine.add_mutually_exclusive_group()
     where.add_argument("--local", dest="local", action="store_true", default=True,
                        help="report local=true in HELLO/READY (default)")
     where.add_argument("--remote", dest="local", action="store_false",
                        help="report local=false")
     engine.add_argument("--headless", action="store_true", help="report headless=true")
-    engine.add_argument("--tokens", type=int, default=4,
+    engine.add_argument("--tokens", type=positive_int, default=4,
                         help="tokens per request without max_tokens (default: %(default)s)")
-    engine.add_argument("--step-delay", type=float, default=0.0,
+    engine.add_argument("--step-delay", type=non_negative_float, default=0.0,
                         help="seconds between generation steps (default: %(default)s)")
-    engine.add_argument("--handshake-timeout", type=float, default=300.0,
+    engine.add_argument("--handshake-timeout", type=positive_float, default=300.0,
                         help="seconds to wait for init after HELLO (default: %(default)s)")
-    engine.add_argument("--max-model-len", type=int, default=4096)
-    engine.add_argument("--dp-size", type=int, default=1)
-    engine.add_argument("--parent-pid", type=int, default=None,
+    engine.add_argument("--max-model-len", type=positive_int, default=4096)
+    engine.add_argument("--dp-size", type=engine_count, default=1)
+    engine.add_argument("--parent-pid", type=positive_int, default=None,
                         help="exit when this process is no longer the parent")
     engine.set_defaults(handler=cmd_serve_engine)
 
     frontend = subparsers.add_parser(
         "frontend", help="run the reference front end against reference or other engines"
     )
-    frontend.add_argument("--engines", type=int, default=1, help="number of engines (ranks)")
-    frontend.add_argument("--handshake", metavar="ADDR", default=None,
+    frontend.add_argument("--engines", type=engine_count, default=1,
+                          help="number of engines (ranks)")
+    frontend.add_argument("--handshake", metavar="ADDR", default=None, type=zmq_address,
                           help="bind the handshake ROUTER here (default: a fresh ipc path)")
-    frontend.add_argument("--input", metavar="ADDR", default=None)
-    frontend.add_argument("--output", metavar="ADDR", default=None)
+    frontend.add_argument("--input", metavar="ADDR", default=None, type=zmq_address)
+    frontend.add_argument("--output", metavar="ADDR", default=None, type=zmq_address)
     frontend.add_argument("--spawn", action="store_true",
                           help="start the engines as child processes (reference engines)")
-    frontend.add_argument("--timeout", type=float, default=30.0,
+    frontend.add_argument("--timeout", type=positive_float, default=30.0,
                           help="seconds for the handshake and for each output (default: "
                                "%(default)s)")
     actions = frontend.add_subparsers(dest="action", metavar="ACTION", required=True)
     send = actions.add_parser("send", help="send requests and print their outputs")
-    send.add_argument("--count", type=int, default=1)
-    send.add_argument("--max-tokens", type=int, default=None)
-    send.add_argument("--prompt", default="1,2,3",
-                      help="comma-separated prompt token ids (default: %(default)s)")
+    send.add_argument("--count", type=positive_int, default=1)
+    send.add_argument("--max-tokens", type=positive_int, default=None)
+    send.add_argument("--prompt", type=prompt_tokens, default=[1, 2, 3],
+                      help="comma-separated prompt token ids (default: 1,2,3)")
     utility = actions.add_parser("utility", help="call a utility method on every engine")
     utility.add_argument("method")
-    utility.add_argument("args", nargs="*")
+    utility.add_argument("args", nargs="*", type=utility_arg)
     actions.add_parser("ready", help="print every engine's ready response")
     frontend.set_defaults(handler=cmd_frontend)
 
@@ -112,23 +151,44 @@ def _json(value: Any) -> str:
     return json.dumps(msgspec.to_builtins(value), sort_keys=True)
 
 
-def _arg(text: str) -> Any:
+def utility_arg(text: str) -> Any:
+    """A utility argument: JSON when it parses as JSON, the text itself otherwise; JSON that
+    nests too deep to read is a usage error."""
     try:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+    except RecursionError:
+        raise argparse.ArgumentTypeError("the JSON argument nests too deep") from None
 
 
 def cmd_frontend(args: argparse.Namespace) -> int:
+    import zmq
+
     from .engine import EngineOptions, spawn_engine
     from .errors import ProtocolError
     from .frontend import ReferenceFrontend
 
     engines = []
-    with ReferenceFrontend(
-        args.engines, handshake_address=args.handshake, input_address=args.input,
-        output_address=args.output,
-    ) as frontend:
+    try:
+        opened = ReferenceFrontend(
+            args.engines, handshake_address=args.handshake, input_address=args.input,
+            output_address=args.output,
+        )
+    except (zmq.ZMQError, OSError) as error:
+        print(f"enginewire frontend: cannot open the front end's sockets: {error}",
+              file=sys.stderr)
+        return 1
+    except AttributeError as error:
+        # ReferenceFrontend's own clean-up after a failed bind raises AttributeError with the
+        # bind error as its context: report the bind error.
+        cause = error.__context__
+        if not isinstance(cause, (zmq.ZMQError, OSError)):
+            raise
+        print(f"enginewire frontend: cannot open the front end's sockets: {cause}",
+              file=sys.stderr)
+        return 1
+    with opened as frontend:
         try:
             print(f"handshake address: {frontend.handshake_address}", file=sys.stderr)
             if args.spawn:
@@ -159,7 +219,7 @@ def _run_action(frontend: Any, args: argparse.Namespace) -> int:
     if args.action == "utility":
         from .frontend import UtilityCallError
 
-        call_args = [_arg(a) for a in args.args]
+        call_args = list(args.args)
         status = 0
         for rank in range(frontend.engine_count):
             try:
@@ -170,7 +230,7 @@ def _run_action(frontend: Any, args: argparse.Namespace) -> int:
                              "error": error.failure_message}))
                 status = 1
         return status
-    prompt = [int(t) for t in args.prompt.split(",") if t.strip()]
+    prompt = args.prompt
     pending = set()
     for index in range(args.count):
         request = generation_request(f"cli-{index}", prompt, args.max_tokens)

@@ -84,3 +84,20 @@ class WorkerFailure(ExecutorError, RuntimeError):
         self.rank = rank
         self.status = status
         self.value = value
+
+
+class RingPeerDead(RingError):
+    """The process at the other end of a ring (its writer, or one of its local readers) is no
+    longer running (clause ring.liveness.peer-dead); ``peer`` says which end, ``pid`` which
+    process."""
+
+    def __init__(self, clause: str, message: str, *, expected: Any = None, got: Any = None,
+                 peer: str = "", pid: int = 0) -> None:
+        super().__init__(clause, message, expected=expected, got=got)
+        self.peer = peer
+        self.pid = pid
+
+
+class UnsafePickleError(RingError):
+    """A ring payload names a global outside the allow-list of the reader's unpickler
+    (clause ring.payload.pickle-allow-list); nothing of it ran."""

@@ -19,7 +19,6 @@ Contract:
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -88,6 +87,10 @@ class Vocabulary:
 
     torch: dict[str, int]
     numpy: dict[str, int]
+    #: Most entries a shape may have (tensors.shape-bounded, limit ``max_dims``).
+    max_dims: int = 64
+    #: Deepest nesting of a nested_tensors value (tensors.nested-tensors-depth).
+    max_nested_depth: int = 32
 
 
 _VOCABULARIES: dict[str, Vocabulary] = {}
@@ -105,6 +108,10 @@ def vocabulary(version: str | None = None) -> Vocabulary:
         found = Vocabulary(
             torch={name: TORCH_ITEMSIZE[name] for name in surface.torch_dtypes},
             numpy={text: int(text[2:]) for text in surface.numpy_dtypes},
+            max_dims=surface.limits.get("max_dims", Vocabulary.max_dims),
+            max_nested_depth=surface.limits.get(
+                "max_nested_tensors_depth", Vocabulary.max_nested_depth
+            ),
         )
         _VOCABULARIES[spec.version] = found
     return found
@@ -279,7 +286,7 @@ def encode_wire_tensor(
             got=tensor.dtype,
         )
     data = memoryview(tensor.data).cast("B")
-    _check_shape(tensor.shape)
+    _check_shape(tensor.shape, vocab.max_dims)
     _check_length(tensor.shape, itemsize, data.nbytes)
     return tensor.dtype, tensor.shape, _place(data, aux, data.nbytes < threshold, copy)
 
@@ -290,27 +297,59 @@ TensorKind = Literal["tensor", "ndarray"]
 TensorMode = Literal["torch", "wire"]
 
 
-def _check_shape(shape: object) -> tuple[int, ...]:
+def _check_shape(shape: object, max_dims: int = Vocabulary.max_dims) -> tuple[int, ...]:
+    """``shape`` as a tuple after the tensors.shape-non-negative and tensors.shape-bounded
+    checks; the entry count is checked first, before anything is copied."""
     if not isinstance(shape, (list, tuple)):
         raise TensorError(
             "tensors.shape-non-negative", "shape is not an array", got=type(shape).__name__
+        )
+    if len(shape) > max_dims:
+        raise TensorError(
+            "tensors.shape-bounded",
+            f"a shape has at most {max_dims} entries",
+            expected=max_dims,
+            got=len(shape),
         )
     for dim in shape:
         if type(dim) is not int or dim < 0:
             raise TensorError(
                 "tensors.shape-non-negative",
                 "shape entries are non-negative integers",
-                got=list(shape),
+                got=_short(dim),
             )
     return tuple(shape)
 
 
+def _short(value: object) -> str:
+    """``repr(value)`` cut to a readable length (an error message never renders a huge int)."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _check_length(shape: tuple[int, ...], itemsize: int, nbytes: int) -> None:
-    expected = math.prod(shape) * itemsize
+    """Raise tensors.byte-length-matches-shape unless product(shape) * itemsize == nbytes.
+
+    Linear in the length of ``shape`` and never builds a number much larger than ``nbytes``
+    (or 2**64 for a small ``nbytes``, so the error still gives a modest product exactly): the
+    product stops growing once it passes that cap (tensors.shape-bounded)."""
+    cap = max(nbytes, 1 << 64)
+    if 0 in shape:
+        expected: int | str = 0
+    else:
+        product = itemsize
+        for dim in shape:
+            product *= dim
+            if product > cap:
+                break
+        expected = product if product <= cap else f"more than {cap}"
     if nbytes != expected:
         raise TensorError(
             "tensors.byte-length-matches-shape",
-            f"data length does not match shape {list(shape)} x {itemsize}-byte elements",
+            f"data length does not match a shape of {len(shape)} entries"
+            f" x {itemsize}-byte elements",
             expected=expected,
             got=nbytes,
         )
@@ -356,7 +395,7 @@ def decode_value(
             expected=sorted(table),
             got=dtype,
         )
-    shape = _check_shape(shape_raw)
+    shape = _check_shape(shape_raw, vocab.max_dims)
     inline = True
     if type(data) is memoryview:
         buffer = data
@@ -414,43 +453,75 @@ def decode_nested_tensors(
 
     A number stays a number, an array whose first element is a string is a tensor tuple
     (:func:`decode_value`), any other array a list of nested tensors; anything else raises
-    :class:`TensorError`.
+    :class:`TensorError`, and so does nesting deeper than the vocabulary's
+    ``max_nested_depth`` (tensors.nested-tensors-depth). Works without recursion on the input's
+    depth.
     """
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return raw
-    if isinstance(raw, list):
-        if raw and isinstance(raw[0], str):
-            return decode_value(raw, "tensor", frames, used, mode=mode, copy=copy, vocab=vocab,
+
+    def leaf(item: object) -> Any:
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            return item
+        if isinstance(item, list) and item and isinstance(item[0], str):
+            return decode_value(item, "tensor", frames, used, mode=mode, copy=copy, vocab=vocab,
                                 ipc_handles=ipc_handles)
-        return [
-            decode_nested_tensors(item, frames, used, mode=mode, copy=copy, vocab=vocab,
-                                  ipc_handles=ipc_handles)
-            for item in raw
-        ]
+        raise TensorError(
+            "tensors.nested-tensors",
+            "nested tensors hold tensor tuples, ints, floats and arrays of them",
+            got=type(item).__name__,
+        )
+
+    if not isinstance(raw, list) or (raw and isinstance(raw[0], str)):
+        return leaf(raw)
+    root: list[Any] = []
+    # Each entry: the input array, the position reached in it, the output list being built.
+    stack: list[tuple[list[Any], int, list[Any]]] = [(raw, 0, root)]
+    while stack:
+        items, index, out = stack.pop()
+        while index < len(items):
+            item = items[index]
+            index += 1
+            if isinstance(item, list) and not (item and isinstance(item[0], str)):
+                if len(stack) + 1 >= vocab.max_nested_depth:
+                    _too_deep(vocab.max_nested_depth)
+                child: list[Any] = []
+                out.append(child)
+                stack.append((items, index, out))
+                items, index, out = item, 0, child
+                continue
+            out.append(leaf(item))
+    return root
+
+
+def _too_deep(limit: int) -> None:
     raise TensorError(
-        "tensors.nested-tensors",
-        "nested tensors hold tensor tuples, ints, floats and arrays of them",
-        got=type(raw).__name__,
+        "tensors.nested-tensors-depth",
+        f"nested tensors nest at most {limit} arrays deep",
+        expected=limit,
+        got=f"more than {limit}",
     )
 
 
-def check_nested_tensors(value: object) -> None:
+def check_nested_tensors(value: object, max_depth: int = Vocabulary.max_nested_depth) -> None:
     """Raise :class:`TensorError` unless ``value`` can travel as nested tensors: a torch
     tensor, :class:`WireTensor` or :class:`TensorIpcHandle`, an int or float (not a bool), or a
-    list or tuple of nested tensors."""
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            check_nested_tensors(item)
-        return
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return
-    if isinstance(value, (WireTensor, TensorIpcHandle)) or is_torch_tensor(value):
-        return
-    raise TensorError(
-        "tensors.nested-tensors",
-        "nested tensors hold tensors, ints, floats and lists of them",
-        got=type(value).__name__,
-    )
+    list or tuple of nested tensors, nested at most ``max_depth`` deep."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple)):
+            if depth + 1 > max_depth:
+                _too_deep(max_depth)
+            stack.extend((child, depth + 1) for child in item)
+            continue
+        if isinstance(item, (int, float)) and not isinstance(item, bool):
+            continue
+        if isinstance(item, (WireTensor, TensorIpcHandle)) or is_torch_tensor(item):
+            continue
+        raise TensorError(
+            "tensors.nested-tensors",
+            "nested tensors hold tensors, ints, floats and lists of them",
+            got=type(item).__name__,
+        )
 
 
 def _build_torch(dtype: str, shape: tuple[int, ...], buffer: memoryview, *, clone: bool) -> Any:

@@ -17,7 +17,7 @@ import zmq
 from enginewire.spec import load
 from enginewire.spec.schema import SocketEnd
 
-from .addresses import remove_ipc_file
+from .addresses import bind_ipc, remove_ipc_file
 
 
 def channel_end(channel: str, role: str) -> SocketEnd:
@@ -82,7 +82,7 @@ def open_socket(
         if _is_ipv6_tcp(address):
             sock.setsockopt(zmq.IPV6, 1)
         if end.binds:
-            sock.bind(address)
+            bind_ipc(sock, address)
             address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         else:
             sock.connect(address)

@@ -7,8 +7,41 @@ import difflib
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+from enginewire.cliargs import existing_dir, writable_dir
 
 from .loader import REFERENCE_VLLM_VERSION, SpecError, UnknownVersionError, load
+from .versions import VersionError, VersionRange, format_version, parse_version
+
+
+def oldest_version() -> tuple[int, int, int]:
+    """The oldest vLLM version a surface of the (reference) spec covers."""
+    return min(VersionRange.parse(s.versions).low for s in load().surfaces.values())
+
+
+def spec_version(text: str) -> str:
+    """A well-formed vLLM version (whether the spec covers it is decided with its data)."""
+    try:
+        return format_version(parse_version(text))
+    except VersionError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _newest_named(spec: Any) -> tuple[int, int, int]:
+    """The newest version the spec names: the reference version or a bound of a range."""
+    newest = parse_version(REFERENCE_VLLM_VERSION)
+    texts = [s.versions for s in spec.surfaces.values()]
+    texts += [ref.clause.versions for ref in spec.clauses.values()]
+    for item in spec.structs.values():
+        texts.append(getattr(item, "versions", None))
+        texts += [getattr(f, "versions", None) for f in getattr(item, "fields", ())]
+        texts += [getattr(m, "versions", None) for m in getattr(item, "members", ())]
+    for text in texts:
+        if text:
+            bounds = VersionRange.parse(text)
+            newest = max(newest, bounds.low, bounds.high or bounds.low)
+    return newest
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,9 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     spec_sub = spec_parser.add_subparsers(dest="spec_command", metavar="ACTION", required=True)
 
     def common(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--version", default=REFERENCE_VLLM_VERSION,
+        parser.add_argument("--version", default=REFERENCE_VLLM_VERSION, type=spec_version,
                             help="vLLM version to select (default: %(default)s)")
-        parser.add_argument("--data-dir", type=Path, default=None,
+        parser.add_argument("--data-dir", type=existing_dir, default=None,
                             help="read spec files from this directory instead of the package's")
 
     check = spec_sub.add_parser("check", help="validate every spec file")
@@ -42,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     docs = spec_sub.add_parser("docs", help="render the spec as Markdown pages")
     common(docs)
-    docs.add_argument("--out", type=Path, default=Path("docs/spec"),
+    docs.add_argument("--out", type=writable_dir, default="docs/spec",
                       help="output directory (default: %(default)s)")
     docs.add_argument("--check", action="store_true",
                       help="exit 1 if the pages on disk differ from a fresh rendering")
@@ -53,21 +86,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     register_history(subparsers, spec_sub)
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace) -> Any:
+    """The spec for ``args.version``, or the exit status after reporting why not: 1 for a
+    spec data error, 2 for a version the spec does not cover (older than every surface, or
+    newer than any version its data names)."""
     try:
-        return load(args.version, args.data_dir)
+        spec = load(args.version, args.data_dir)
     except UnknownVersionError as exc:
         print(f"enginewire spec: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return 2
     except SpecError as exc:
         print(f"enginewire spec: error: {exc}", file=sys.stderr)
-        return None
+        return 1
+    version = parse_version(args.version)
+    oldest = min(VersionRange.parse(s.versions).low for s in spec.surfaces.values())
+    newest = _newest_named(spec)
+    if not oldest <= version <= newest:
+        print(f"enginewire spec: error: unknown vLLM version {args.version}: the spec covers "
+              f"{format_version(oldest)} to {format_version(newest)}", file=sys.stderr)
+        return 2
+    return spec
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     n_fields = sum(len(s.fields) for s in spec.structs.values() if hasattr(s, "fields"))
     levels: dict[str, int] = {}
     for ref in spec.clauses.values():
@@ -84,8 +128,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     json.dump(spec.to_builtins(), sys.stdout, indent=2, sort_keys=False)
     sys.stdout.write("\n")
     return 0
@@ -93,8 +137,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     ref = spec.clauses.get(args.clause_id)
     if ref is None:
         close = _similar_clause_ids(args.clause_id, list(spec.clauses))
@@ -128,8 +172,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
     from .drift import run_diff
 
     spec = _load(args)
-    if spec is None:
-        return 1
+    if isinstance(spec, int):
+        return spec
     return run_diff(spec, against=args.against)
 
 
@@ -137,6 +181,6 @@ def cmd_docs(args: argparse.Namespace) -> int:
     from .render import run_docs
 
     spec = _load(args)
-    if spec is None:
-        return 1
-    return run_docs(spec, out=args.out, check=args.check)
+    if isinstance(spec, int):
+        return spec
+    return run_docs(spec, out=Path(args.out), check=args.check)

@@ -198,6 +198,13 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(_display_name(path), f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(_display_name(path), f"not UTF-8 text: {exc.reason} at byte "
+                                             f"{exc.start}") from None
+    except RecursionError:
+        raise SpecError(_display_name(path), "nests too deep to read") from None
+    except OSError as exc:
+        raise SpecError(_display_name(path), f"cannot be read: {exc.strerror}") from None
 
 
 def _decode(path: Path, raw: dict[str, Any], schema: type) -> Any:

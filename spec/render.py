@@ -148,6 +148,7 @@ def render_pages(spec: Spec) -> dict[str, str]:
         page = _Page(spec, name)
         page.header(surface)
         renderers[name](page, surface)
+        _limits(page, surface)
         page.clauses(surface.clauses)
         pages[f"{name}.md"] = page.text()
     if spec.version == REFERENCE_VLLM_VERSION:
@@ -155,6 +156,30 @@ def render_pages(spec: Spec) -> dict[str, str]:
 
         pages.update(history_pages(GENERATED_MARK))
     return pages
+
+
+def _limits(page: _Page, surface: SurfaceHeader) -> None:
+    """The surface's numeric limits, each with the clauses that state it."""
+    if not surface.limits:
+        return
+    page.add("## Limits", "")
+    page.add(
+        *_table(
+            ["limit", "value", "clauses"],
+            (
+                [
+                    _code(name),
+                    _cell(_code(value)),
+                    ", ".join(
+                        page.clause_link(clause.id)
+                        for clause in getattr(surface, "clauses", ())
+                        if f"`{name}`" in clause.text
+                    ),
+                ]
+                for name, value in surface.limits.items()
+            ),
+        )
+    )
 
 
 # --- Markdown helpers ------------------------------------------------------------------------
@@ -803,6 +828,17 @@ def _ring(page: _Page, surface: RingFile) -> None:
                 for item in surface.framing
             ),
         )
+    )
+    page.add("## Globals a reader unpickles", "")
+    page.add(
+        "A `module.name` entry allows that global, a `module.*` entry any class under the module "
+        f"({page.clause_link('ring.payload.pickle-allow-list')}):",
+        "",
+    )
+    page.add(
+        ", ".join(_code(entry) for entry in surface.pickle_allowed_globals)
+        or "*(none in this version of the spec)*",
+        "",
     )
     page.add("## Constants", "")
     page.add(

@@ -41,6 +41,9 @@ class SurfaceHeader(_Strict, kw_only=True):
     title: str
     summary: str
     versions: str
+    #: Numeric bounds a decoder enforces on this surface (``name = value``); each is named by
+    #: the clause that states it, and rendered in the surface's page.
+    limits: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 # --- transport ---------------------------------------------------------------------------
@@ -253,6 +256,9 @@ class RingFile(SurfaceHeader, kw_only=True):
     framing: list[FramingField]
     constants: dict[str, int | float | str]
     clauses: list[Clause]
+    #: The globals a reader's unpickler may load: ``module.name`` exactly, or ``module.*`` for
+    #: any class under ``module`` (clause ring.payload.pickle-allow-list).
+    pickle_allowed_globals: list[str] = msgspec.field(default_factory=list)
 
 
 # --- structs -----------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Run with ``pytest tests/bench_ring.py --benchmark-only`` (add ``-s`` for the summary table).
 
 - ``messages``: 1 KiB messages (pickled bytes) from a writer to 2 reader processes; one round
-  sends a batch and ends when both readers have received all of it.
+  sends a batch and ends when both readers have received all of it. ``reference`` readers
+  unpickle through the allow-list, ``reference-trusted`` ones without it.
 - ``bandwidth``: 1, 4 and 16 MiB numpy arrays (out of band in both implementations) to 1 reader
   process, against copying the same bytes into a shared-memory segment in this process. Both
   ``dequeue``s copy every array out of the slot into fresh memory (vLLM's semantics);
@@ -36,7 +37,11 @@ SMALL = 1024
 BANDWIDTH_SIZES = [1 * MIB, 4 * MIB, 16 * MIB]
 BIG_CHUNK = 16 * MIB + 64 * 1024
 ROUNDS = 5
-IMPLEMENTATIONS = ["reference", "reference-msgspec", "vllm"]
+IMPLEMENTATIONS = ["reference", "reference-trusted", "reference-msgspec", "vllm"]
+#: The payload codec of each reference variant: "reference" reads pickle through the spec's
+#: allow-list (ring.payload.pickle-allow-list), "reference-trusted" unpickles anything, so the
+#: two side by side give the allow-list's cost.
+CODECS = {"reference-msgspec": "msgspec", "reference-trusted": "pickle-trusted"}
 
 
 #: Ends a round: a reader acknowledges it with the number of messages it received.
@@ -59,7 +64,7 @@ def bench_reader(conn: Connection, impl: str, handle: Any, rank: int) -> None:
     else:
         from enginewire.reference.ring import MessageQueue as Reference
 
-        codec = "msgspec" if impl == "reference-msgspec" else "pickle"
+        codec = CODECS.get(impl, "pickle")
         queue = Reference.create_from_handle(handle, rank, codec=codec)
         queue.wait_until_ready(timeout=120)
     received = 0
@@ -98,7 +103,7 @@ class Pipeline:
         else:
             from enginewire.reference.ring import MessageQueue as Reference
 
-            codec = "msgspec" if impl == "reference-msgspec" else "pickle"
+            codec = CODECS.get(impl, "pickle")
             self.writer = Reference(n_readers, n_readers, max_chunk_bytes=max_chunk_bytes,
                                     max_chunks=max_chunks, codec=codec)
         self.conns: list[Connection] = []
@@ -189,6 +194,11 @@ class Results:
                     lines.append(f"  {impl} / vllm at 1 KiB, 2 readers: "
                                  f"{small[impl] / small['vllm']:.2f}x msg/s (target >= 3x), "
                                  f"{cpus['vllm'] / cpus[impl]:.2f}x less CPU per message")
+        if "reference" in small and "reference-trusted" in small:
+            ratio = small["reference"] / small["reference-trusted"]
+            extra = cpus["reference"] - cpus["reference-trusted"]
+            lines.append(f"  allow-list cost at 1 KiB, 2 readers: reference (allow-list) / "
+                         f"reference-trusted = {ratio:.3f}x msg/s, {extra:+.1f} CPU us/msg")
         for size in BANDWIDTH_SIZES:
             scenario = f"{size // MIB}MiB-1reader"
             base = self.rates.get((scenario, "memcpy"))

@@ -370,5 +370,9 @@ def test_spec_check_command_reports_bad_data_dir(data_dir: Path) -> None:
 
 def test_spec_check_command_reports_missing_data_dir(tmp_path: Path) -> None:
     result = run_cli("spec", "check", "--data-dir", str(tmp_path / "nowhere"))
-    assert result.returncode != 0
+    assert result.returncode == 2  # a directory that does not exist is a usage error
+    assert "not a directory" in result.stderr
+    (tmp_path / "empty").mkdir()
+    result = run_cli("spec", "check", "--data-dir", str(tmp_path / "empty"))
+    assert result.returncode == 1  # spec data that is not there is a spec data error
     assert "surface file is missing" in result.stderr

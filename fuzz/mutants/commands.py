@@ -12,6 +12,8 @@ import sys
 import time
 from typing import Any
 
+from enginewire.cliargs import writable_file
+
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
@@ -28,7 +30,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help="run only these mutants")
-    parser.add_argument("--json", default=None, metavar="PATH",
+    parser.add_argument("--json", default=None, type=writable_file, metavar="PATH",
                         help="also write the matrix, with every killing check's message and "
                              "trace, as JSON")
     parser.add_argument("--bounded", action="store_true",

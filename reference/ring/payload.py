@@ -11,8 +11,12 @@ A codec turns an object into ``[main, oob_1, ..., oob_n]`` (see :mod:`.framing`)
   to :func:`rebuild_tensor`.
 - :class:`MsgspecCodec` is a fast path between enginewire peers only: one msgpack buffer.
 
-Unpickling runs code chosen by whoever wrote the bytes: use the pickle codec only between
-processes that trust each other (clause ring.payload.trusted-only, vLLM issue 29565).
+Unpickling runs code chosen by whoever wrote the bytes (clause ring.payload.trusted-only, vLLM
+issue 29565). So :class:`PickleCodec` reads with an allow-list of globals by default
+(:mod:`.allowlist`, clause ring.payload.pickle-allow-list): a stream naming any other global
+raises :class:`~enginewire.reference.errors.UnsafePickleError` and runs nothing.
+``PickleCodec(trusted=True)`` (codec name ``"pickle-trusted"``) opts into unpickling anything,
+for processes that trust each other.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import msgspec
 from enginewire.spec import load
 
 from ..errors import PayloadError
+from .allowlist import AllowList, guarded_getattr, guarded_import, spec_entries
 from .framing import Buffer
 
 #: PickleBuffers of at least this many bytes travel out of band.
@@ -42,6 +47,17 @@ VLLM_SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 VLLM_REBUILD_NAME = "_rebuild_tensor"
 #: A pickle stream naming vLLM's rebuild function (either spelling) contains these bytes.
 _VLLM_MODULE_BYTES = VLLM_SHM_MODULE.encode()
+#: The opcodes through which a pickle stream gets hold of a global (and so of anything it can
+#: call): GLOBAL, INST, STACK_GLOBAL, EXT1, EXT2, EXT4. A stream none of whose bytes is one of
+#: them builds plain data only (REDUCE, BUILD, OBJ and NEWOBJ need a callable or class from one).
+_GLOBAL_OPCODES = (0x63, 0x69, 0x93, 0x82, 0x83, 0x84)
+
+
+def _names_no_global(data: bytes) -> bool:
+    """True when no byte of ``data`` is a global-loading opcode (one memchr per opcode: an
+    int operand makes ``in`` search for one byte)."""
+    return not (0x63 in data or 0x69 in data or 0x93 in data
+                or 0x82 in data or 0x83 in data or 0x84 in data)
 #: In-band streams up to this size are copied and searched for vLLM's module name, so that
 #: the common stream is unpickled by ``pickle.loads``; longer ones are read in place.
 SCAN_BYTES_MAX = 16 * 1024
@@ -137,6 +153,42 @@ class _RingUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def _load_storage_weights_only(data: bytes) -> Any:
+    """``torch.storage._load_from_bytes`` through torch's own allow-list (weights_only)."""
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def _safe_allow_list() -> AllowList:
+    special = {
+        ("torch.storage", "_load_from_bytes"): _load_storage_weights_only,
+        (VLLM_SHM_MODULE, VLLM_REBUILD_NAME): rebuild_tensor,
+        ("importlib", "import_module"): guarded_import({VLLM_SHM_MODULE: _VLLM_SHIM}),
+        ("builtins", "getattr"): guarded_getattr({id(_VLLM_SHIM): frozenset({VLLM_REBUILD_NAME})}),
+    }
+    return AllowList(spec_entries(), special)
+
+
+_SAFE: AllowList | None = None
+
+
+def safe_allow_list() -> AllowList:
+    """The allow-list of the spec, with the stand-ins for vLLM's tensor rebuild (shared)."""
+    global _SAFE
+    if _SAFE is None:
+        _SAFE = _safe_allow_list()
+    return _SAFE
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """Resolves globals through the allow-list only."""
+
+    def __init__(self, file: Any, *, buffers: Any, allow: AllowList) -> None:
+        super().__init__(file, buffers=buffers)
+        self.find_class = allow.find_class  # type: ignore[method-assign]
+
+
 class _ViewReader:
     """A read-only file over a buffer, for :class:`pickle.Unpickler`: ``readinto`` lets the
     unpickler copy a large in-band buffer straight from the slot into its final object."""
@@ -215,12 +267,19 @@ class _Pickling:
 
 
 class PickleCodec:
-    """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``)."""
+    """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``).
+
+    Decoding resolves only the globals of the spec's allow-list unless ``trusted`` is set
+    (clause ring.payload.pickle-allow-list).
+    """
 
     name = "pickle"
 
-    def __init__(self, oob_threshold: int = OOB_THRESHOLD_BYTES) -> None:
+    def __init__(self, oob_threshold: int = OOB_THRESHOLD_BYTES, *,
+                 trusted: bool = False) -> None:
         self.oob_threshold = oob_threshold
+        self.trusted = trusted
+        self._allow = None if trusted else safe_allow_list()
         self._local = threading.local()
 
     def encode(self, obj: Any) -> list[Buffer]:
@@ -235,6 +294,10 @@ class PickleCodec:
         try:
             pickling.dump(obj)
             buffers[0] = output[0] if len(output) == 1 else b"".join(output)
+        except RecursionError:
+            local.pickling = None
+            raise PayloadError("ring.payload.codec", "the object nests too deep to pickle",
+                               got=type(obj).__name__) from None
         except BaseException:
             local.pickling = None  # start the next message from a fresh pickler
             raise
@@ -245,6 +308,20 @@ class PickleCodec:
         return buffers
 
     def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
+        allow = self._allow
+        if allow is not None:
+            if type(main) is bytes:
+                data = main
+            elif memoryview(main).nbytes <= SCAN_BYTES_MAX:
+                data = bytes(main)
+            else:
+                return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
+            if _names_no_global(data):
+                # No byte of the stream can be an opcode that loads a global, so nothing in it
+                # can be called: the C unpickler's fast path is as safe as the allow-list.
+                return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)
+            with io.BytesIO(data) as stream:
+                return _SafeUnpickler(stream, buffers=oob, allow=allow).load()
         if type(main) is bytes:
             data = main
         elif type(main) is memoryview and main.nbytes <= SCAN_BYTES_MAX:
@@ -275,7 +352,11 @@ class MsgspecCodec:
         self._decoder = msgspec.msgpack.Decoder(type)
 
     def encode(self, obj: Any) -> list[Buffer]:
-        return [self._encoder.encode(obj)]
+        try:
+            return [self._encoder.encode(obj)]
+        except RecursionError:
+            raise PayloadError("ring.payload.codec", "the object nests too deep to encode",
+                               got=type(obj).__name__) from None
 
     def decode(self, main: Buffer, oob: Sequence[Buffer]) -> Any:
         if oob:
@@ -285,6 +366,9 @@ class MsgspecCodec:
             return self._decoder.decode(main)
         except msgspec.DecodeError as exc:
             raise PayloadError("ring.payload.codec", f"not a msgpack payload: {exc}") from None
+        except RecursionError:
+            raise PayloadError("ring.payload.codec", "the payload nests too deep to decode"
+                               ) from None
 
 
 def get_codec(codec: str | PayloadCodec) -> PayloadCodec:
@@ -292,8 +376,10 @@ def get_codec(codec: str | PayloadCodec) -> PayloadCodec:
     if isinstance(codec, str):
         if codec == "pickle":
             return PickleCodec()
+        if codec == "pickle-trusted":
+            return PickleCodec(trusted=True)
         if codec == "msgspec":
             return MsgspecCodec()
         raise PayloadError("ring.payload.codec", "unknown codec name",
-                           expected="'pickle' or 'msgspec'", got=codec)
+                           expected="'pickle', 'pickle-trusted' or 'msgspec'", got=codec)
     return codec

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import math
 import threading
 import time
 import weakref
@@ -47,14 +48,19 @@ from zmq.backend import Socket as BackendSocket
 
 from enginewire.spec import load
 
-from ..addresses import ipc_address, remove_ipc_file
+from ..addresses import bind_ipc, ensure_ipc_dir, ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
 from .framing import Buffer, decode_chunk, needs_overflow, single_buffer, write_chunk
 from .layout import RingLayout
+from .liveness import LivenessRecord
 from .payload import PayloadCodec, get_codec
 from .protocol import RingReader, RingWriter
 from .shm import ShmMemory, ShmSegment
 from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin
+
+#: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait);
+#: ``timeout=None`` waits forever, and still notices a dead peer.
+DEFAULT_TIMEOUT_S = 60.0
 
 _CONSTANTS = load().surface("ring").constants
 #: vLLM's ``MessageQueue`` defaults (ring.constants).
@@ -141,6 +147,7 @@ class _Resources:
         self.segment: ShmSegment | None = None
         self.bound_ipc: list[str] = []
         self.views: list[memoryview] = []
+        self.liveness: LivenessRecord | None = None
         self._lock = threading.Lock()
         self.closed = False
 
@@ -152,9 +159,11 @@ class _Resources:
         return sock
 
     def bind_ipc(self, sock: zmq.Socket, base_dir: str | None) -> str:
+        if base_dir is not None:
+            ensure_ipc_dir(base_dir)
         address = ipc_address(base_dir)
         self.bound_ipc.append(address)
-        sock.bind(address)
+        bind_ipc(sock, address)
         return address
 
     def close(self) -> None:
@@ -169,6 +178,8 @@ class _Resources:
                 self.context.term()
         finally:
             # Whatever zmq did, the files and the segment go (clause ring.lifecycle.*).
+            if self.liveness is not None:
+                self.liveness.leave()
             for address in self.bound_ipc:
                 remove_ipc_file(address)
             _release_views(self.views)
@@ -218,6 +229,7 @@ class MessageQueue:
             if n_local_reader > 0:
                 self.layout = RingLayout(n_local_reader, max_chunk_bytes, max_chunks)
                 res.segment = ShmSegment.create(self.layout)
+                res.liveness = LivenessRecord.create(res.segment.memory.buf, self.layout)
                 self._writer = RingWriter(res.segment.memory, self.layout)
                 self._chunk_bytes = max_chunk_bytes
                 buffer_handle = self.layout.buffer_handle(res.segment.name)
@@ -307,6 +319,8 @@ class MessageQueue:
                 self.local_reader_rank = handle.local_reader_ranks.index(rank)
                 self.layout, shm_name = RingLayout.from_buffer_handle(handle.buffer_handle)
                 res.segment = ShmSegment.attach(shm_name, self.layout)
+                res.liveness = LivenessRecord.attach(res.segment.memory.buf, self.layout,
+                                                     self.local_reader_rank)
                 self._reader = RingReader(res.segment.memory, self.layout,
                                           self.local_reader_rank)
                 self._chunk_bytes = self.layout.max_chunk_bytes
@@ -351,7 +365,7 @@ class MessageQueue:
     def export_handle(self) -> Handle:
         return self.handle
 
-    def wait_until_ready(self, timeout: float | None = 60.0) -> None:
+    def wait_until_ready(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """The start-up barrier every end calls once (clauses ring.ready.*).
 
         The writer waits for one subscription message per reader on each XPUB socket, then
@@ -379,11 +393,23 @@ class MessageQueue:
                                 expected=READY_MESSAGE, got=message[:32])
 
     def _recv_ready_part(self, sock: zmq.Socket, deadline: float | None, what: str) -> bytes:
-        timeout_ms = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-        if not sock.poll(timeout_ms):
-            raise ProtocolTimeout("ring.ready.subscriptions", f"timed out waiting for {what}",
-                                  expected="every reader connected", got="timeout")
-        return sock.recv()
+        liveness = self._resources.liveness
+        step = self.wait_policy.liveness_check_s
+        while True:
+            left = math.inf if deadline is None else deadline - time.monotonic()
+            if sock.poll(max(0, int(min(left, step) * 1000))):
+                return sock.recv()
+            if liveness is not None:
+                if self.is_writer:
+                    liveness.check_readers()
+                else:
+                    liveness.check_writer()
+            if self._shutting_down:
+                raise QueueClosed("the queue was shut down")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ProtocolTimeout("ring.ready.subscriptions",
+                                      f"timed out waiting for {what}",
+                                      expected="every reader connected", got="timeout")
 
     def shutdown(self) -> None:
         """Make a reader waiting in another thread of this process raise QueueClosed: a local
@@ -425,15 +451,18 @@ class MessageQueue:
 
     # --- writer ----------------------------------------------------------------------------
 
-    def enqueue(self, obj: Any, timeout: float | None = None) -> None:
+    def enqueue(self, obj: Any, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Encode ``obj`` with the codec and broadcast it (:meth:`enqueue_buffers`)."""
         self.enqueue_buffers(self.codec.encode(obj), timeout)
 
-    def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
+    def enqueue_buffers(self, buffers: Sequence[Buffer],
+                        timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Broadcast one message given as ``[main, oob...]``.
 
-        Waits (at most ``timeout`` seconds, None: forever) for the next chunk to be free,
-        raising :class:`ProtocolTimeout` (a ``TimeoutError``) when it is not.
+        Waits (at most ``timeout`` seconds, default :data:`DEFAULT_TIMEOUT_S`, None: forever)
+        for the next chunk to be free, raising :class:`ProtocolTimeout` (a ``TimeoutError``)
+        when it is not, and :class:`~enginewire.reference.errors.RingPeerDead` when a local
+        reader it waits for died (clause ring.liveness.peer-dead).
         """
         writer = self._writer
         if writer is None or self._resources.closed:
@@ -469,7 +498,7 @@ class MessageQueue:
         sock.send_multipart(list(buffers), copy=not immutable)
 
     @contextmanager
-    def acquire_write(self, timeout: float | None = None) -> Iterator[int]:
+    def acquire_write(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> Iterator[int]:
         """Claim the next free chunk and yield its data offset; publish it on exit.
 
         The body writes the chunk through :attr:`memory` (``memory.write(offset, data)``).
@@ -498,13 +527,16 @@ class MessageQueue:
 
     def _wait_for_chunk(self, timeout: float | None) -> None:
         """After one failed claim: wait for the next chunk to be free and claim it."""
+        liveness = self._resources.liveness
         self._wait_for(self._writer.try_acquire, timeout,  # type: ignore[union-attr]
                        clause="ring.writer.timeout",
-                       what="a free chunk (every local reader done with it)")
+                       what="a free chunk (every local reader done with it)",
+                       liveness=None if liveness is None else liveness.check_readers)
 
     def _wait_for(self, acquire: Callable[[], int | None], timeout: float | None, *,
                   clause: str, what: str,
-                  block: Callable[[float], None] | None = None) -> int:
+                  block: Callable[[float], None] | None = None,
+                  liveness: Callable[[], None] | None = None) -> int:
         """After one failed ``acquire``: check again back to back, then back off (the waiting
         of :mod:`.wait`) until it returns a chunk index, the deadline passes or the queue is
         shut down."""
@@ -512,7 +544,7 @@ class MessageQueue:
         if index is not None:
             return index
         backoff = Backoff(self.wait_policy, timeout, clause=clause, what=what, block=block,
-                          checks=self.wait_policy.spin_checks)
+                          checks=self.wait_policy.spin_checks, liveness=liveness)
         while (index := acquire()) is None:
             if self._shutting_down:
                 raise QueueClosed("the queue was shut down")
@@ -521,12 +553,14 @@ class MessageQueue:
 
     # --- readers ---------------------------------------------------------------------------
 
-    def dequeue(self, timeout: float | None = None) -> Any:
+    def dequeue(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> Any:
         """The next message, decoded with the codec.
 
-        Waits at most ``timeout`` seconds (None: forever) in total, raising
-        :class:`ProtocolTimeout` (a ``TimeoutError``). The ring slot is released whatever
-        happens while reading it, decoding errors included (clause ring.reader.release-on-error).
+        Waits at most ``timeout`` seconds (default :data:`DEFAULT_TIMEOUT_S`, None: forever) in
+        total, raising :class:`ProtocolTimeout` (a ``TimeoutError``), or
+        :class:`~enginewire.reference.errors.RingPeerDead` once the writer is dead. The ring
+        slot is released whatever happens while reading it, decoding errors included (clause
+        ring.reader.release-on-error).
         """
         reader = self._reader
         if reader is not None:
@@ -561,7 +595,7 @@ class MessageQueue:
             return self._decode_frames(self._recv_frames(self._remote_socket, deadline))
         raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
 
-    def dequeue_buffers(self, timeout: float | None = None) -> list[bytes | bytearray]:
+    def dequeue_buffers(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[bytes | bytearray]:
         """The next message as owned buffers ``[main, oob...]`` (no codec)."""
         if self.is_local_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -587,7 +621,7 @@ class MessageQueue:
         return [frames[0].bytes] + [bytearray(f.buffer) for f in frames[1:]]
 
     @contextmanager
-    def dequeue_borrowed(self, timeout: float | None = None) -> Iterator[Any]:
+    def dequeue_borrowed(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> Iterator[Any]:
         """The next message, decoded without copying its out-of-band buffers: arrays and
         tensors in it are read-only views of the ring slot (or of the socket frames).
 
@@ -631,7 +665,7 @@ class MessageQueue:
         return self.dequeue()
 
     @contextmanager
-    def acquire_read(self, timeout: float | None = None) -> Iterator[Buffer]:
+    def acquire_read(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> Iterator[Buffer]:
         """Wait for the next readable chunk and yield its data; release it on exit, also when
         the body raises. Do not keep the view (or slices of it) past the block."""
         chunk = self._acquire_chunk(timeout)
@@ -654,9 +688,11 @@ class MessageQueue:
     def _wait_for_readable(self, timeout: float | None) -> int:
         """After one failed acquire: wait for the next chunk to be readable, hold it, return
         its index."""
+        liveness = self._resources.liveness
         return self._wait_for(self._reader.try_acquire, timeout,  # type: ignore[union-attr]
                               clause="ring.reader.timeout", what="a readable chunk",
-                              block=self._block_on_notify)
+                              block=self._block_on_notify,
+                              liveness=None if liveness is None else liveness.check_writer)
 
     def _release_chunk(self) -> None:
         """Release the held chunk and, now and then, drain the notify socket."""
@@ -689,14 +725,18 @@ class MessageQueue:
         return frames
 
     def _recv_frames(self, sock: zmq.Socket, deadline: float | None) -> list[zmq.Frame]:
+        liveness = self._resources.liveness
+        interval = self.wait_policy.liveness_check_s if liveness is not None else None
         while True:
             if deadline is None:
-                timeout_ms = int(self.wait_policy.recheck_s * 1000)
+                timeout_ms = int(min(self.wait_policy.recheck_s, interval or math.inf) * 1000)
             else:
-                left = deadline - time.monotonic()
+                left = min(deadline - time.monotonic(), interval or math.inf)
                 timeout_ms = max(0, int(left * 1000 + 0.999))
             if sock.poll(timeout_ms):
                 return sock.recv_multipart(copy=False)
+            if liveness is not None:
+                liveness.check_writer()
             if self._shutting_down:
                 raise QueueClosed("the queue was shut down")
             if deadline is not None and time.monotonic() >= deadline:

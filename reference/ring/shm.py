@@ -13,13 +13,16 @@ import gc
 import inspect
 import os
 import platform
+import secrets
 import threading
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 
 from ..errors import RingError
+from ..liveness import this_process
 from .framing import Buffer
 from .layout import RingLayout
+from .liveness import segment_size
 
 #: One lock per process: taking and releasing it is a full memory barrier (CPython's lock is a
 #: pthread mutex or semaphore), which is what vLLM's ``memory_fence()`` relies on too.
@@ -47,6 +50,21 @@ def memory_fence() -> None:
 #: the full barrier everywhere else.
 acq_rel_fence: Callable[[], None] | None = (
     None if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686") else memory_fence)
+
+
+#: The name of every segment enginewire creates starts so (then the creator's tag).
+SEGMENT_PREFIX = "ew-"
+
+
+def _create_named(size: int) -> shared_memory.SharedMemory:
+    """A new segment of ``size`` bytes (mode 0600) whose name carries this process's tag."""
+    tag = this_process().tag
+    while True:
+        try:
+            return shared_memory.SharedMemory(
+                name=f"{SEGMENT_PREFIX}{tag}-{secrets.token_hex(6)}", create=True, size=size)
+        except FileExistsError:
+            continue
 
 
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
@@ -114,9 +132,10 @@ class ShmSegment:
 
     @classmethod
     def create(cls, layout: RingLayout) -> ShmSegment:
-        """Create a fresh segment of ``layout.total_size`` bytes with every flag 0
-        (clause ring.layout.flags-zero-at-creation)."""
-        shm = shared_memory.SharedMemory(create=True, size=layout.total_size)
+        """Create a fresh segment with every flag 0 (clause ring.layout.flags-zero-at-creation),
+        named after the calling process (``ew-p<pid>s<start>-<random>``, clause
+        ring.liveness.creator-named) and followed by the liveness record (:mod:`.liveness`)."""
+        shm = _create_named(segment_size(layout))
         try:
             segment = cls(shm, layout, is_creator=True)
             segment.memory.write(layout.metadata_offset, bytes(layout.metadata_bytes))

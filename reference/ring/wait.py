@@ -15,6 +15,10 @@ outnumber cores; a :class:`Backoff` instead escalates:
    the writer, which gets no notification: sleeps that double from ``sleep_min_s`` to
    ``sleep_max_s``.
 
+While it waits, an end checks every ``liveness_check_s`` that the processes it waits for still
+run (clause ring.liveness.peer-dead) and raises
+:class:`~enginewire.reference.errors.RingPeerDead` when one does not.
+
 Every wait is bounded by its deadline: :meth:`Backoff.pause` raises
 :class:`~enginewire.reference.errors.ProtocolTimeout` (a ``TimeoutError``) once it has passed.
 """
@@ -34,6 +38,8 @@ from ..errors import ProtocolTimeout
 #: An idle reader re-reads the flags at least this often, notification or not.
 READER_RECHECK_INTERVAL_S: float = (
     load().surface("ring").constants["reader_recheck_interval_ms"] / 1000)
+#: A waiting end checks this often that the processes it waits for still run.
+LIVENESS_CHECK_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class WaitPolicy:
     sleep_max_s: float = 500e-6
     poll_min_s: float = 1e-3
     recheck_s: float = READER_RECHECK_INTERVAL_S
+    #: How often a waiting end checks that its peers still run (ring.liveness.peer-dead).
+    liveness_check_s: float = LIVENESS_CHECK_INTERVAL_S
 
 
 DEFAULT_POLICY = WaitPolicy()
@@ -75,14 +83,16 @@ class Backoff:
     ``block(seconds)`` (readers only) waits for a notification for at most ``seconds``
     (and at least one millisecond). ``checks`` counts failed checks already made back to back
     (see :func:`spin`).
-    ``timeout`` None waits forever; 0 allows exactly one check.
+    ``timeout`` None waits forever; 0 allows exactly one check. ``liveness`` (raising when a
+    peer died) runs every ``policy.liveness_check_s`` once the wait has lasted that long.
     """
 
     __slots__ = ("policy", "clause", "what", "timeout", "deadline", "started",
-                 "_checks", "_sleep", "_poll", "_block")
+                 "_checks", "_sleep", "_poll", "_block", "_liveness", "_next_liveness")
 
     def __init__(self, policy: WaitPolicy, timeout: float | None, *, clause: str, what: str,
-                 block: Callable[[float], None] | None = None, checks: int = 0) -> None:
+                 block: Callable[[float], None] | None = None, checks: int = 0,
+                 liveness: Callable[[], None] | None = None) -> None:
         self.policy = policy
         self.clause = clause
         self.what = what
@@ -93,6 +103,8 @@ class Backoff:
         self._sleep = policy.sleep_min_s
         self._poll = policy.poll_min_s
         self._block = block
+        self._liveness = liveness
+        self._next_liveness = self.started + policy.liveness_check_s
 
     def remaining(self) -> float:
         """Seconds left before the deadline (``inf`` without a timeout)."""
@@ -110,6 +122,9 @@ class Backoff:
         now = time.monotonic()
         if now >= self.deadline:
             raise self.expire()
+        if self._liveness is not None and now >= self._next_liveness:
+            self._next_liveness = now + policy.liveness_check_s
+            self._liveness()
         if self._checks <= policy.spin_checks:
             return
         waited = now - self.started
@@ -118,6 +133,8 @@ class Backoff:
             return
         left = self.deadline - now
         if self._block is not None:
+            if self._liveness is not None:
+                left = min(left, policy.liveness_check_s)
             self._block(min(self._poll, policy.recheck_s, left))
             self._poll *= 2
             return
