@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from typing import Any
 
-from .liveness import this_process
+from .processes import this_process
 
 IPC_PREFIX = "enginewire-"
 #: Modes of ipc socket files and of the directories enginewire creates for them.

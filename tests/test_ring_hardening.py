@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from enginewire.reference.errors import RingPeerDead, UnsafePickleError
-from enginewire.reference.liveness import Creator, creator_of, this_process
+from enginewire.reference.processes import Creator, creator_of, this_process
 from enginewire.reference.ring import MessageQueue, PickleCodec
 from enginewire.reference.ring.clean import clean, leftovers
 from enginewire.reference.ring.queue import DEFAULT_TIMEOUT_S

@@ -2,7 +2,7 @@
 
 A writer killed with SIGKILL cannot unlink its shared-memory segment or remove its ipc socket
 files. Every such resource enginewire creates carries its creator's tag (pid and start time,
-:mod:`enginewire.reference.liveness`) in its name: ``/dev/shm/ew-p<pid>s<start>-<random>`` and
+:mod:`enginewire.reference.processes`) in its name: ``/dev/shm/ew-p<pid>s<start>-<random>`` and
 ``<dir>/enginewire-p<pid>s<start>-<uuid>``. :func:`leftovers` lists those whose creator no longer
 runs, and only those; :func:`clean` removes them. Names without a tag (vLLM's ``psm_*``
 segments, anything else) are never touched.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..addresses import IPC_PREFIX
-from ..liveness import Creator, creator_of
+from ..processes import Creator, creator_of
 from .shm import SEGMENT_PREFIX
 
 SHM_DIR = Path("/dev/shm")

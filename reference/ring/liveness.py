@@ -20,7 +20,7 @@ from __future__ import annotations
 import struct
 
 from ..errors import RingPeerDead
-from ..liveness import Creator, this_process
+from ..processes import Creator, this_process
 from .layout import RingLayout
 
 MAGIC = b"EWLIVE\x00\x01"

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 
 from ..errors import RingError
-from ..liveness import this_process
+from ..processes import this_process
 from .framing import Buffer
 from .layout import RingLayout
 from .liveness import segment_size
