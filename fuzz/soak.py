@@ -2,7 +2,7 @@
 
 For ``--seconds`` (default 20), in rounds, with one random generator seeded by ``--seed``:
 
-- *engine*: a batch of malformed input messages (:func:`enginewire.fuzz.strategies.malformed`,
+- *engine*: a batch of malformed input messages (:func:`enginewire.fuzz.mutations.malformed`,
   plus hostile payloads: 10,000-level nesting, a 60,000-entry shape) goes over real sockets to a
   live reference engine process, then a valid ADD that must still get its output;
 - *front end*: a batch of malformed output messages goes to a live reference front end's output
@@ -115,7 +115,7 @@ class _Cases:
     def __init__(self, rng: random.Random) -> None:
         from hypothesis.errors import NonInteractiveExampleWarning
 
-        from .strategies import malformed
+        from .mutations import malformed
 
         self.rng = rng
         self.strategies = {kind: malformed(kind) for kind in INPUT_KINDS + OUTPUT_KINDS}

@@ -105,9 +105,9 @@ CASES: list[tuple[str, int, str]] = [
     # spec
     ("spec", 2, "ACTION"),
     ("spec check --version abc", 2, "version"),
-    ("spec check --version 9.9.9", 2, "unknown vLLM version"),
-    ("spec check --version 0.1.0", 2, "unknown vLLM version"),
-    ("spec export --version 9.9.9", 2, "unknown vLLM version"),
+    ("spec check --version 9.9.9", 2, "is not a release the spec was derived from"),
+    ("spec check --version 0.1.0", 2, "is not a release the spec was derived from"),
+    ("spec export --version 9.9.9", 2, "is not a release the spec was derived from"),
     ("spec docs --version abc", 2, "version"),
     ("spec check --data-dir /nonexistent", 2, "not a directory"),
     ("spec check --data-dir {dir}", 1, "missing"),

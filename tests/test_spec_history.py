@@ -85,11 +85,14 @@ def test_reference_classes_build_per_release() -> None:
 
 @pytest.mark.parametrize("version", ["0.22.5", "0.6.4", "1.0.0", "x"])
 def test_unknown_release_is_a_one_line_error(version: str, capsys) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["spec", "check", "--version", version])
-    assert exc.value.code == 2
+    try:
+        code = main(["spec", "check", "--version", version])
+    except SystemExit as exc:  # argparse's type check: a text that is no version at all
+        code = exc.code
+    assert code == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "not a release" in err or "expected a version" in err
+    assert len(err.splitlines()) == 1
+    assert "not a release" in err or "version" in err
 
 
 def test_older_release_checks_with_its_structs(capsys) -> None:
