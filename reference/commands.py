@@ -179,15 +179,6 @@ def cmd_frontend(args: argparse.Namespace) -> int:
         print(f"enginewire frontend: cannot open the front end's sockets: {error}",
               file=sys.stderr)
         return 1
-    except AttributeError as error:
-        # ReferenceFrontend's own clean-up after a failed bind raises AttributeError with the
-        # bind error as its context: report the bind error.
-        cause = error.__context__
-        if not isinstance(cause, (zmq.ZMQError, OSError)):
-            raise
-        print(f"enginewire frontend: cannot open the front end's sockets: {cause}",
-              file=sys.stderr)
-        return 1
     with opened as frontend:
         try:
             print(f"handshake address: {frontend.handshake_address}", file=sys.stderr)

@@ -81,6 +81,9 @@ class ReferenceFrontend:
         self._ctx = zmq.Context()
         self._sockets: list[ChannelSocket] = []
         self._handshake: ChannelSocket | None = None
+        # Set before any socket opens: close() after a failed bind reads them.
+        self._outputs: deque[Any] = deque()
+        self._calls: dict[int, tuple[str, Future[Any]]] = {}
         try:
             if handshake:
                 self._handshake = self._open("handshake", handshake_address or ipc_address())
@@ -89,8 +92,6 @@ class ReferenceFrontend:
         except BaseException:
             self.close()
             raise
-        self._outputs: deque[Any] = deque()
-        self._calls: dict[int, tuple[str, Future[Any]]] = {}
         self._round_robin = itertools.cycle(range(engine_count))
 
     def _open(self, channel: str, address: str) -> ChannelSocket:

@@ -749,15 +749,19 @@ class EngineSession:
             transition = self.machine.fire(event)
             self.pending_calls.add((client_index, call_id))
             return _action(transition, self.rank, tuple(payload))
+        def is_int(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        # tuple[int, int | none]: the exclude index is nil when no engine is excluded.
         shape_ok = (
             isinstance(payload, Sequence) and len(payload) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in payload)
+            and is_int(payload[0]) and (payload[1] is None or is_int(payload[1]))
         )
         if not shape_ok:
             raise PayloadError(
                 "frames.start-dp-wave-payload",
                 "the START_DP_WAVE payload is [new_wave, exclude_engine_index]",
-                expected="tuple[int, int]", got=payload,
+                expected="tuple[int, int | none]", got=payload,
             )
         return _action(self.machine.fire(event), self.rank, tuple(payload))
 

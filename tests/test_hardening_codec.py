@@ -164,10 +164,6 @@ def test_start_dp_wave_with_nil_exclude_decodes() -> None:
     assert codec.decode("start_dp_wave", frames) == (1, None)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reference/session.py EngineSession.receive_request checks START_DP_WAVE as two ints, "
-    "but the spec types it tuple[int, int | none] (frames.toml start_dp_wave payload): "
-    "[1, nil] raises frames.start-dp-wave-payload"))
 def test_the_engine_session_accepts_start_dp_wave_with_nil_exclude() -> None:
     from enginewire.reference.session import EngineSession
 
@@ -178,3 +174,12 @@ def test_the_engine_session_accepts_start_dp_wave_with_nil_exclude() -> None:
     session.send_ready_response()
     session.send_ready()
     assert session.receive_request(b"\x02", (1, None)) == []
+
+
+def test_a_front_end_that_cannot_bind_raises_the_bind_error() -> None:
+    import zmq
+
+    from enginewire.reference.frontend import ReferenceFrontend
+
+    with pytest.raises(zmq.ZMQError, match="nonexistent-dir"):
+        ReferenceFrontend(handshake_address="ipc:///nonexistent-dir/x")
