@@ -65,7 +65,8 @@ def run_check(
             )
     surface = getattr(target, item.surface)
     limit = item.timeout * timeout_scale
-    ctx = CheckContext(spec=spec, target=target, timeout=limit, strict=strict, options=options)
+    ctx = CheckContext(spec=spec, target=target, timeout=limit, strict=strict, options=options,
+                       scale=timeout_scale)
     verdict: dict[str, Any] = {}
 
     def body() -> None:
