@@ -184,7 +184,7 @@ def _ready_keys(engine: Any, ctx: Any) -> None:
 
 
 @check("engine/handshake/ready-hash-with-dp", clauses=["handshake.ready-optional-keys"],
-       surface="engine", timeout=PEER_TIMEOUT)
+       surface="engine", requires=["engine.coordinated-dp"], timeout=PEER_TIMEOUT)
 def _ready_hash(engine: Any, ctx: Any) -> None:
     """READY of an engine with data_parallel_size 2 carries parallel_config_hash."""
     _, handshake = _started(engine, ctx, rank=1, dp_size=2)

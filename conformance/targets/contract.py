@@ -145,6 +145,10 @@ MODES: dict[str, tuple[str, str]] = {
     # ``client_addresses``): no handshake ROUTER; it waits for one ready response per engine
     # identity on the input ROUTER and nothing else.
     "frontend.handshake": ("frontend", "handshake"),
+    # An engine launched with dp_size > 1 that runs coordinated data parallelism (READY
+    # carries parallel_config_hash). vLLM runs the data-parallel ranks of a dense (non-MoE)
+    # model as independent engines of DP size 1 (vllm/v1/engine/core.py:1544-1555).
+    "engine.coordinated-dp": ("engine", "coordinated_dp"),
 }
 
 
