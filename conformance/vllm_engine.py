@@ -207,6 +207,10 @@ def _mapped_segments() -> set[str]:
 class VllmEngines:
     """The ``engine`` surface: vLLM's ``EngineCoreProc`` per launch (see the module doc)."""
 
+    #: The tiny model is dense: vLLM runs its data-parallel ranks as independent engines
+    #: (mode ``engine.coordinated-dp`` of :data:`enginewire.conformance.targets.MODES`).
+    coordinated_dp = False
+
     def __init__(self, start_method: str = "fork", tp_size: int = 1) -> None:
         self.start_method = start_method
         self.tp_size = tp_size
@@ -230,6 +234,7 @@ class VllmEngines:
         return copy.deepcopy(self._configs[dp_size])
 
     def start_engine(self, launch: EngineLaunch) -> VllmEnginePeer:
+        from vllm.v1.engine import core
         from vllm.v1.engine.utils import CoreEngineProcManager
         from vllm.v1.executor.abstract import Executor
 
@@ -237,6 +242,10 @@ class VllmEngines:
         self._count += 1
         die_file = self.root / f"die-{self._count}"
         with _ENV_LOCK:
+            if self.start_method == "fork":
+                # The engine's one bound on the wait for init, a module constant in minutes;
+                # a forked engine inherits the value.
+                core.HANDSHAKE_TIMEOUT_MINS = launch.init_timeout / 60
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = self.start_method
             os.environ["ENGINEWIRE_VLLM_WORKER_DIE_FILE"] = str(die_file)
             manager = CoreEngineProcManager(
