@@ -71,6 +71,10 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     ``parallel_config_hash`` starts a front end of coordinated data parallelism whose own
     parallel config hashes to that value.
 
+Set-up (optional, any surface): ``prepare()``, called before each check of the surface and
+outside its time limit; it does its work once (a vLLM engine configuration, say) and returns at
+once afterwards.
+
 Introspection (optional, in-process targets only): a surface may expose the ZMQ sockets a
 running peer has open, for the clauses that are socket options nobody outside can observe
 (``transport.hwm-zero``, ``ring.notify.sub-conflate``). ``engine.zmq_sockets(peer)``,
