@@ -84,6 +84,9 @@ def engine_environment(cache_root: str) -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ.setdefault("VLLM_CACHE_ROOT", cache_root)
+    # The stand-in worker runs no OpenMP kernels: no thread binding (vLLM's default, "auto",
+    # wants one NUMA node per worker and refuses two workers on a one-node machine).
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     # vLLM's usage-statistics reporter would try the network.
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -148,9 +151,12 @@ class VllmEnginePeer:
     crashed). A watcher thread notes every segment the engine's process tree maps, and
     :meth:`stop` unlinks those that no live process maps any more."""
 
-    def __init__(self, manager: Any, die_file: Path) -> None:
+    def __init__(self, manager: Any, die_file: Path, launched: dict[str, Any]) -> None:
         self.manager = manager
         self.die_file = die_file
+        #: What the process was started with (multiprocessing forgets it once started):
+        #: executor_class, vllm_config, handshake_address.
+        self.launched = launched
         self.process = manager.processes[0]
         self.segments: set[str] = set()
         self._watching = threading.Event()
@@ -224,6 +230,11 @@ class VllmEngines:
         self._peers: list[VllmEnginePeer] = []
         self._count = 0
 
+    def prepare(self) -> None:
+        """Build the data-parallel-size-1 configuration and import the engine's modules
+        (the runner calls this outside the checks' time limits)."""
+        self.config(1)
+
     def config(self, dp_size: int) -> Any:
         """A fresh copy of the configuration for ``dp_size`` engines (built once)."""
         if dp_size not in self._configs:
@@ -239,6 +250,7 @@ class VllmEngines:
         from vllm.v1.executor.abstract import Executor
 
         config = self.config(launch.dp_size)
+        executor_class = Executor.get_class(config)
         self._count += 1
         die_file = self.root / f"die-{self._count}"
         with _ENV_LOCK:
@@ -252,9 +264,11 @@ class VllmEngines:
                 local_engine_count=1, start_index=launch.engine_index, local_start_index=0,
                 vllm_config=config, local_client=launch.local,
                 handshake_address=launch.handshake_address,
-                executor_class=Executor.get_class(config), log_stats=False,
+                executor_class=executor_class, log_stats=False,
             )
-        peer = VllmEnginePeer(manager, die_file)
+        peer = VllmEnginePeer(manager, die_file, {
+            "executor_class": executor_class,
+            "vllm_config": config, "handshake_address": launch.handshake_address})
         self._peers.append(peer)
         return peer
 

@@ -59,6 +59,9 @@ class StandInWorker:
         self._prompt_len: dict[str, int] = {}
         self._pending: Any = None
         self._sleeping = False
+        #: Scheduler outputs this worker received over the executor (the broadcast ring when
+        #: it runs in its own process).
+        self.steps = 0
         self._watch_die_file()
 
     # -- start-up (EngineCore._initialize_kv_caches) ----------------------------------------
@@ -120,6 +123,7 @@ class StandInWorker:
 
     def execute_model(self, scheduler_output: Any) -> None:
         self._pending = scheduler_output
+        self.steps += 1
         return None
 
     def sample_tokens(self, grammar_output: Any) -> Any:
@@ -179,6 +183,18 @@ class StandInWorker:
 
     def shutdown(self) -> None:
         pass
+
+    def describe_process(self) -> dict[str, Any]:
+        """What runs where, for tests through vLLM's ``collective_rpc`` utility: this worker's
+        class, rank, process, the steps it saw, and the enginewire modules its process holds."""
+        import sys
+
+        return {
+            "worker_class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "rank": self.rank, "pid": os.getpid(), "parent_pid": os.getppid(),
+            "steps": self.steps,
+            "enginewire_modules": sorted(m for m in sys.modules if m.startswith("enginewire")),
+        }
 
     # -- failure ----------------------------------------------------------------------------
 
