@@ -1,6 +1,6 @@
-"""vLLM 0.33.0's real engine core on the CPU (conformance/vllm_engine.py), driven by the suite's
-front end: a few launches only (each about 1-5 s with fork); the whole engine surface runs in
-test_conformance_vllm.py's slow test and in CI."""
+"""vLLM 0.33.0's real engine core on the CPU (conformance/targets/vllm/engine.py), driven by
+the suite's front end: a few launches only (each about 1-5 s with fork); the whole engine
+surface runs in test_conformance_vllm.py's slow test and in CI."""
 
 from __future__ import annotations
 
@@ -13,21 +13,22 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-from enginewire.conformance.peers import SuiteFrontend, identity_of  # noqa: E402
-from enginewire.conformance.registry import all_checks, select  # noqa: E402
-from enginewire.conformance.runner import FAILED, PASSED, run  # noqa: E402
-from enginewire.conformance.samples import minimal_request  # noqa: E402
-from enginewire.conformance.targets import EngineLaunch, Target  # noqa: E402
-from enginewire.conformance.vllm_engine import VllmEngines  # noqa: E402
-from enginewire.conformance.vllm_standin import StandInWorker  # noqa: E402
+from enginewire.conformance.framework.outcomes import FAILED, PASSED  # noqa: E402
+from enginewire.conformance.framework.registry import all_checks, select  # noqa: E402
+from enginewire.conformance.framework.runner import run  # noqa: E402
+from enginewire.conformance.oracle.samples import minimal_request  # noqa: E402
+from enginewire.conformance.peers.zmq_peers import SuiteFrontend, identity_of  # noqa: E402
+from enginewire.conformance.targets.contract import EngineLaunch, Target  # noqa: E402
+from enginewire.conformance.targets.vllm.engine import VllmEngines  # noqa: E402
+from enginewire.conformance.targets.vllm.standin import StandInWorker  # noqa: E402
 from enginewire.spec import load  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
 STANDIN = f"{StandInWorker.__module__}.{StandInWorker.__qualname__}"
 #: enginewire modules that speak the wire or launch engines: none may run in a worker process.
-SUITE_MODULES = ("enginewire.conformance.peers", "enginewire.conformance.vllm_engine",
-                 "enginewire.conformance.vllm_target", "enginewire.reference")
+SUITE_MODULES = ("enginewire.conformance.peers", "enginewire.conformance.targets.vllm.engine",
+                 "enginewire.conformance.targets.vllm.target", "enginewire.reference")
 
 
 @pytest.fixture
@@ -68,17 +69,17 @@ def test_engine_checks_pass_and_fail_on_the_live_vllm_engine() -> None:
     executor turns into ENGINE_CORE_DEAD."""
     engines = VllmEngines()
     target = Target(name="vllm", engine=engines)
-    checks = select(all_checks(), patterns=["engine.serve.timestamp-set",
-                                            "engine.garbage.unknown-type-byte",
-                                            "engine.dead.sentinel-last"])
+    checks = select(all_checks(), patterns=["engine/serve/timestamp-set",
+                                            "engine/garbage/unknown-type-byte",
+                                            "engine/dead/sentinel-last"])
     try:
         result = run(checks, target, load(), strict=True, timeout_scale=2.0)
     finally:
         engines.close()
     verdicts = {r.check.id: (r.status, r.message) for r in result.results}
-    assert verdicts["engine.serve.timestamp-set"][0] == PASSED, verdicts
-    assert verdicts["engine.dead.sentinel-last"][0] == PASSED, verdicts
-    status, message = verdicts["engine.garbage.unknown-type-byte"]
+    assert verdicts["engine/serve/timestamp-set"][0] == PASSED, verdicts
+    assert verdicts["engine/dead/sentinel-last"][0] == PASSED, verdicts
+    status, message = verdicts["engine/garbage/unknown-type-byte"]
     assert status == FAILED and message.startswith(
         "the engine stopped serving after type byte 0x09"), verdicts
 
@@ -128,7 +129,7 @@ def test_tensor_parallel_two_workers_behind_vllms_rings(front: SuiteFrontend) ->
 
 
 def _segments(peer: Any) -> set[str]:
-    from enginewire.conformance.vllm_engine import _shm_names
+    from enginewire.conformance.targets.vllm.engine import _shm_names
 
     return _shm_names(peer._tree())
 
@@ -142,14 +143,14 @@ def test_spawned_engine_and_worker_hold_no_suite_code(front: SuiteFrontend) -> N
         _, handshake = _start(engines, front)
         (worker,) = _describe(front, handshake.identity)
         modules = worker["enginewire_modules"]
-        assert "enginewire.conformance.vllm_standin" in modules
+        assert "enginewire.conformance.targets.vllm.standin" in modules
         assert not [m for m in modules if m.startswith(SUITE_MODULES)], modules
     finally:
         engines.close()
 
 
 def test_the_model_directory_holds_only_a_config(tmp_path: Path) -> None:
-    from enginewire.conformance.vllm_engine import write_model_dir
+    from enginewire.conformance.targets.vllm.engine import write_model_dir
 
     directory = write_model_dir(tmp_path / "m")
     assert [p.name for p in directory.iterdir()] == ["config.json"]

@@ -460,7 +460,11 @@ class VllmRing:
 
 def vllm_target() -> Target:
     """vLLM 0.33.0's codec, ring, engine core and front end (requires the ``vllm`` package)."""
-    from enginewire.conformance.vllm_engine import VllmEngines, default_cache_root, engine_environment
+    from enginewire.conformance.targets.vllm.engine import (
+        VllmEngines,
+        default_cache_root,
+        engine_environment,
+    )
 
     # Before vLLM resolves its platform: the engine core runs on vLLM's CPU platform.
     engine_environment(default_cache_root())

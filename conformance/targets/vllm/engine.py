@@ -7,7 +7,7 @@ process told to handshake with the suite's handshake ROUTER, as the front end's
 threads, scheduler and executor. On the CPU platform vLLM picks its ``MultiprocExecutor`` even
 for one rank (``vllm/platforms/cpu.py:351-358``), so every engine also starts its worker
 processes and talks to them over vLLM's shared-memory rings. Only the model layer is stood in:
-the worker class (:mod:`enginewire.conformance.vllm_standin`, through vLLM's
+the worker class (:mod:`enginewire.conformance.targets.vllm.standin`, through vLLM's
 ``ParallelConfig.worker_cls``).
 
 The model is a local directory holding only a tiny Llama ``config.json`` (no weights, no
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .targets import EngineLaunch
+from enginewire.conformance.targets.contract import EngineLaunch
 
 #: The tiny model: a Llama configuration small enough for any machine (no weights are read).
 TINY_LLAMA = {
@@ -67,7 +67,7 @@ TINY_LLAMA = {
     "tie_word_embeddings": False,
 }
 MAX_MODEL_LEN = 256
-STANDIN_WORKER = "enginewire.conformance.vllm_standin.StandInWorker"
+STANDIN_WORKER = "enginewire.conformance.targets.vllm.standin.StandInWorker"
 #: Seconds ``stop`` gives the engine to shut down after SIGTERM before vLLM kills it.
 STOP_GRACE_S = 5.0
 
