@@ -41,9 +41,10 @@ def front() -> Iterator[SuiteFrontend]:
             frontend.close()
 
 
-def _start(engines: VllmEngines, front: SuiteFrontend) -> tuple[Any, Any]:
+def _start(engines: VllmEngines, front: SuiteFrontend,
+           timeout: float = 60.0) -> tuple[Any, Any]:
     peer = engines.start_engine(EngineLaunch(handshake_address=front.handshake_address))
-    return peer, front.handshake(60.0, expect=identity_of(0))
+    return peer, front.handshake(timeout, expect=identity_of(0))
 
 
 def _describe(front: SuiteFrontend, identity: bytes) -> list[dict[str, Any]]:
@@ -140,7 +141,8 @@ def test_spawned_engine_and_worker_hold_no_suite_code(front: SuiteFrontend) -> N
     worker_cls setting names: the stand-in module, none of the suite's wire code."""
     engines = VllmEngines(start_method="spawn")
     try:
-        _, handshake = _start(engines, front)
+        # Engine and worker each import vLLM and torch afresh: tens of seconds on a busy machine.
+        _, handshake = _start(engines, front, timeout=300.0)
         (worker,) = _describe(front, handshake.identity)
         modules = worker["enginewire_modules"]
         assert "enginewire.conformance.targets.vllm.standin" in modules
