@@ -26,8 +26,9 @@ in about 1 s instead of about 6 s (docs/conformance.md, "vLLM's engine core").
 What vLLM does not let a launcher choose, and how the adapter maps it:
 
 - ``launch.init_timeout``: vLLM's engine waits ``HANDSHAKE_TIMEOUT_MINS`` (5) minutes for
-  init, a module constant with no setting (``vllm/v1/engine/core.py:116``, ``:1420``); the
-  adapter does not change it, so ``engine.handshake.init-timeout`` records what vLLM does.
+  init, a module constant with no setting (``vllm/v1/engine/core.py:116``, ``:1420``); a
+  forked engine inherits the launch's value there (the constant's value only, the code that
+  waits is vLLM's); a spawned engine re-imports the module and keeps 5 minutes.
 - ``launch.local`` / ``launch.headless``: vLLM's engine says ``local = local_client and no
   client handshake address`` and ``headless = not local_client`` (``core.py:1366-1367``), so a
   remote engine is always headless and a local one never; the adapter passes
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from enginewire.conformance.targets.contract import EngineLaunch
+from enginewire.conformance.targets.vllm.standin import DIE_FILE_ENV
 
 #: The tiny model: a Llama configuration small enough for any machine (no weights are read).
 TINY_LLAMA = {
@@ -214,7 +216,8 @@ class VllmEngines:
     """The ``engine`` surface: vLLM's ``EngineCoreProc`` per launch (see the module doc)."""
 
     #: The tiny model is dense: vLLM runs its data-parallel ranks as independent engines
-    #: (mode ``engine.coordinated-dp`` of :data:`enginewire.conformance.targets.MODES`).
+    #: (mode ``engine.coordinated-dp`` of
+    #: :data:`enginewire.conformance.targets.contract.MODES`).
     coordinated_dp = False
 
     def __init__(self, start_method: str = "fork", tp_size: int = 1) -> None:
@@ -259,7 +262,7 @@ class VllmEngines:
                 # a forked engine inherits the value.
                 core.HANDSHAKE_TIMEOUT_MINS = launch.init_timeout / 60
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = self.start_method
-            os.environ["ENGINEWIRE_VLLM_WORKER_DIE_FILE"] = str(die_file)
+            os.environ[DIE_FILE_ENV] = str(die_file)
             manager = CoreEngineProcManager(
                 local_engine_count=1, start_index=launch.engine_index, local_start_index=0,
                 vllm_config=config, local_client=launch.local,
