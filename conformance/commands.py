@@ -201,6 +201,8 @@ def _command_line(args: argparse.Namespace) -> str:
     parts += [f"-k '{k}'" for k in args.select]
     if args.strict:
         parts.append("--strict")
+    if args.timeout_scale != 1.0:
+        parts.append(f"--timeout-scale {args.timeout_scale:g}")
     if args.expected_failures:
         parts.append(f"--expected-failures {args.expected_failures}")
     parts.append(f"--markdown {args.markdown}")

@@ -3,6 +3,7 @@
 - Says loudly, at the top and at the end of the run, when vLLM is not installed: the interop
   and drift tests then skip, and a green run proves much less.
 - Fails the session if it leaves shared-memory segments or enginewire ipc socket files behind.
+- Runs vLLM on its CPU platform (``VLLM_TARGET_DEVICE=cpu``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from pathlib import Path
 import pytest
 
 SHM_DIR = Path("/dev/shm")
+
+# vLLM resolves its platform once, the first time any of its modules asks; its engine core runs
+# on the CPU platform (conformance/targets/vllm/engine.py), so say so before any test imports vLLM.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
 def _vllm_version() -> str | None:

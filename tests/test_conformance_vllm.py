@@ -1,6 +1,7 @@
-"""The conformance suite against vLLM 0.33.0 itself (its codec, MessageQueue, executor RPC and
-front-end client): every deviation is recorded in conformance/data/expected/vllm-0.33.0.txt,
-the list is exact, and docs/conformance-vllm.md is what the run produces."""
+"""The conformance suite against vLLM 0.33.0 itself (its codec, MessageQueue, executor RPC,
+engine core and front-end client): every deviation is recorded in
+conformance/data/expected/vllm-0.33.0.txt, the list is exact, and docs/conformance-vllm.md is
+what the run produces."""
 
 from __future__ import annotations
 
@@ -25,14 +26,32 @@ PAGE = "docs/conformance-vllm.md"
 pytestmark = pytest.mark.vllm
 
 
+#: vLLM's real engine core takes seconds to start (docs/conformance.md, "vLLM's engine core").
+SCALE = "2"
+
+
+def test_vllm_codec_ring_and_front_end_match_their_expected_failures(
+        capsys: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite, strict, against vLLM's codec, ring and front end: exit 0 against the
+    expected-failure list (the engine surface launches real engine processes: slow test below
+    and tests/test_vllm_engine_core.py)."""
+    monkeypatch.chdir(REPO)
+    code = main(["check", "--target", "vllm", "--strict", "--no-progress", "--surface", "codec",
+                 "--surface", "ring", "--surface", "frontend", "--expected-failures", EXPECTED])
+    out = capsys.readouterr().out
+    assert code == 0, out[-4000:]
+
+
+@pytest.mark.slow
 def test_vllm_matches_its_expected_failure_list_and_published_page(
         capsys: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole suite, strict, against vLLM: exit 0 against the expected-failure list, and
-    the Markdown page it writes is the one in docs/ (regenerate it with the same command)."""
+    """The whole suite, strict, against vLLM (its live engine core included): exit 0 against
+    the expected-failure list, and the Markdown page it writes is the one in docs/ (regenerate
+    it with the same command)."""
     monkeypatch.chdir(REPO)
     page = tmp_path / "conformance-vllm.md"
-    code = main(["check", "--target", "vllm", "--strict", "--no-progress",
-                 "--expected-failures", EXPECTED, "--markdown", str(page)])
+    code = main(["check", "--target", "vllm", "--strict", "--no-progress", "--timeout-scale",
+                 SCALE, "--expected-failures", EXPECTED, "--markdown", str(page)])
     out = capsys.readouterr().out
     assert code == 0, out[-4000:]
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
@@ -40,9 +59,10 @@ def test_vllm_matches_its_expected_failure_list_and_published_page(
     assert "0 failed" not in lines["frontend"]
     published = (REPO / PAGE).read_text(encoding="utf-8")
     generated = page.read_text(encoding="utf-8").replace(str(page), PAGE)
+    assert "0 failed" not in lines["engine"]
     assert generated == published, (
         f"{PAGE} is out of date; regenerate it with: enginewire check --target vllm --strict "
-        f"--expected-failures {EXPECTED} --markdown {PAGE}")
+        f"--timeout-scale {SCALE} --expected-failures {EXPECTED} --markdown {PAGE}")
 
 
 def test_vllm_negative_index_deviation_is_caught() -> None:

@@ -55,7 +55,16 @@ def _handshake(front: SuiteFrontend, ctx: Any, rank: int = 0) -> Any:
     except HandshakeProblem as exc:
         raise CheckFailure(str(exc), Reproduction(received=exc.frames)) from exc
     except TimeoutError as exc:
-        raise CheckFailure(f"handshake with engine {rank}: {exc}") from exc
+        raise CheckFailure(f"handshake with engine {rank}: {_why(exc)}") from exc
+
+
+def _why(exc: BaseException) -> str:
+    """What a failed wait saw, without its timing (failure messages are compared as
+    prefixes across runs): ``recv``'s "X: nothing within N s" becomes "nothing came: X"."""
+    if isinstance(exc, TimeoutError):
+        what, _, _ = str(exc).partition(": nothing within")
+        return f"nothing came: {what}"
+    return str(exc)
 
 
 def _started(engine: Any, ctx: Any, *, rank: int = 0, clients: int = 1,
@@ -72,7 +81,7 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
         outputs = front.call(identity, PROBE_METHOD, [], ctx.wait(6.0), call_id=call_id)
     except (TimeoutError, ConnectionError) as exc:
         raise CheckFailure(f"the engine stopped serving after {after}: a utility call got no "
-                           f"reply ({exc})", Reproduction(sent=sent)) from exc
+                           f"reply ({_why(exc)})", Reproduction(sent=sent)) from exc
     reply = outputs["utility_output"]
     if reply.get("failure_message") is None and reply.get("result") is None:
         raise CheckFailure(f"after {after} the utility reply has neither result nor failure",
@@ -184,7 +193,7 @@ def _ready_keys(engine: Any, ctx: Any) -> None:
 
 
 @check("engine/handshake/ready-hash-with-dp", clauses=["handshake.ready-optional-keys"],
-       surface="engine", timeout=PEER_TIMEOUT)
+       surface="engine", requires=["engine.coordinated-dp"], timeout=PEER_TIMEOUT)
 def _ready_hash(engine: Any, ctx: Any) -> None:
     """READY of an engine with data_parallel_size 2 carries parallel_config_hash."""
     _, handshake = _started(engine, ctx, rank=1, dp_size=2)
@@ -320,7 +329,7 @@ def _add(engine: Any, ctx: Any) -> None:
     try:
         seen = front.finish("req-add", ctx.wait(10.0))
     except TimeoutError as exc:
-        raise CheckFailure(f"req-add did not finish: {exc}") from exc
+        raise CheckFailure(f"req-add did not finish: {_why(exc)}") from exc
     tokens = [t for output in seen for t in output.get("new_token_ids") or []]
     if not tokens or len(tokens) > 2:
         raise CheckFailure(f"max_tokens 2 produced {len(tokens)} tokens: {tokens}")
@@ -477,8 +486,8 @@ def _served_after(engine: Any, ctx: Any) -> None:
     try:
         front.finish("req-after", ctx.wait(10.0))
     except (TimeoutError, ConnectionError) as exc:
-        raise CheckFailure(f"no finished output for an ADD sent after malformed input: {exc}") \
-            from exc
+        raise CheckFailure(f"no finished output for an ADD sent after malformed input "
+                           f"({_why(exc)})") from exc
 
 
 @check("engine/serve/many-requests-intact", clauses=["frames.tracked-buffer-reuse",
@@ -501,7 +510,7 @@ def _many(engine: Any, ctx: Any) -> None:
         try:
             outputs = front.outputs(deadline - time.monotonic())
         except TimeoutError as exc:
-            raise CheckFailure(f"{len(finished)} of {len(ids)} requests finished: {exc}") \
+            raise CheckFailure(f"{len(finished)} of {len(ids)} requests finished: {_why(exc)}") \
                 from exc
         except Exception as exc:  # noqa: BLE001 - a corrupted message
             raise CheckFailure(f"an output message did not decode: {exc}") from exc
@@ -538,7 +547,7 @@ def _three(engine: Any, ctx: Any) -> None:
             identity, payload = front.recv_handshake(deadline - time.monotonic())[:2]
         except TimeoutError as exc:
             raise CheckFailure(f"HELLO from {sorted(i.hex() for i in hellos)}, READY from "
-                               f"{sorted(i.hex() for i in readies)}: {exc}") from exc
+                               f"{sorted(i.hex() for i in readies)}: {_why(exc)}") from exc
         status = msgspec.msgpack.decode(payload).get("status")
         if status == "HELLO":
             hellos.add(identity)

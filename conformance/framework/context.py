@@ -18,7 +18,8 @@ class CheckContext:
     """Per-check environment, made fresh for every run of a check.
 
     - ``deadline`` / :meth:`remaining`: the check's time limit; helpers that wait take
-      ``ctx.wait(seconds)`` so no wait outlives the check.
+      ``ctx.wait(seconds)`` so no wait outlives the check, and every wait grows with the
+      run's timeout scale as the limit does.
     - :attr:`tmpdir`: a private directory, removed after the check (also ipc:// socket files).
     - :meth:`on_cleanup`: callbacks run last-in-first-out after the check, also when it failed
       or timed out; that is where sockets are closed and processes killed.
@@ -34,8 +35,10 @@ class CheckContext:
         timeout: float,
         strict: bool = False,
         options: dict[str, Any] | None = None,
+        scale: float = 1.0,
     ) -> None:
         self.spec = spec
+        self.scale = scale
         self.target = target
         self.timeout = timeout
         self.strict = strict
@@ -54,8 +57,9 @@ class CheckContext:
         return max(0.0, self.deadline - time.monotonic())
 
     def wait(self, seconds: float) -> float:
-        """``seconds`` capped so the wait ends a little before the check's own limit."""
-        return max(0.01, min(seconds, self.remaining() - 0.25))
+        """``seconds`` times the run's timeout scale (``--timeout-scale``), capped so the wait
+        ends a little before the check's own limit."""
+        return max(0.01, min(seconds * self.scale, self.remaining() - 0.25))
 
     # --- scratch space ---------------------------------------------------------------------
 

@@ -64,8 +64,19 @@ def run_check(
                 f"target {target.name!r} works without {needed} by design",
             )
     surface = getattr(target, item.surface)
+    prepare = getattr(surface, "prepare", None)
+    if prepare is not None:
+        # Once-only set-up of a surface (idempotent), outside every check's time limit.
+        try:
+            prepare()
+        except Exception as exc:  # noqa: BLE001 - the check cannot run: its verdict
+            return CheckResult(item, level, FAILED,
+                               f"the target's {item.surface} surface failed to prepare: "
+                               f"{type(exc).__name__}: {exc}",
+                               traceback=traceback.format_exc())
     limit = item.timeout * timeout_scale
-    ctx = CheckContext(spec=spec, target=target, timeout=limit, strict=strict, options=options)
+    ctx = CheckContext(spec=spec, target=target, timeout=limit, strict=strict, options=options,
+                       scale=timeout_scale)
     verdict: dict[str, Any] = {}
 
     def body() -> None:

@@ -71,6 +71,10 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     ``parallel_config_hash`` starts a front end of coordinated data parallelism whose own
     parallel config hashes to that value.
 
+Set-up (optional, any surface): ``prepare()``, called before each check of the surface and
+outside its time limit; it does its work once (a vLLM engine configuration, say) and returns at
+once afterwards.
+
 Introspection (optional, in-process targets only): a surface may expose the ZMQ sockets a
 running peer has open, for the clauses that are socket options nobody outside can observe
 (``transport.hwm-zero``, ``ring.notify.sub-conflate``). ``engine.zmq_sockets(peer)``,
@@ -145,6 +149,10 @@ MODES: dict[str, tuple[str, str]] = {
     # ``client_addresses``): no handshake ROUTER; it waits for one ready response per engine
     # identity on the input ROUTER and nothing else.
     "frontend.handshake": ("frontend", "handshake"),
+    # An engine launched with dp_size > 1 that runs coordinated data parallelism (READY
+    # carries parallel_config_hash). vLLM runs the data-parallel ranks of a dense (non-MoE)
+    # model as independent engines of DP size 1 (vllm/v1/engine/core.py:1544-1555).
+    "engine.coordinated-dp": ("engine", "coordinated_dp"),
 }
 
 

@@ -4,6 +4,10 @@
   (``MessageQueue``, executor and workers), engine (``EngineCoreProc``) and front end;
 - :mod:`.frontend_client`: vLLM's front-end client (``AsyncMPClient``) set up against the
   suite's engines;
+- :mod:`.engine`: vLLM's real engine core (``EngineCoreProc``) launched by its own
+  ``CoreEngineProcManager`` on the CPU platform, with its executor and worker processes;
+- :mod:`.standin`: the one stand-in there, the worker (vLLM's model layer), named by vLLM's
+  ``ParallelConfig.worker_cls``;
 - :mod:`.objects`: vLLM objects with exactly the field values of a reference value, for
   byte-level comparisons with vLLM's encoder.
 

@@ -10,8 +10,8 @@
   (:class:`VllmExecutor`, :class:`VllmWorker`), without processes or a model.
 - ``frontend``: ``AsyncMPClient`` given ``client_addresses``
   (:mod:`enginewire.conformance.targets.vllm.frontend_client`).
-- no ``engine``: vLLM's ``EngineCoreProc`` cannot start without a model (docs/conformance.md,
-  "vLLM's engine core").
+- ``engine``: vLLM's ``EngineCoreProc`` launched by its ``CoreEngineProcManager``, with only the
+  model layer (the worker) stood in (:mod:`enginewire.conformance.targets.vllm.engine`).
 
 The adapters decide nothing: where vLLM deviates from the spec, the checks fail against this
 target, and the expected-failure list ``conformance/data/expected/vllm-0.33.0.txt`` records it.
@@ -459,7 +459,15 @@ class VllmRing:
 
 
 def vllm_target() -> Target:
-    """vLLM 0.33.0's codec and ring (requires the ``vllm`` package)."""
+    """vLLM 0.33.0's codec, ring, engine core and front end (requires the ``vllm`` package)."""
+    from enginewire.conformance.targets.vllm.engine import (
+        VllmEngines,
+        default_cache_root,
+        engine_environment,
+    )
+
+    # Before vLLM resolves its platform: the engine core runs on vLLM's CPU platform.
+    engine_environment(default_cache_root())
     try:
         import vllm.v1.serial_utils  # noqa: F401
     except ImportError as exc:
@@ -470,16 +478,19 @@ def vllm_target() -> Target:
 
     codec = VllmCodec()
     frontends = VllmFrontends(codec)
+    engines = VllmEngines()
     target = Target(
         name="vllm",
         codec=codec,
         ring=VllmRing(),
+        engine=engines,
         frontend=frontends,
         description="vLLM 0.33.0's own code: MsgpackEncoder/MsgpackDecoder (codec); "
                     "MessageQueue, MultiprocExecutor.collective_rpc and WorkerProc's busy loop "
-                    "(ring); AsyncMPClient given client_addresses, so without a handshake "
-                    "channel (frontend); no engine surface: EngineCoreProc does not start "
-                    "without a model (docs/conformance.md)",
+                    "(ring); EngineCoreProc launched by CoreEngineProcManager, with its "
+                    "MultiprocExecutor and worker processes, only the worker a stand-in "
+                    "(engine); AsyncMPClient given client_addresses, so without a handshake "
+                    "channel (frontend)",
     )
-    target._closers += [sweep, frontends.close]
+    target._closers += [sweep, frontends.close, engines.close]
     return target
