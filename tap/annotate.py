@@ -1,0 +1,268 @@
+"""Decoding and checking one message the tap saw (sans-IO), and its readable and JSON forms.
+
+:class:`Annotator` decodes each :class:`~.capture.Record` with the reference codec of one
+release (:func:`.releases.codec_for`): the codec checks the frame layout, the payload against
+the release's types and the value rules, and raises a
+:class:`~enginewire.reference.errors.ProtocolError` naming the clause a message breaks. The
+annotator turns that into a :class:`Violation` (clause, path inside the payload, the field the
+spec has at that path, the message) and asks :func:`.releases.explain` which other releases'
+layouts would decode the frames. It never raises for a bad message: a tap shows everything.
+
+:func:`line` prints an :class:`Annotation` as one readable line (violations on indented lines
+below it); :func:`to_json` gives the JSON-lines form.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from enginewire.reference.codec import Codec, _split_path
+from enginewire.reference.errors import ProtocolError
+from enginewire.reference.session import get_field
+from enginewire.spec.schema import StructSpec
+from enginewire.spec.types import TypeExpr, parse_type
+
+from .capture import Record
+from .releases import DEFAULT_RELEASE, codec_for, explain
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A clause one message breaks."""
+
+    clause: str
+    path: str | None
+    field: str | None
+    message: str
+    #: Releases whose layouts decode the same frames (the skew's other half).
+    explained_by: tuple[str, ...] = ()
+
+
+@dataclass
+class Annotation:
+    """What the tap knows about one message."""
+
+    record: Record
+    release: str
+    kind: str | None = None
+    rank: int | None = None
+    request_ids: list[str] = field(default_factory=list)
+    tokens: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    violations: list[Violation] = field(default_factory=list)
+    value: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _identity_rank(codec: Codec, identity: bytes | None) -> tuple[int | None, Violation | None]:
+    if identity is None:
+        return None, None
+    try:
+        return codec.decode_identity(identity), None
+    except ProtocolError as exc:
+        return None, Violation(exc.clause, None, None, str(exc))
+
+
+def field_at(codec: Codec, payload: str, steps: list[str | int]) -> str | None:
+    """``Struct.field (position N)`` of the last struct field on ``steps`` inside a payload of
+    type ``payload``, as the codec's release lays it out; None where the path leaves the
+    spec's structs."""
+    expr: TypeExpr = parse_type(payload)
+    named: str | None = None
+    for step in steps:
+        resolved = expr.without_none()
+        if resolved.name == "union":
+            return named
+        item = codec.spec.structs.get(resolved.name)
+        if isinstance(item, StructSpec):
+            if isinstance(step, int) and item.encoding in ("array", "tuple"):
+                if step >= len(item.fields):
+                    return f"{item.name}[{step}] (past its {len(item.fields)} fields)"
+                fld = item.fields[step]
+                named = f"{item.name}.{fld.name} (position {step})"
+            elif isinstance(step, str):
+                matches = [f for f in item.fields if f.name == step]
+                if not matches:
+                    return named
+                fld = matches[0]
+                named = f"{item.name}.{fld.name}"
+            else:
+                return named
+            expr = parse_type(fld.type)
+        elif isinstance(step, int) and resolved.args:
+            variadic = resolved.name in ("list", "set") or (
+                resolved.name == "tuple" and resolved.variadic
+            )
+            if variadic:
+                expr = resolved.args[0]
+            elif step < len(resolved.args):
+                expr = resolved.args[step]
+            else:
+                return named
+        elif step == "..." and resolved.name == "dict":
+            expr = resolved.args[1]
+        else:
+            return named
+    return named
+
+
+def _summarise(annotation: Annotation, kind: str, value: Any) -> None:
+    details = annotation.details
+    if kind == "add":
+        annotation.request_ids = [get_field(value, "request_id")]
+        prompt = get_field(value, "prompt_token_ids")
+        annotation.tokens = len(prompt) if prompt is not None else None
+        params = get_field(value, "sampling_params")
+        if params is not None:
+            details["max_tokens"] = get_field(params, "max_tokens")
+    elif kind == "abort":
+        annotation.request_ids = [str(r) for r in value]
+    elif kind == "utility":
+        details.update(client_index=value[0], call_id=value[1], method=value[2])
+    elif kind in ("outputs", "utility_reply"):
+        details["engine_index"] = get_field(value, "engine_index")
+        outputs = get_field(value, "outputs") or ()
+        annotation.request_ids = [get_field(o, "request_id") for o in outputs]
+        annotation.tokens = sum(len(get_field(o, "new_token_ids") or ()) for o in outputs)
+        finished = [get_field(o, "request_id") for o in outputs
+                    if get_field(o, "finish_reason") is not None]
+        if finished:
+            details["finished"] = finished
+        if get_field(value, "finished_requests"):
+            details["finished_requests"] = sorted(get_field(value, "finished_requests"))
+        utility = get_field(value, "utility_output")
+        if utility is not None:
+            details["call_id"] = get_field(utility, "call_id")
+            if get_field(utility, "failure_message") is not None:
+                details["failure"] = get_field(utility, "failure_message")
+    elif kind == "init":
+        addresses = get_field(value, "addresses")
+        details["inputs"] = list(get_field(addresses, "inputs"))
+        details["outputs"] = list(get_field(addresses, "outputs"))
+    elif kind in ("hello", "ready") and isinstance(value, dict):
+        details.update({k: v for k, v in value.items() if isinstance(v, str | int | bool)})
+    elif kind == "ready_response" and value is not None:
+        details["vllm_version"] = get_field(value, "vllm_version")
+        details["max_model_len"] = get_field(value, "max_model_len")
+
+
+class Annotator:
+    """Decodes and checks messages with the layouts of ``release``."""
+
+    def __init__(self, release: str | None = None, *, explain_skew: bool = True) -> None:
+        self.release = release or DEFAULT_RELEASE
+        self.codec = codec_for(self.release)
+        self.explain_skew = explain_skew
+
+    def annotate(self, record: Record) -> Annotation:
+        annotation = Annotation(record, self.release)
+        annotation.rank, bad_identity = _identity_rank(self.codec, record.identity)
+        if bad_identity is not None:
+            annotation.violations.append(bad_identity)
+        try:
+            message = self.codec.decode_message(record.channel, record.frames,
+                                                sender=record.sender)
+        except KeyError as exc:
+            annotation.violations.append(
+                Violation("frames.frame-count", None, None, str(exc.args[0]))
+            )
+            return annotation
+        except ProtocolError as exc:
+            annotation.violations.append(self._violation(record, exc))
+            return annotation
+        annotation.kind, annotation.value = message.kind, message.value
+        _summarise(annotation, message.kind, message.value)
+        return annotation
+
+    def _violation(self, record: Record, exc: ProtocolError) -> Violation:
+        text, steps, _key = _split_path(exc.message)
+        path = None
+        named = None
+        if steps:
+            path = "$" + "".join(f"[{s}]" if isinstance(s, int) or s == "..." else f".{s}"
+                                 for s in steps)
+            payload = self._payload_type(record)
+            if payload is not None:
+                named = field_at(self.codec, payload, steps)
+        explained: tuple[str, ...] = ()
+        if self.explain_skew:
+            explained = tuple(explain(record.channel, record.frames, record.sender,
+                                      self.release))
+        return Violation(exc.clause, path, named, text, explained)
+
+    def _payload_type(self, record: Record) -> str | None:
+        """The payload type of the kind the record's fixed frames name (the only kind of its
+        channel and sender, or the one whose prefix matches)."""
+        layouts = [self.codec.layout(k) for k in self.codec.message_kinds]
+        layouts = [lay for lay in layouts
+                   if lay.channel == record.channel and lay.sender == record.sender]
+        for layout in sorted(layouts, key=lambda lay: -len(lay.prefix)):
+            if tuple(record.frames[: len(layout.prefix)]) == layout.prefix:
+                return layout.payload
+        return None
+
+
+# --- output forms ---------------------------------------------------------------------------
+
+_ARROW = {"frontend": "F->E", "engine": "E->F"}
+
+
+def line(annotation: Annotation) -> str:
+    """One readable line (and one indented line per violation)."""
+    record = annotation.record
+    parts = [
+        f"{record.t_ns / 1e9:10.6f}",
+        f"{record.channel:<9}",
+        _ARROW.get(record.sender, record.sender),
+        f"id={annotation.rank if annotation.rank is not None else '-'}",
+        annotation.kind or "?",
+    ]
+    if annotation.request_ids:
+        shown = annotation.request_ids[:4]
+        more = len(annotation.request_ids) - len(shown)
+        parts.append("req=" + ",".join(str(r) for r in shown) + (f",+{more}" if more else ""))
+    if annotation.tokens is not None:
+        parts.append(f"tokens={annotation.tokens}")
+    for key, val in annotation.details.items():
+        parts.append(f"{key}={val}")
+    parts.append(f"frames={len(record.frames)} bytes={record.size}")
+    out = " ".join(parts)
+    for violation in annotation.violations:
+        out += f"\n    !! [{violation.clause}]"
+        if violation.path:
+            out += f" at {violation.path}"
+        if violation.field:
+            out += f" ({violation.field})"
+        out += f": {violation.message}"
+        if violation.explained_by:
+            out += (f"\n       explained by release {', '.join(violation.explained_by)}"
+                    f" (told {annotation.release})")
+    return out
+
+
+def to_json(annotation: Annotation) -> str:
+    """The JSON-lines form of one annotation."""
+    record = annotation.record
+    return json.dumps({
+        "t": record.t_ns / 1e9,
+        "channel": record.channel,
+        "sender": record.sender,
+        "identity": record.identity.hex() if record.identity is not None else None,
+        "rank": annotation.rank,
+        "release": annotation.release,
+        "kind": annotation.kind,
+        "request_ids": annotation.request_ids,
+        "tokens": annotation.tokens,
+        "details": annotation.details,
+        "frame_sizes": [len(f) for f in record.frames],
+        "violations": [
+            {"clause": v.clause, "path": v.path, "field": v.field, "message": v.message,
+             "explained_by": list(v.explained_by)}
+            for v in annotation.violations
+        ],
+    }, default=str)
