@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "enginewire.fuzz.explore.commands",
     "enginewire.fuzz.mutants.commands",
     "enginewire.bench.commands",
+    "enginewire.tap.commands",
 )
 
 #: Modules that register ``--target PREFIX:NAME`` providers with
