@@ -32,6 +32,8 @@ from typing import Any
 
 import zmq
 
+from enginewire.bench.results import TAPPED
+
 SPAWN = multiprocessing.get_context("spawn")
 PROMPT = (1, 2, 3)
 #: The identity of the bare DEALER (engine rank 0, 2 bytes little-endian).
@@ -321,6 +323,122 @@ class BarePeers:
             remove_ipc_file(self.address)
 
 
+class TappedPeers(ReferencePeers):
+    """The reference session with ``enginewire tap`` between the front end and the engine.
+
+    The tap runs as its own process (as a user runs it), decoding and checking every frame
+    and printing its line to /dev/null; the engine gets the tap's handshake address. Its
+    figure, divided by ``reference``'s of the same round, is the tap's cost (goal: 1.3x).
+    """
+
+    name = TAPPED
+
+    def __init__(self, transport: str, timeout: float) -> None:
+        from enginewire.reference.engine import EngineOptions, spawn_engine
+        from enginewire.reference.frontend import ReferenceFrontend
+
+        self.timeout = timeout
+        addresses = {}
+        if transport == "tcp":
+            addresses = {key: "tcp://127.0.0.1:0"
+                         for key in ("handshake_address", "input_address", "output_address")}
+        self.frontend = ReferenceFrontend(1, **addresses)
+        self.engine = None
+        self.tap: Any = None
+        self.listen = _address(transport)
+        try:
+            self.tap = spawn_tap(["--handshake", str(self.frontend.handshake_address),
+                                  "--listen", self.listen])
+            self.engine = spawn_engine(
+                EngineOptions(handshake_address=self.listen, tokens=1),
+                stderr=subprocess.DEVNULL)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            stop_tap(self.tap)
+            from enginewire.reference.addresses import remove_ipc_file
+
+            remove_ipc_file(self.listen)
+
+
+def spawn_tap(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    """``enginewire tap ARGV`` as a child process, its lines to /dev/null."""
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "enginewire", "tap", *argv],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def stop_tap(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM (the tap closes its sockets and removes its ipc files), then SIGKILL."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def tap_output_rate(transport: str, outputs_per_step: int, steps: int,
+                    timeout: float) -> float:
+    """Steps per second ``enginewire tap`` forwards, decodes and checks, for EngineCoreOutputs
+    of ``outputs_per_step`` request outputs each (one token each), sent back to back by a PUSH
+    into the tap and read from the front end's PULL behind it: the tap's ceiling rate.
+    """
+    from enginewire.reference import codec, structs
+    from enginewire.reference.addresses import remove_ipc_file
+
+    outputs = structs.EngineCoreOutputs(
+        engine_index=0, timestamp=time.monotonic(),
+        outputs=[structs.EngineCoreOutput(request_id=f"bench-{i}", new_token_ids=[i])
+                 for i in range(outputs_per_step)])
+    message = [bytes(memoryview(f).cast("B")) for f in codec.encode("outputs", outputs)]
+    context = zmq.Context()
+    pull = context.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    upstream_in, listen_in, listen_out = (_address(transport) for _ in range(3))
+    tap = None
+    try:
+        pull.bind(_bind_address(transport))
+        upstream_out = pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        tap = spawn_tap(["--input", upstream_in, "--output", upstream_out,
+                         "--listen-input", listen_in, "--listen-output", listen_out])
+        push.connect(listen_out)
+        # One message through first: the tap is up and connected both ways.
+        deadline = time.monotonic() + timeout * 3
+        while not pull.poll(100):
+            push.send_multipart(message)
+            if time.monotonic() > deadline:
+                raise PeerError("the tap forwarded nothing in time")
+        while pull.poll(200):
+            pull.recv_multipart()
+        start = time.perf_counter()
+        for _ in range(steps):
+            push.send_multipart(message)
+        for _ in range(steps):
+            if not pull.poll(int(timeout * 1000)):
+                raise PeerError(f"the tap forwarded no output within {timeout} s")
+            pull.recv_multipart()
+        return steps / (time.perf_counter() - start)
+    finally:
+        stop_tap(tap)
+        push.close(linger=0)
+        pull.close(linger=0)
+        context.term()
+        for address in (upstream_in, listen_in, listen_out):
+            remove_ipc_file(address)
+
+
 def _bind_address(transport: str) -> str:
     from enginewire.reference.addresses import ipc_address
 
@@ -329,4 +447,4 @@ def _bind_address(transport: str) -> str:
 
 #: Contender name -> session class.
 SESSIONS: dict[str, type] = {"reference": ReferencePeers, "vllm": VllmPeers,
-                             "router_dealer": BarePeers}
+                             "router_dealer": BarePeers, TAPPED: TappedPeers}

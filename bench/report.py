@@ -27,6 +27,7 @@ TITLES = {
     ("codec", "decode_us"): "codec: decode (µs per message)",
     ("peers", "rtt_p50_us"): "peers: ADD to first output, p50 (µs)",
     ("peers", "rtt_p99_us"): "peers: ADD to first output, p99 (µs)",
+    ("peers", "tap_steps_per_s"): "peers: steps per second enginewire tap forwards and decodes",
 }
 #: Contender order inside a case: implementations first, then vLLM, baselines, ceilings.
 ROLE_ORDER = {"target": 0, "vllm": 1, "baseline": 2, "ceiling": 3}
@@ -131,7 +132,8 @@ def render_goals(results: Results) -> str:
              "| target | measured ratio | needed | met |", "|---|---:|---:|---|"]
     for goal in goals:
         ratio, met = results.evaluate(goal)
-        against = "vLLM" if goal.against == "vllm" else "ceiling"
+        against = {"vllm": "vLLM", "reference": "without the tap"}.get(goal.against,
+                                                                        "ceiling")
         needed = f"{'>=' if goal.at_least else '<='} {goal.threshold:g}x {against}"
         verdict = "not measured" if met is None else ("yes" if met else "**no**")
         lines.append(f"| {goal.description} | {ratio_text(ratio)} | {needed} | {verdict} |")

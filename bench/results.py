@@ -28,6 +28,9 @@ SCHEMA = "enginewire-bench/1"
 CEILINGS: dict[str, str] = {"ring": "memcpy", "codec": "msgspec", "peers": "router_dealer"}
 #: The contender every figure is compared with.
 VLLM = "vllm"
+#: The reference session with ``enginewire tap`` between its peers (compared with
+#: ``reference``'s figures of the same round: the tap's cost).
+TAPPED = "reference+tap"
 #: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
 BORROWED = "+borrowed"
 #: Roles of contenders: implementations under test, vLLM, baselines and ceilings.
@@ -95,7 +98,7 @@ class Goal:
     bench: str
     metric: str
     case: dict[str, Any]
-    against: str  # "vllm" or "ceiling"
+    against: str  # "vllm", "ceiling" or "reference" (the same session without the tap)
     threshold: float
     at_least: bool  # True: ratio >= threshold; False: ratio <= threshold
     contender: str = "reference"
@@ -205,7 +208,15 @@ class Results:
                     f"codec {series.metric.removesuffix('_us')} of {case['workload']}: "
                     "within 1.2x of raw msgspec",
                     "codec", series.metric, case, "ceiling", 1.2, at_least=False))
-            elif (series.bench, series.metric) == ("peers", "rtt_p50_us"):
+            elif (series.bench, series.metric) == ("peers", "rtt_p50_us") and \
+                    self.find("peers", "rtt_p50_us", TAPPED, case) is not None:
+                goals.append(Goal(
+                    f"tap-{case['transport']}",
+                    f"ADD to first output over {case['transport']}:// through enginewire tap: "
+                    "within 1.3x of the same session without it",
+                    "peers", series.metric, case, "reference", 1.3, at_least=False,
+                    contender=TAPPED))
+            if (series.bench, series.metric) == ("peers", "rtt_p50_us"):
                 goals.append(Goal(
                     f"peers-{case['transport']}",
                     f"ADD to first output over {case['transport']}://: within 1.5x of a bare "
@@ -218,7 +229,14 @@ class Results:
         series = self.find(goal.bench, goal.metric, goal.contender, goal.case)
         if series is None:
             return None, None
-        ratio = self.vs_vllm(series) if goal.against == "vllm" else self.vs_ceiling(series)
+        if goal.against == "reference":
+            other = self.find(goal.bench, goal.metric, "reference", goal.case)
+            ratio = None if other is None else spread(paired_ratios(series.samples,
+                                                                   other.samples))
+        elif goal.against == "vllm":
+            ratio = self.vs_vllm(series)
+        else:
+            ratio = self.vs_ceiling(series)
         if ratio is None:
             return None, None
         met = ratio.median >= goal.threshold if goal.at_least else ratio.median <= goal.threshold

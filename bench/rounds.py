@@ -198,9 +198,12 @@ class Run:
         return [t for t in self.targets if t in self.codec_ops]
 
     def set_up_peers(self) -> list[str]:
-        from enginewire.bench.peer_bench import SESSIONS
+        from enginewire.bench.peer_bench import SESSIONS, TAPPED
 
         names = [t for t in self.targets if t in SESSIONS]
+        if "reference" in names:
+            # The same session with enginewire tap in the middle: the tap's cost.
+            names.append(TAPPED)
         for text in self.targets:
             if text not in SESSIONS:
                 self.results.notes.append(
@@ -306,6 +309,8 @@ class Run:
                                      {metric: ("µs", "lower")}))
 
     def peers_steps(self, round_index: int) -> Iterator[Step]:
+        from enginewire.bench.peer_bench import TAPPED
+
         count = self.config.round_trips
         units = {"rtt_p50_us": ("µs", "lower"), "rtt_p99_us": ("µs", "lower")}
         for transport in self.config.transports:
@@ -318,6 +323,12 @@ class Run:
             for name, measure in _rotate(contenders, round_index):
                 yield Step(f"peers {transport} {name}",
                            _bind(self._record, "peers", case, name, measure, units))
+            if any(name == TAPPED for name, where in self.peers if where == transport):
+                rate_case = {"transport": transport, "outputs_per_step": TAP_OUTPUTS_PER_STEP}
+                yield Step(f"peers {transport} tap output rate",
+                           _bind(self._record, "peers", rate_case, TAPPED,
+                                 _pair(partial(_tap_rate, transport, self.config.timeout)),
+                                 {"tap_steps_per_s": ("steps/s", "higher")}))
 
 
 def _borrows(target: Any) -> bool:
@@ -329,6 +340,18 @@ def _micros(metric: str, call: Callable[[], Any], seconds: float) -> dict[str, f
     from enginewire.bench.codec_bench import time_call
 
     return {metric: time_call(call, seconds) * 1e6}
+
+
+#: Request outputs per EngineCoreOutputs in the tap's rate figure (vLLM's max_num_seqs).
+TAP_OUTPUTS_PER_STEP = 256
+TAP_RATE_STEPS = 400
+
+
+def _tap_rate(transport: str, timeout: float) -> dict[str, float]:
+    from enginewire.bench.peer_bench import tap_output_rate
+
+    return {"tap_steps_per_s": tap_output_rate(transport, TAP_OUTPUTS_PER_STEP,
+                                               TAP_RATE_STEPS, timeout)}
 
 
 def _round_trips(session: Any, count: int, prefix: str) -> tuple[dict[str, float], list]:
