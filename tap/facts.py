@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from enginewire.conformance.values import differences, neutral
+from enginewire.conformance.oracle.values import differences, neutral
 from enginewire.reference.session import get_field
 
 from .annotate import Annotation

@@ -1,4 +1,4 @@
-"""A recording's messages as golden vectors (the format :mod:`enginewire.conformance.golden`
+"""A recording's messages as golden vectors (the format :mod:`enginewire.conformance.oracle.golden`
 reads and ``check_vector`` checks).
 
 Each message that decoded without a violation becomes one vector: ``kind`` the message kind,
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from enginewire.conformance.golden import GoldenVector, write_vector
+from enginewire.conformance.oracle.golden import GoldenVector, write_vector
 
 from .annotate import Annotation
 from .releases import codec_for

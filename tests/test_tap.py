@@ -15,7 +15,7 @@ import msgspec
 import pytest
 from tap_peers import outputs_message, scripted_session, skew_outputs
 
-from enginewire.conformance.golden import check_vector, load_vectors
+from enginewire.conformance.oracle.golden import check_vector, load_vectors
 from enginewire.reference import codec as ref_codec
 from enginewire.reference import structs
 from enginewire.reference.engine import EngineOptions, ReferenceEngine, generation_request

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from enginewire.conformance.vllm_frontend import client_config, make_client, ready_timeout
+from enginewire.conformance.targets.vllm.frontend_client import (
+    client_config,
+    make_client,
+    ready_timeout,
+)
 from enginewire.reference.addresses import ipc_address, remove_ipc_file
 from enginewire.reference.engine import EngineOptions, ReferenceEngine, scripted_tokens
 from enginewire.tap.annotate import Annotator, line
