@@ -407,6 +407,7 @@ def tap_output_rate(transport: str, outputs_per_step: int, steps: int,
     push = context.socket(zmq.PUSH)
     push.setsockopt(zmq.LINGER, 0)
     upstream_in, listen_in, listen_out = (_address(transport) for _ in range(3))
+    upstream_out = ""
     tap = None
     try:
         pull.bind(_bind_address(transport))
@@ -435,7 +436,7 @@ def tap_output_rate(transport: str, outputs_per_step: int, steps: int,
         push.close(linger=0)
         pull.close(linger=0)
         context.term()
-        for address in (upstream_in, listen_in, listen_out):
+        for address in (upstream_in, upstream_out, listen_in, listen_out):
             remove_ipc_file(address)
 
 

@@ -114,6 +114,8 @@ def _synthetic() -> Results:
         ("peers", "rtt_p50_us", {"transport": "ipc"}, "reference", "target", [300, 200, None]),
         ("peers", "rtt_p50_us", {"transport": "ipc"}, "router_dealer", "ceiling",
          [100, 100, 100]),
+        ("peers", "rtt_p50_us", {"transport": "ipc"}, "reference+tap", "baseline",
+         [360, 300, 500]),
         ("ring", "gb_per_s", BIG, "reference", "target", [4.0, 5.0, 6.0]),
         ("ring", "gb_per_s", BIG, "reference+borrowed", "target", [8.0, 9.0, 9.0]),
         ("ring", "gb_per_s", {"payload_bytes": MIB, "chunks": 10}, "memcpy", "ceiling",
@@ -162,6 +164,10 @@ def test_goals_are_evaluated_on_the_median_ratio() -> None:
     assert ratio.median == pytest.approx(1.2) and met is True  # within 1.2x: boundary met
     ratio, met = verdicts["peers-ipc"]
     assert ratio.median == 2.5 and met is False
+    # The tap's cost: paired with the reference session of the same round (1.2x, 1.5x).
+    ratio, met = verdicts["tap-ipc"]
+    assert (ratio.median, ratio.min, ratio.max) == (pytest.approx(1.35), 1.2, 1.5)
+    assert met is False
     assert "codec-engine_step-decode" not in verdicts  # not measured: no goal
     # Bandwidth: one goal for copying reads, one for zero-copy reads.
     ratio, met = verdicts["ring-bandwidth-1MiB"]
@@ -284,8 +290,10 @@ def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
         for metric in ("encode_us", "decode_us"):
             for contender in ("reference", "msgspec"):
                 assert ("codec", metric, contender, (("workload", workload),)) in found
-    for contender in ("reference", "router_dealer"):
+    for contender in ("reference", "router_dealer", "reference+tap"):
         assert ("peers", "rtt_p50_us", contender, (("transport", "ipc"),)) in found
+    assert ("peers", "tap_steps_per_s", "reference+tap",
+            (("transport", "ipc"), ("outputs_per_step", 256))) in found
     for series in results.series:
         assert len(series.samples) == TINY.rounds
         assert all(v > 0 for v in series.samples), series.key
@@ -298,7 +306,8 @@ def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
     assert len(latency.observations) == TINY.rounds * TINY.latency_messages
     peers = results.find("peers", "rtt_p50_us", "reference", {"transport": "ipc"})
     assert len(peers.observations) == TINY.rounds * TINY.round_trips
-    assert {g.name for g in results.goals()} >= {"codec-prompt_embeds-decode", "peers-ipc"}
+    assert {g.name for g in results.goals()} >= {"codec-prompt_embeds-decode", "peers-ipc",
+                                                 "tap-ipc"}
     assert set(results.environment["setup_s"]) == {"targets", "codec", "peers", "readers"}
 
     path = tmp_path / "out" / "results.json"
