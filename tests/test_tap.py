@@ -460,3 +460,77 @@ def test_cli_reads_a_recording_as_lines_json_and_with_a_release(tmp_path) -> Non
     unknown = subprocess.run([*base, "--version", "0.1.0"], capture_output=True, text=True,
                              timeout=60)
     assert unknown.returncode == 2 and "no layouts for release '0.1.0'" in unknown.stderr
+
+
+def test_reference_peers_through_the_tap_over_tcp() -> None:
+    records: list[Record] = []
+    tcp = {key: "tcp://127.0.0.1:0"
+           for key in ("handshake_address", "input_address", "output_address")}
+    with ReferenceFrontend(1, **tcp) as front, \
+            Tap(TapConfig(upstream_handshake=front.handshake_address), records.append) as tap:
+        tap.start()
+        assert tap.handshake_address is not None
+        assert tap.handshake_address.startswith("tcp://127.0.0.1:")
+        engine = ReferenceEngine(EngineOptions(handshake_address=tap.handshake_address))
+        thread = threading.Thread(target=engine.run, daemon=True)
+        thread.start()
+        try:
+            front.wait_ready(TIMEOUT)
+            front.add_request(generation_request("t", [3], 2))
+            while not any(o.finish_reason is not None
+                          for o in front.get_output(TIMEOUT).outputs):
+                pass
+            # The engine was told the tap's tcp addresses, not the front end's.
+            assert all(a.startswith("tcp://127.0.0.1:") for a in tap.input_addresses)
+            assert tap.input_addresses != [front.input_address]
+        finally:
+            engine.request_stop()
+            thread.join(TIMEOUT)
+    annotator = Annotator()
+    assert [annotator.annotate(r).kind for r in records if r.channel != "handshake"][-1] == \
+        "outputs"
+    assert all(annotator.annotate(r).ok for r in records)
+
+
+def test_cli_tap_records_a_live_session_and_replay_finds_no_divergence(tmp_path) -> None:
+    from enginewire.reference.addresses import ipc_address, remove_ipc_file
+
+    upstream, listen = ipc_address(), ipc_address()
+    path = tmp_path / "live.cap"
+    tap = subprocess.Popen(
+        [sys.executable, "-m", "enginewire", "tap", "--handshake", upstream, "--listen", listen,
+         "--record", str(path), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with ReferenceFrontend(1, handshake_address=upstream) as front:
+            engine = ReferenceEngine(EngineOptions(handshake_address=listen))
+            thread = threading.Thread(target=engine.run, daemon=True)
+            thread.start()
+            try:
+                front.wait_ready(30)
+                front.add_request(generation_request("c", [1], 2))
+                while not any(o.finish_reason is not None
+                              for o in front.get_output(TIMEOUT).outputs):
+                    pass
+            finally:
+                engine.request_stop()
+                thread.join(TIMEOUT)
+        tap.terminate()
+        out, err = tap.communicate(timeout=20)
+    finally:
+        if tap.poll() is None:
+            tap.kill()
+            tap.wait(10)
+        remove_ipc_file(listen)
+    assert tap.returncode == 0, err
+    assert f"engines use handshake address {listen}" in err
+    kinds = [json.loads(x)["kind"] for x in out.splitlines()]
+    assert kinds[:2] == ["hello", "init"] and kinds.count("outputs") == 2
+    _header, records = read(str(path))
+    assert len(records) == len(kinds)
+    replay = subprocess.run(
+        [sys.executable, "-m", "enginewire", "replay", str(path), "--against", "engine",
+         "--target", "reference", "--timeout", "10"],
+        capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "no divergence from the recording" in replay.stdout
