@@ -25,7 +25,7 @@ from enginewire.spec.schema import StructSpec
 from enginewire.spec.types import TypeExpr, parse_type
 
 from .capture import Record
-from .releases import DEFAULT_RELEASE, codec_for, explain
+from .releases import DEFAULT_RELEASE, codec_for, explain, known_releases
 
 
 @dataclass(frozen=True)
@@ -151,13 +151,30 @@ def _summarise(annotation: Annotation, kind: str, value: Any) -> None:
         details["max_model_len"] = get_field(value, "max_model_len")
 
 
+#: ``--version auto``: follow the release an engine's ready response names.
+AUTO = "auto"
+
+
 class Annotator:
-    """Decodes and checks messages with the layouts of ``release``."""
+    """Decodes and checks messages with the layouts of ``release``.
+
+    With ``release="auto"`` it starts with the reference release and, from the first ready
+    response whose ``vllm_version`` is a release the spec knows, decodes with that release's
+    layouts (the ready response itself is read with the release before it).
+    """
 
     def __init__(self, release: str | None = None, *, explain_skew: bool = True) -> None:
-        self.release = release or DEFAULT_RELEASE
+        self.auto = release == AUTO
+        self.release = DEFAULT_RELEASE if self.auto or not release else release
         self.codec = codec_for(self.release)
         self.explain_skew = explain_skew
+
+    def _follow(self, annotation: Annotation) -> None:
+        version = annotation.details.get("vllm_version")
+        if (self.auto and annotation.kind == "ready_response" and isinstance(version, str)
+                and version != self.release and version in known_releases()):
+            self.release, self.codec = version, codec_for(version)
+            annotation.details["decoding_as"] = version
 
     def annotate(self, record: Record) -> Annotation:
         annotation = Annotation(record, self.release)
@@ -177,6 +194,7 @@ class Annotator:
             return annotation
         annotation.kind, annotation.value = message.kind, message.value
         _summarise(annotation, message.kind, message.value)
+        self._follow(annotation)
         return annotation
 
     def _violation(self, record: Record, exc: ProtocolError) -> Violation:

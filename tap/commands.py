@@ -41,8 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tap.add_argument("--listen-input", metavar="ADDR", action="append", default=[])
     tap.add_argument("--listen-output", metavar="ADDR", action="append", default=[])
     tap.add_argument("--version", default=DEFAULT_RELEASE,
-                     help="the vLLM release whose layouts decode the frames "
-                          "(default: %(default)s)")
+                     help="the vLLM release whose layouts decode the frames, or 'auto': "
+                          "the release an engine's ready response names (default: "
+                          "%(default)s)")
     tap.add_argument("--json", action="store_true", help="print JSON lines")
     tap.add_argument("--record", metavar="FILE", help="write the session to a capture file")
     tap.add_argument("--golden", metavar="DIR",

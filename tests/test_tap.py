@@ -534,3 +534,25 @@ def test_cli_tap_records_a_live_session_and_replay_finds_no_divergence(tmp_path)
         capture_output=True, text=True, timeout=120)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert "no divergence from the recording" in replay.stdout
+
+
+def test_auto_release_follows_the_ready_response(monkeypatch) -> None:
+    """``--version auto`` switches to the release a ready response names when the spec knows
+    it (here a stand-in list of releases), and stays on the reference release otherwise."""
+    from tap_peers import ready_response
+
+    frames = _frames("ready_response", ready_response())
+    annotator = Annotator("auto")
+    annotation = annotator.annotate(Record(0, "input", "engine", b"\x00\x00", frames))
+    assert annotation.details["vllm_version"] == "0.33.0"
+    assert annotator.release == "0.33.0" and "decoding_as" not in annotation.details
+
+    other = ready_response()
+    other.vllm_version = "0.33.1"
+    monkeypatch.setattr("enginewire.tap.annotate.known_releases", lambda: ["0.33.0", "0.33.1"])
+    monkeypatch.setattr("enginewire.tap.annotate.codec_for",
+                        lambda v=None: releases.codec_for("0.33.0"))
+    annotator = Annotator("auto")
+    annotation = annotator.annotate(Record(0, "input", "engine", b"\x00\x00",
+                                           _frames("ready_response", other)))
+    assert annotator.release == "0.33.1" and annotation.details["decoding_as"] == "0.33.1"
