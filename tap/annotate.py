@@ -227,7 +227,10 @@ class Annotator:
 
 # --- output forms ---------------------------------------------------------------------------
 
-_ARROW = {"frontend": "F->E", "engine": "E->F"}
+def _arrow(record: Record) -> str:
+    if record.channel.startswith("coordinator"):
+        return "E->C" if record.sender == "engine" else "C->E"
+    return {"frontend": "F->E", "engine": "E->F"}.get(record.sender, record.sender)
 
 
 def line(annotation: Annotation) -> str:
@@ -236,7 +239,7 @@ def line(annotation: Annotation) -> str:
     parts = [
         f"{record.t_ns / 1e9:10.6f}",
         f"{record.channel:<9}",
-        _ARROW.get(record.sender, record.sender),
+        _arrow(record),
         f"id={annotation.rank if annotation.rank is not None else '-'}",
         annotation.kind or "?",
     ]

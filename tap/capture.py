@@ -13,7 +13,7 @@ Every later record is one message, an array::
 - ``t_ns``: nanoseconds since ``started`` (monotonic clock), int;
 - ``channel``: ``handshake``, ``input``, ``output`` or a coordinator channel (the spec's
   names);
-- ``sender``: ``frontend`` or ``engine``;
+- ``sender``: ``frontend``, ``engine`` or ``coordinator`` (the DP coordinator);
 - ``identity``: the routing identity of the engine at the ROUTER end (bin), or nil where the
   channel has none (output);
 - ``frames``: array of bin, the message as the sending socket wrote it, without the routing

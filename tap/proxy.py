@@ -22,8 +22,12 @@ front end -> engine: that DEALER receives ``[type, payload...]`` and the tap's R
 front end's PULL writes. Frames are forwarded as received (``zmq.Frame``, no copy) before the
 observer sees them, so decoding never sits between a frame and its forwarding.
 
-The coordinator addresses in the init (data parallel > 1) are passed on unchanged: that
-traffic does not go through the tap.
+DP coordinator (data parallel > 1), where the init names its addresses: coordinator_input
+(the coordinator's XPUB): the tap binds an XPUB for the engines and connects an XSUB to the
+coordinator; subscriptions go up, START_DP_WAVE and READY come down. coordinator_output (the
+coordinator's PULL): the tap binds a PULL and connects a PUSH, like the output channel. The
+front end's stats publisher (``frontend_stats_publish_address``) is front end <-> coordinator
+traffic that engines never see: it is left as it is.
 
 :class:`Tap` runs on a thread of its own (:meth:`start` / :meth:`close`); every wait is a
 bounded poll, and :meth:`close` closes every socket and removes the ipc files it bound.
@@ -120,6 +124,8 @@ class Tap:
         self._handlers: dict[zmq.Socket[Any], Callable[[list[zmq.Frame]], None]] = {}
         self._inputs: dict[str, _Input] = {}
         self._outputs: dict[str, _Output] = {}
+        #: (channel, coordinator's address) -> the tap's bound socket there.
+        self._coordinator: dict[tuple[str, str], ChannelSocket] = {}
         self._hs_router: ChannelSocket | None = None
         self._hs_dealers: dict[bytes, ChannelSocket] = {}
         self._stop = threading.Event()
@@ -186,6 +192,28 @@ class Tap:
             self._watch(pull, lambda frames, o=found: self._from_engine_output(o, frames))
         return found
 
+    def _add_coordinator(self, channel: str, upstream: str) -> ChannelSocket:
+        found = self._coordinator.get((channel, upstream))
+        if found is not None:
+            return found
+        listen = self._open(channel, "coordinator", local_address_like(upstream))
+        up = self._open(channel, "engine", upstream)
+        self._coordinator[(channel, upstream)] = listen
+
+        def engine_side(frames: list[zmq.Frame]) -> None:
+            up.socket.send_multipart(frames, copy=False)
+            self._observe(channel, "engine", None, frames)
+
+        self._watch(listen, engine_side)
+        if channel == "coordinator_input":
+
+            def coordinator_side(frames: list[zmq.Frame]) -> None:
+                listen.socket.send_multipart(frames, copy=False)
+                self._observe(channel, "coordinator", None, frames)
+
+            self._watch(up, coordinator_side)
+        return listen
+
     # --- forwarding ----------------------------------------------------------------------
 
     def _observe(self, channel: str, sender: str, identity: bytes | None,
@@ -225,7 +253,9 @@ class Tap:
         def substitute(channel: str, upstream: str) -> str:
             if channel == "input":
                 return self._add_input(upstream).router.address
-            return self._add_output(upstream).pull.address
+            if channel == "output":
+                return self._add_output(upstream).pull.address
+            return self._add_coordinator(channel, upstream).address
 
         return rewrite_init(payload, substitute)
 

@@ -207,9 +207,9 @@ def replay_against_engine(records: Sequence[Record], launch: Launch, *,
                 frames = list(record.frames)
                 if record.channel == "handshake":
                     assert handshake is not None
-                    frames = [rewrite_init(
-                        frames[0], lambda ch, _a: inputs.address if ch == "input"
-                        else output.address)] + frames[1:]
+                    ours = {"input": inputs.address, "output": output.address}
+                    frames = [rewrite_init(frames[0], lambda ch, a: ours.get(ch, a))] + \
+                        frames[1:]
                     handshake.socket.send_multipart([record.identity, *frames])
                 elif record.channel == "input":
                     inputs.socket.send_multipart([record.identity, *frames])

@@ -15,8 +15,12 @@ from collections.abc import Callable
 import msgspec
 
 Substitute = Callable[[str, str], str]
-"""``(channel, front end's address) -> address to put in its place``; channel is ``input`` or
-``output``."""
+"""``(channel, front end's address) -> address to put in its place``; channel is ``input``,
+``output``, ``coordinator_input`` or ``coordinator_output`` (the DP coordinator's, where the
+init names one)."""
+
+#: The single-address keys of EngineZmqAddresses that are rewritten, where not nil.
+COORDINATOR_KEYS = ("coordinator_input", "coordinator_output")
 
 
 def init_addresses(payload: bytes) -> tuple[list[str], list[str]] | None:
@@ -29,16 +33,20 @@ def init_addresses(payload: bytes) -> tuple[list[str], list[str]] | None:
 
 
 def rewrite_init(payload: bytes, substitute: Substitute) -> bytes:
-    """``payload`` with each input and output address replaced by ``substitute``'s answer."""
+    """``payload`` with each input and output address, and the DP coordinator's addresses
+    where set, replaced by ``substitute``'s answer."""
     found = init_addresses(payload)
     if found is None:
         return payload
     inputs, outputs = found
-    new_inputs = [substitute("input", a) for a in inputs]
-    new_outputs = [substitute("output", a) for a in outputs]
-    if new_inputs == inputs and new_outputs == outputs:
-        return payload
     metadata = msgspec.msgpack.decode(payload)
-    metadata["addresses"]["inputs"] = new_inputs
-    metadata["addresses"]["outputs"] = new_outputs
+    addresses = metadata["addresses"]
+    changed = {"inputs": [substitute("input", a) for a in inputs],
+               "outputs": [substitute("output", a) for a in outputs]}
+    for key in COORDINATOR_KEYS:
+        if isinstance(addresses.get(key), str):
+            changed[key] = substitute(key, addresses[key])
+    if all(addresses.get(key) == value for key, value in changed.items()):
+        return payload
+    addresses.update(changed)
     return msgspec.msgpack.encode(metadata)

@@ -556,3 +556,79 @@ def test_auto_release_follows_the_ready_response(monkeypatch) -> None:
     annotation = annotator.annotate(Record(0, "input", "engine", b"\x00\x00",
                                            _frames("ready_response", other)))
     assert annotator.release == "0.33.1" and annotation.details["decoding_as"] == "0.33.1"
+
+
+def test_the_dp_coordinator_channels_flow_through_the_tap() -> None:
+    """The init names a DP coordinator: the engine is told the tap's coordinator addresses,
+    and subscriptions, READY, START_DP_WAVE and coordinator outputs pass unchanged."""
+    import zmq
+
+    from enginewire.reference.addresses import ipc_address
+    from enginewire.reference.connection import EngineConnection, FrontendConnection
+    from enginewire.reference.transport import open_socket
+
+    codec = ref_codec.default_codec()
+    records: list[Record] = []
+    ctx = zmq.Context()
+    opened: list[Any] = []
+
+    def sock(channel: str, role: str, address: str, identity: bytes | None = None) -> Any:
+        made = open_socket(ctx, channel, role, address, identity=identity)
+        opened.append(made)
+        return made
+
+    def recv(made: Any) -> list[bytes]:
+        assert made.socket.poll(int(TIMEOUT * 1000)), made.channel
+        return made.socket.recv_multipart()
+
+    try:
+        front, engine = FrontendConnection([0]), EngineConnection(0)
+        f_hs = sock("handshake", "frontend", ipc_address())
+        c_in = sock("coordinator_input", "coordinator", ipc_address())
+        c_out = sock("coordinator_output", "coordinator", ipc_address())
+        with Tap(TapConfig(upstream_handshake=f_hs.address), records.append) as tap:
+            tap.start()
+            assert tap.handshake_address is not None
+            e_hs = sock("handshake", "engine", tap.handshake_address, engine.identity)
+            e_hs.socket.send_multipart(engine.send("hello"))
+            front.receive("handshake", recv(f_hs))
+            metadata = structs.EngineHandshakeMetadata(
+                addresses=structs.EngineZmqAddresses(
+                    inputs=[ipc_address()], outputs=[ipc_address()],
+                    coordinator_input=c_in.address, coordinator_output=c_out.address),
+                parallel_config={"data_parallel_size": 2})
+            f_hs.socket.send_multipart(front.send("init", metadata, rank=0))
+            [init] = engine.receive("handshake", recv(e_hs))
+            told = init.addresses
+            assert told.coordinator_input not in (None, c_in.address)
+            assert told.coordinator_output not in (None, c_out.address)
+            e_sub = sock("coordinator_input", "engine", told.coordinator_input,
+                         engine.identity)
+            e_push = sock("coordinator_output", "engine", told.coordinator_output)
+            subscribe = [bytes(f) for f in codec.encode("coordinator_subscribe", None)]
+            e_sub.socket.send_multipart(subscribe)
+            assert recv(c_in) == subscribe
+            ready = [bytes(f) for f in codec.encode("coordinator_ready", None)]
+            wave = [bytes(f) for f in codec.encode("start_dp_wave", (3, 1))]
+            c_in.socket.send_multipart(ready)
+            c_in.socket.send_multipart(wave)
+            assert recv(e_sub) == ready and recv(e_sub) == wave
+            stats = [bytes(f) for f in codec.encode("coordinator_outputs",
+                                                      structs.EngineCoreOutputs(
+                                                          engine_index=0, wave_complete=3))]
+            e_push.socket.send_multipart(stats)
+            assert recv(c_out) == stats
+        annotator = Annotator()
+        seen = [(r.channel, r.sender, annotator.annotate(r)) for r in records
+                if r.channel.startswith("coordinator")]
+        assert [(c, s, a.kind) for c, s, a in seen] == [
+            ("coordinator_input", "engine", "coordinator_subscribe"),
+            ("coordinator_input", "coordinator", "coordinator_ready"),
+            ("coordinator_input", "coordinator", "start_dp_wave"),
+            ("coordinator_output", "engine", "coordinator_outputs"),
+        ]
+        assert all(a.ok for _, _, a in seen) and "C->E" in line(seen[1][2])
+    finally:
+        for made in opened:
+            made.close(linger=0)
+        ctx.term()
