@@ -113,7 +113,7 @@ def _read(args: argparse.Namespace) -> int:
         bad += bool(annotation.violations)
         show(annotation)
     if args.golden:
-        from .golden import write_vectors
+        from .vectors import write_vectors
 
         paths = write_vectors(annotations, Path(args.golden), Path(args.read).stem)
         print(f"# wrote {len(paths)} golden vectors to {args.golden}", file=sys.stderr)

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, str], ...] = (
     ("conformance", "enginewire.conformance"),
     ("fuzz", "enginewire.fuzz"),
     ("bench", "enginewire.bench"),
+    ("tap", "enginewire.tap"),
     ("enginewire", "enginewire"),
 )
 

@@ -334,7 +334,7 @@ def test_a_recording_reads_back_and_converts_to_golden_vectors(tmp_path) -> None
     _record_reference_session(path)
     header, records = read(str(path))
     assert header.release == "0.33.0" and len(records) >= 8
-    from enginewire.tap.golden import write_vectors
+    from enginewire.tap.vectors import write_vectors
 
     annotator = Annotator()
     annotations = [annotator.annotate(r) for r in records]
