@@ -13,8 +13,9 @@ engine side
 front-end side
     ``("init", rank)``: the init message without its addresses (the one thing a tap or a
     replay rewrites); ``("add", request_id)``: the request without ``arrival_time``;
-    ``("abort", n)``: the n-th abort's ids; ``("call", call_id)``: ``[client_index, method,
-    args]``.
+    ``("abort", n)``: the n-th abort's ids; ``("call", n)``: the n-th utility call's
+    ``[client_index, method, args]`` (by order: a front end picks its call ids at random, so
+    :attr:`Facts.call_ids` keeps them in order for a replay to answer each call by its own id).
 
 :meth:`Facts.uncovered` says which recorded fact a run has not reached yet (a replay waits for
 it before sending the next message); :func:`first_divergence` compares two runs.
@@ -41,6 +42,8 @@ class Facts:
     values: dict[Key, Any] = field(default_factory=dict)
     first_seen: dict[Key, int] = field(default_factory=dict)
     _aborts: int = 0
+    #: The call_id of each utility call, in order.
+    call_ids: list[int] = field(default_factory=list)
 
     def _put(self, key: Key, value: Any, index: int) -> None:
         self.first_seen.setdefault(key, index)
@@ -88,7 +91,9 @@ class Facts:
             self._put(("abort", self._aborts), list(value), index)
             self._aborts += 1
         elif kind == "utility":
-            self._put(("call", value[1]), neutral([value[0], value[2], list(value[3])]), index)
+            self._put(("call", len(self.call_ids)),
+                      neutral([value[0], value[2], list(value[3])]), index)
+            self.call_ids.append(value[1])
 
     def uncovered(self, expected: Facts) -> Key | None:
         """The first fact of ``expected`` this run has not reached (a request with fewer

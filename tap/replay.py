@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import zmq
 
 from enginewire.reference.addresses import ipc_address, remove_ipc_file
@@ -92,6 +93,7 @@ class _Replay:
         self.poller = zmq.Poller()
         self.handlers: dict[Any, Callable[[list[bytes]], None]] = {}
         self._t0 = time.monotonic_ns()
+        self.recorded_call_ids: list[int] = []
 
     def open(self, channel: str, role: str, address: str, identity: bytes | None = None,
              handler: Callable[[list[bytes]], None] | None = None) -> ChannelSocket:
@@ -153,15 +155,38 @@ class _Replay:
             else:
                 progress.add(annotation, index)
         expected = _other(recorded, self.played)
+        self.recorded_call_ids = recorded.call_ids
         for record, before in waits:
             if not self.wait_for(before):
                 break
-            send(record)
+            send(self._answer_by_target_call_id(record))
             self.result.sent += 1
         else:
             self.wait_for(expected)
         self.result.divergence = first_divergence(expected, self.got)
         return self.result
+
+    def _answer_by_target_call_id(self, record: Record) -> Record:
+        """A recorded utility reply, addressed to the call_id the target gave the same call
+        (its n-th call, where the recording's was the n-th); any other record as it is."""
+        if self.played != "engine" or record.channel != "output":
+            return record
+        annotation = self.annotator.annotate(record)
+        if annotation.kind != "utility_reply":
+            return record
+        value = annotation.value
+        utility = value.utility_output
+        try:
+            nth = self.recorded_call_ids.index(utility.call_id)
+            call_id = self.got.call_ids[nth]
+        except (ValueError, IndexError):
+            return record
+        if call_id == utility.call_id:
+            return record
+        value = msgspec.structs.replace(
+            value, utility_output=msgspec.structs.replace(utility, call_id=call_id))
+        frames = tuple(bytes(f) for f in self.annotator.codec.encode("utility_reply", value))
+        return Record(record.t_ns, record.channel, record.sender, record.identity, frames)
 
     def close(self) -> None:
         for sock in self.sockets:

@@ -23,7 +23,7 @@ from enginewire.reference.engine import EngineOptions, ReferenceEngine, scripted
 from enginewire.tap.annotate import Annotator, line
 from enginewire.tap.capture import Record
 from enginewire.tap.proxy import Tap, TapConfig
-from enginewire.tap.replay import Addresses, replay_against_engine
+from enginewire.tap.replay import Addresses, replay_against_engine, replay_against_frontend
 
 pytestmark = pytest.mark.vllm
 vllm = pytest.importorskip("vllm")
@@ -77,6 +77,26 @@ def _engine(input_address: str, output_address: str,
         thread.join(TIMEOUT)
 
 
+async def drive(config: Any, input_address: str, output_address: str,
+                results: dict[str, list[int]]) -> None:
+    """The scenario vLLM's client runs: two requests to their end, then a utility call."""
+    client = make_client(config, input_address, output_address)
+    try:
+        await client.add_request_async(_request("a", [7, 8], 3))
+        await client.add_request_async(_request("b", [9], 2))
+        pending = {"a", "b"}
+        while pending:
+            outputs = await asyncio.wait_for(client.get_output_async(), TIMEOUT)
+            for output in outputs.outputs:
+                results.setdefault(output.request_id, []).extend(output.new_token_ids)
+                if output.finish_reason is not None:
+                    pending.discard(output.request_id)
+        echo = client.call_utility_async("echo", 1, "two")
+        assert await asyncio.wait_for(echo, TIMEOUT) == [1, "two"]
+    finally:
+        client.shutdown()
+
+
 def test_vllm_client_through_the_tap_against_the_reference_engine() -> None:
     config = client_config(1, max_model_len=2048)
     upstream_in, upstream_out = ipc_address(), ipc_address()
@@ -90,26 +110,7 @@ def test_vllm_client_through_the_tap_against_the_reference_engine() -> None:
             tap.start()
             with _engine(tap.input_addresses[0], tap.output_addresses[0], seen):
 
-                async def scenario() -> None:
-                    client = make_client(config, upstream_in, upstream_out)
-                    try:
-                        await client.add_request_async(_request("a", [7, 8], 3))
-                        await client.add_request_async(_request("b", [9], 2))
-                        pending = {"a", "b"}
-                        while pending:
-                            outputs = await asyncio.wait_for(client.get_output_async(),
-                                                             TIMEOUT)
-                            for output in outputs.outputs:
-                                results.setdefault(output.request_id, []).extend(
-                                    output.new_token_ids)
-                                if output.finish_reason is not None:
-                                    pending.discard(output.request_id)
-                        echo = client.call_utility_async("echo", 1, "two")
-                        assert await asyncio.wait_for(echo, TIMEOUT) == [1, "two"]
-                    finally:
-                        client.shutdown()
-
-                asyncio.run(scenario())
+                asyncio.run(drive(config, upstream_in, upstream_out, results))
     finally:
         # vLLM's shutdown leaves its socket files (transport.ipc-files-removed).
         remove_ipc_file(upstream_in)
@@ -136,3 +137,31 @@ def test_vllm_client_through_the_tap_against_the_reference_engine() -> None:
 
     result = replay_against_engine(records, launch, timeout=TIMEOUT)
     assert result.ok, (result.divergence and result.divergence.describe(), result.stopped)
+
+    # And the recorded engine replays against vLLM's client driven through the same scenario:
+    # vLLM's client, as a replay target, sends what it sent when recorded.
+    replayed: dict[str, list[int]] = {}
+    failures: list[BaseException] = []
+
+    @contextlib.contextmanager
+    def vllm_frontend(addresses: Addresses, rank: int) -> Iterator[None]:
+        def run() -> None:
+            try:
+                asyncio.run(drive(client_config(1, max_model_len=2048), addresses.input,
+                                  addresses.output, replayed))
+            except BaseException as exc:  # reported by the test below
+                failures.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        try:
+            yield None
+        finally:
+            thread.join(TIMEOUT)
+            assert not thread.is_alive()
+
+    with ready_timeout(int(TIMEOUT)):
+        result = replay_against_frontend(records, vllm_frontend, timeout=TIMEOUT)
+    assert failures == []
+    assert result.ok, (result.divergence and result.divergence.describe(), result.stopped)
+    assert replayed == results
