@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The worked example of docs/tap.md: a session through ``enginewire tap`` whose engine writes
-EngineCoreOutput with one field inserted mid-struct (as an engine of another layout would).
+its outputs in an older release's layout.
 
-Runs the reference front end, the tap (recording to ``--record``, default ``skewed.cap``) and a
-reference engine whose ``outputs`` messages get a float inserted at position 2 of every
-EngineCoreOutput; then prints the recording as ``enginewire tap --read`` shows it.
-Usage: ``python scripts/tap-skew-example.py [--record FILE]``.
+Runs the reference front end (0.33.0), the tap (recording to ``--record``, default
+``skewed.cap``) and a reference engine whose ``outputs`` messages are written with the struct
+layouts of ``--engine-release`` (default 0.19.1: an EngineCoreOutput of 14 fields where 0.33.0
+has 19); then prints the recording as ``enginewire tap --read`` shows it.
+Usage: ``python scripts/tap-skew-example.py [--record FILE] [--engine-release X]``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import sys
 import threading
 from typing import Any
 
-import msgspec
-
+from enginewire.reference.codec import Codec
 from enginewire.reference.engine import EngineOptions, ReferenceEngine, generation_request
 from enginewire.reference.errors import ProtocolTimeout
 from enginewire.reference.frontend import ReferenceFrontend
@@ -26,20 +26,24 @@ from enginewire.tap.proxy import Tap, TapConfig
 
 
 class SkewedEngine(ReferenceEngine):
-    """Writes a float between EngineCoreOutput.new_token_ids and new_logprobs."""
+    """Writes its outputs messages with ``release``'s struct layouts."""
 
-    def __init__(self, options: EngineOptions) -> None:
+    def __init__(self, options: EngineOptions, release: str) -> None:
         super().__init__(options)
         send = self.connection.send
+        old = Codec(version=release, tensors="wire")
+        classes = old.structs.classes
 
         def skewed(kind: str, value: Any = None, **options: Any) -> Any:
             frames = send(kind, value, **options)
             if kind != "outputs":
                 return frames
-            raw = msgspec.msgpack.decode(bytes(frames[0]))
-            for output in raw[1]:
-                output.insert(2, 0.25)
-            return [msgspec.msgpack.encode(raw), *frames[1:]]
+            outputs = [classes["EngineCoreOutput"](
+                request_id=o.request_id, new_token_ids=list(o.new_token_ids),
+                finish_reason=o.finish_reason) for o in value.outputs]
+            return old.encode("outputs", classes["EngineCoreOutputs"](
+                engine_index=value.engine_index, outputs=outputs,
+                finished_requests=value.finished_requests, timestamp=value.timestamp))
 
         self.connection.send = skewed  # type: ignore[method-assign]
 
@@ -47,6 +51,7 @@ class SkewedEngine(ReferenceEngine):
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--record", default="skewed.cap")
+    parser.add_argument("--engine-release", default="0.19.1")
     args = parser.parse_args()
     with open(args.record, "wb") as handle:
         writer = Writer(handle, Header("0.33.0"))
@@ -54,7 +59,8 @@ def main() -> int:
                 Tap(TapConfig(upstream_handshake=front.handshake_address),
                     writer.write) as tap:
             tap.start()
-            engine = SkewedEngine(EngineOptions(handshake_address=tap.handshake_address))
+            engine = SkewedEngine(EngineOptions(handshake_address=tap.handshake_address),
+                                  args.engine_release)
             thread = threading.Thread(target=engine.run, daemon=True)
             thread.start()
             try:

@@ -38,6 +38,8 @@ class Violation:
     message: str
     #: Releases whose layouts decode the same frames (the skew's other half).
     explained_by: tuple[str, ...] = ()
+    #: For each of those releases, the field it has at ``path`` (None: none there).
+    explained_fields: tuple[str | None, ...] = ()
 
 
 @dataclass
@@ -208,10 +210,15 @@ class Annotator:
             if payload is not None:
                 named = field_at(self.codec, payload, steps)
         explained: tuple[str, ...] = ()
+        fields: tuple[str | None, ...] = ()
         if self.explain_skew:
             explained = tuple(explain(record.channel, record.frames, record.sender,
                                       self.release))
-        return Violation(exc.clause, path, named, text, explained)
+            payload = self._payload_type(record)
+            fields = tuple(
+                field_at(codec_for(r), payload, steps) if steps and payload else None
+                for r in explained)
+        return Violation(exc.clause, path, named, text, explained, fields)
 
     def _payload_type(self, record: Record) -> str | None:
         """The payload type of the kind the record's fixed frames name (the only kind of its
@@ -260,10 +267,33 @@ def line(annotation: Annotation) -> str:
         if violation.field:
             out += f" ({violation.field})"
         out += f": {violation.message}"
-        if violation.explained_by:
-            out += (f"\n       explained by release {', '.join(violation.explained_by)}"
-                    f" (told {annotation.release})")
+        for releases, named in _explanations(violation):
+            out += f"\n       explained by release {releases} (told {annotation.release})"
+            if named:
+                out += f": {named} there"
     return out
+
+
+def _explanations(violation: Violation) -> list[tuple[str, str | None]]:
+    """The explaining releases grouped by the field they have at the path, each group as
+    ranges of consecutive known releases (``0.16.0-0.19.1``)."""
+    known = list(known_releases())
+    groups: dict[str | None, list[str]] = {}
+    for release, named in zip(violation.explained_by, violation.explained_fields
+                              or (None,) * len(violation.explained_by), strict=True):
+        groups.setdefault(named, []).append(release)
+    found = []
+    for named, releases in groups.items():
+        spans: list[list[str]] = []
+        for release in releases:
+            if spans and release in known and spans[-1][-1] in known and \
+                    known.index(release) == known.index(spans[-1][-1]) + 1:
+                spans[-1].append(release)
+            else:
+                spans.append([release])
+        text = ", ".join(s[0] if len(s) == 1 else f"{s[0]}-{s[-1]}" for s in spans)
+        found.append((text, named))
+    return found
 
 
 def to_json(annotation: Annotation) -> str:
@@ -283,7 +313,8 @@ def to_json(annotation: Annotation) -> str:
         "frame_sizes": [len(f) for f in record.frames],
         "violations": [
             {"clause": v.clause, "path": v.path, "field": v.field, "message": v.message,
-             "explained_by": list(v.explained_by)}
+             "explained_by": list(v.explained_by),
+             "explained_fields": list(v.explained_fields)}
             for v in annotation.violations
         ],
     }, default=str)

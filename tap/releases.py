@@ -7,8 +7,9 @@ once the spec loads per-release layouts every tap command follows them without c
 :func:`explain` is the hook for the history: given a message that breaks a clause under one
 release, it returns the releases under whose layouts the same frames decode cleanly (each one,
 with the release the tap was told, is a release pair that explains the skew). Candidates come
-from :func:`known_releases`: the history's release list where ``enginewire.spec.history`` is
-installed, else only the reference release, so the answer is empty until the history is there.
+from :func:`known_releases`: the releases the spec's history was derived from
+(``spec/data/history/releases.toml``, read by ``enginewire.spec.history.wheels``), or only the
+reference release where a spec has no history.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ class UnknownRelease(ValueError):
     """A release the spec cannot load layouts for."""
 
 
-def known_releases() -> list[str]:
+@lru_cache(maxsize=1)
+def known_releases() -> tuple[str, ...]:
     """Every release whose layouts the installed spec can load, oldest first."""
-    try:
-        from enginewire.spec.history.wheels import read_releases  # type: ignore[import-not-found]
-    except ImportError:
-        return [DEFAULT_RELEASE]
-    return [str(release) for release in read_releases()]
+    from enginewire.spec.history.wheels import read_releases
+    from enginewire.spec.loader import DATA_DIR
+
+    return tuple(read_releases(DATA_DIR)) or (DEFAULT_RELEASE,)
 
 
 @lru_cache(maxsize=64)
@@ -43,9 +44,11 @@ def codec_for(version: str | None = None) -> Codec:
     :class:`~enginewire.reference.tensors.WireTensor` (a tap shows what travels: it needs no
     torch) and tensor IPC handles."""
     version = version or DEFAULT_RELEASE
-    if version not in known_releases():
+    known = known_releases()
+    if version not in known:
         raise UnknownRelease(
-            f"no layouts for release {version!r}: this spec knows {known_releases()}"
+            f"no layouts for release {version!r}: this spec knows {known[0]} to {known[-1]} "
+            f"({len(known)} releases; `enginewire spec releases` lists them)"
         )
     try:
         return Codec(version=version, tensors="wire", ipc_handles=True)

@@ -632,3 +632,38 @@ def test_the_dp_coordinator_channels_flow_through_the_tap() -> None:
         for made in opened:
             made.close(linger=0)
         ctx.term()
+
+
+def test_an_engine_of_an_older_release_is_flagged_and_the_release_named() -> None:
+    """An engine writing 0.19.1's EngineCoreOutput (14 fields) to a 0.33.0 front end: the
+    first outputs message is flagged at the position where the layouts part, with the field
+    0.33.0 has there and the releases whose layout the frames fit (0.19.1 among them)."""
+    old = releases.codec_for("0.19.1")
+    classes = old.structs.classes
+
+    def older(kind: str, frames: list[bytes]) -> list[bytes]:
+        if kind != "outputs":
+            return frames
+        value = ref_codec.decode("outputs", frames)
+        outputs = [classes["EngineCoreOutput"](
+            request_id=o.request_id, new_token_ids=list(o.new_token_ids),
+            finish_reason=o.finish_reason) for o in value.outputs]
+        return [bytes(f) for f in old.encode("outputs", classes["EngineCoreOutputs"](
+            engine_index=0, outputs=outputs, timestamp=value.timestamp))]
+
+    records: list[Record] = []
+    with tapped(records) as start:
+        scripted_session(start, engine_rewrite=older)
+    annotator = Annotator()
+    annotations = [annotator.annotate(r) for r in records]
+    first = next(i for i, a in enumerate(annotations) if a.violations)
+    assert records[first].channel == "output"
+    assert all(a.ok for a in annotations[:first])
+    [violation] = annotations[first].violations
+    assert violation.path == "$[1][0][10]"
+    assert violation.field == "EngineCoreOutput.trace_headers (position 10)"
+    assert "0.19.1" in violation.explained_by and "0.33.0" not in violation.explained_by
+    at = dict(zip(violation.explained_by, violation.explained_fields, strict=True))
+    assert at["0.19.1"] == "EngineCoreOutput.num_cached_tokens (position 10)"
+    assert "explained by release" in line(annotations[first])
+    assert "0.16.0-0.19.1" in line(annotations[first])
