@@ -27,6 +27,10 @@ from enginewire.spec.types import TypeExpr, parse_type
 from .capture import Record
 from .releases import DEFAULT_RELEASE, codec_for, explain, known_releases
 
+#: The "clause" of a message the chosen release has no layout for (a kind or struct added in a
+#: later release): not a spec clause, the release is the wrong one to read it with.
+NOT_IN_RELEASE = "not-in-release"
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -170,6 +174,8 @@ class Annotator:
         self.release = DEFAULT_RELEASE if self.auto or not release else release
         self.codec = codec_for(self.release)
         self.explain_skew = explain_skew
+        self._explained: dict[tuple[Any, ...], tuple[tuple[str, ...],
+                                                     tuple[str | None, ...]]] = {}
 
     def _follow(self, annotation: Annotation) -> None:
         version = annotation.details.get("vllm_version")
@@ -194,6 +200,12 @@ class Annotator:
         except ProtocolError as exc:
             annotation.violations.append(self._violation(record, exc))
             return annotation
+        except Exception as exc:  # the release's spec cannot describe this message at all
+            annotation.violations.append(Violation(
+                NOT_IN_RELEASE, None, None,
+                f"release {self.release} cannot decode a {record.channel} message from the "
+                f"{record.sender}: {exc}"))
+            return annotation
         annotation.kind, annotation.value = message.kind, message.value
         _summarise(annotation, message.kind, message.value)
         self._follow(annotation)
@@ -212,12 +224,21 @@ class Annotator:
         explained: tuple[str, ...] = ()
         fields: tuple[str | None, ...] = ()
         if self.explain_skew:
-            explained = tuple(explain(record.channel, record.frames, record.sender,
-                                      self.release))
-            payload = self._payload_type(record)
-            fields = tuple(
-                field_at(codec_for(r), payload, steps) if steps and payload else None
-                for r in explained)
+            # Asked once per (channel, sender, clause, path, release): a skewed peer breaks
+            # the same clause at the same place in every message, and asking every release
+            # costs a decode each.
+            key = (record.channel, record.sender, exc.clause, path, self.release)
+            cached = self._explained.get(key)
+            if cached is None:
+                explained = tuple(explain(record.channel, record.frames, record.sender,
+                                          self.release))
+                payload = self._payload_type(record)
+                fields = tuple(
+                    field_at(codec_for(r), payload, steps) if steps and payload else None
+                    for r in explained)
+                self._explained[key] = (explained, fields)
+            else:
+                explained, fields = cached
         return Violation(exc.clause, path, named, text, explained, fields)
 
     def _payload_type(self, record: Record) -> str | None:

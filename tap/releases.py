@@ -69,5 +69,7 @@ def explain(
             codec_for(release).decode_message(channel, frames, sender=sender)
         except (ProtocolError, UnknownRelease, KeyError):
             continue
+        except Exception:  # a release without the message's types (UnknownTypeError, ...)
+            continue
         found.append(release)
     return found

@@ -667,3 +667,13 @@ def test_an_engine_of_an_older_release_is_flagged_and_the_release_named() -> Non
     assert at["0.19.1"] == "EngineCoreOutput.num_cached_tokens (position 10)"
     assert "explained by release" in line(annotations[first])
     assert "0.16.0-0.19.1" in line(annotations[first])
+    # Read offline as 0.19.1: the engine's outputs fit, the 0.33.0 front end's ADD does not
+    # (and 0.33.0 explains it); the ready response has no 0.19.1 layout at all.
+    as_old = Annotator("0.19.1")
+    offline = [as_old.annotate(r) for r in records]
+    assert all(a.ok for a in offline if a.record.channel == "output")
+    [add] = [a for a in offline if a.record.channel == "input" and a.record.sender == "frontend"
+             and a.record.frames[0] == b"\x00"][:1]
+    assert add.violations and "0.33.0" in add.violations[0].explained_by
+    [ready] = [a for a in offline if a.record.channel == "input" and a.record.sender == "engine"]
+    assert [v.clause for v in ready.violations] == ["not-in-release"]
