@@ -143,7 +143,13 @@ def _live(args: argparse.Namespace) -> int:
         with lock:
             if writer is not None:
                 writer.write(record)
-            annotation = annotator.annotate(record)
+            try:
+                annotation = annotator.annotate(record)
+            except Exception as exc:  # never stop forwarding over a message it cannot show
+                counts["bad"] += 1
+                print(f"# tap: could not decode a {record.channel} message from the "
+                      f"{record.sender}: {exc!r}", file=sys.stderr)
+                return
             counts["bad"] += bool(annotation.violations)
             show(annotation)
 
