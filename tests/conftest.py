@@ -22,7 +22,8 @@ import pytest
 SHM_DIR = Path("/dev/shm")
 
 # vLLM resolves its platform once, the first time any of its modules asks; its engine core runs
-# on the CPU platform (conformance/targets/vllm/engine.py), so say so before any test imports vLLM.
+# on the CPU platform (conformance/targets/vllm/engine_core.py), so say so before any test
+# imports vLLM.
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 

@@ -440,7 +440,7 @@ def test_replay_against_the_reference_front_end(tmp_path) -> None:
         return command_target(template.replace("--max-tokens 3", "--max-tokens 2"),
                               addresses, rank, once=True)
 
-    result = replay_against_frontend(records, other, timeout=3.0)
+    result = replay_against_frontend(records, other, timeout=TIMEOUT)
     assert result.divergence is not None and result.divergence.key == ("add", "cli-0")
 
 

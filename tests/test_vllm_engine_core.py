@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's real engine core on the CPU (conformance/targets/vllm/engine.py), driven by
+"""vLLM 0.33.0's real engine core on the CPU (conformance/targets/vllm/engine_core.py), driven by
 the suite's front end: a few launches only (each about 1-5 s with fork); the whole engine
 surface runs in test_conformance_vllm.py's slow test and in CI."""
 
@@ -19,7 +19,7 @@ from enginewire.conformance.framework.runner import run  # noqa: E402
 from enginewire.conformance.oracle.samples import minimal_request  # noqa: E402
 from enginewire.conformance.peers.zmq_peers import SuiteFrontend, identity_of  # noqa: E402
 from enginewire.conformance.targets.contract import EngineLaunch, Target  # noqa: E402
-from enginewire.conformance.targets.vllm.engine import VllmEngines  # noqa: E402
+from enginewire.conformance.targets.vllm.engine_core import VllmEngines  # noqa: E402
 from enginewire.conformance.targets.vllm.standin import StandInWorker  # noqa: E402
 from enginewire.spec import load  # noqa: E402
 
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.vllm
 
 STANDIN = f"{StandInWorker.__module__}.{StandInWorker.__qualname__}"
 #: enginewire modules that speak the wire or launch engines: none may run in a worker process.
-SUITE_MODULES = ("enginewire.conformance.peers", "enginewire.conformance.targets.vllm.engine",
+SUITE_MODULES = ("enginewire.conformance.peers", "enginewire.conformance.targets.vllm.engine_core",
                  "enginewire.conformance.targets.vllm.target", "enginewire.reference")
 
 
@@ -130,7 +130,7 @@ def test_tensor_parallel_two_workers_behind_vllms_rings(front: SuiteFrontend) ->
 
 
 def _segments(peer: Any) -> set[str]:
-    from enginewire.conformance.targets.vllm.engine import _shm_names
+    from enginewire.conformance.targets.vllm.engine_core import _shm_names
 
     return _shm_names(peer._tree())
 
@@ -152,7 +152,7 @@ def test_spawned_engine_and_worker_hold_no_suite_code(front: SuiteFrontend) -> N
 
 
 def test_the_model_directory_holds_only_a_config(tmp_path: Path) -> None:
-    from enginewire.conformance.targets.vllm.engine import write_model_dir
+    from enginewire.conformance.targets.vllm.engine_core import write_model_dir
 
     directory = write_model_dir(tmp_path / "m")
     assert [p.name for p in directory.iterdir()] == ["config.json"]

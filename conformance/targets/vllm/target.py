@@ -11,7 +11,7 @@
 - ``frontend``: ``AsyncMPClient`` given ``client_addresses``
   (:mod:`enginewire.conformance.targets.vllm.frontend_client`).
 - ``engine``: vLLM's ``EngineCoreProc`` launched by its ``CoreEngineProcManager``, with only the
-  model layer (the worker) stood in (:mod:`enginewire.conformance.targets.vllm.engine`).
+  model layer (the worker) stood in (:mod:`enginewire.conformance.targets.vllm.engine_core`).
 
 The adapters decide nothing: where vLLM deviates from the spec, the checks fail against this
 target, and the expected-failure list ``conformance/data/expected/vllm-0.33.0.txt`` records it.
@@ -460,7 +460,7 @@ class VllmRing:
 
 def vllm_target() -> Target:
     """vLLM 0.33.0's codec, ring, engine core and front end (requires the ``vllm`` package)."""
-    from enginewire.conformance.targets.vllm.engine import (
+    from enginewire.conformance.targets.vllm.engine_core import (
         VllmEngines,
         default_cache_root,
         engine_environment,
