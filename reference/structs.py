@@ -20,7 +20,9 @@ types) becomes a :class:`UnionSlot` subclass whose members the codec tries in or
 with more required fields first.
 
 The default version's classes are also importable as attributes of this module
-(``from enginewire.reference.structs import EngineCoreRequest``).
+(``from enginewire.reference.structs import EngineCoreRequest``). Type checkers see them
+through the generated stub ``structs_generated.pyi`` (``enginewire stubs``, :mod:`.stubs`),
+imported here under ``TYPE_CHECKING`` only.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
@@ -38,6 +40,9 @@ from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+
+if TYPE_CHECKING:
+    from .structs_generated import *  # noqa: F403
 
 
 class _SlotMeta(type):
