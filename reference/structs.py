@@ -40,6 +40,7 @@ from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import members as union_members
 
 if TYPE_CHECKING:
     from .structs_generated import *  # noqa: F403
@@ -184,7 +185,7 @@ class StructSet:
         return _Annotation(self).visit(expr)
 
     def _union(self, expr: TypeExpr) -> Any:
-        members = [self._annotation(a) for a in expr.args if a.name != "none"]
+        members = [self._annotation(a) for a in union_members(expr)]
         nullable = expr.nullable
         candidate = typing.Union[tuple(members + ([None] if nullable else []))]  # noqa: UP007
         try:

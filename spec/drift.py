@@ -45,7 +45,7 @@ from typing import Any
 
 from .loader import Spec
 from .schema import EnumSpec, StructSpec
-from .types import TypeExpr, parse_type
+from .types import TypeExpr, kind_of, parse_type
 
 # --- what drift.py knows about vLLM ------------------------------------------------------
 
@@ -202,7 +202,7 @@ class ImplementationUnavailable(RuntimeError):
 
 def _canonical_type(expr: TypeExpr, rename: Callable[[str], str]) -> str:
     """The type as a string with unions flattened, de-duplicated and sorted, names renamed."""
-    if expr.name == "union":
+    if kind_of(expr) == "union":
         members: set[str] = set()
         for arg in expr.args:
             text = _canonical_type(arg, rename)

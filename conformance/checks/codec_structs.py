@@ -37,7 +37,7 @@ from enginewire.conformance.oracle.values import default_of, neutral
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode
 from enginewire.spec import load
 from enginewire.spec.schema import StructSpec
-from enginewire.spec.types import parse_type
+from enginewire.spec.types import parse_type, scalar_type
 
 #: Structs that are a whole message payload (frame 0 of a message kind).
 PAYLOADS = (
@@ -214,7 +214,8 @@ def _register_struct(item: StructSpec) -> None:
                              [TYPE_CLAUSE, GENERAL], f"{name} as a map")
 
     if name in PAYLOADS:
-        typed = next((f for f in required if parse_type(f.type).name in ("int", "str")), None)
+        typed = next((f for f in required if scalar_type(parse_type(f.type)) in (int, str)),
+                     None)
         if typed is not None:
             type_clause = TYPE_CLAUSE if is_array else "frames.payload-matches-type"
 
@@ -225,7 +226,7 @@ def _register_struct(item: StructSpec) -> None:
                 spec_item = ctx.spec.struct(name)
                 value = Sampler(ctx.spec).required(name)
                 wire = _wire_of(ctx.spec, spec_item, value)
-                wrong = [1.5] if parse_type(typed.type).name == "str" else "not-an-int"
+                wrong = [1.5] if scalar_type(parse_type(typed.type)) is str else "not-an-int"
                 if isinstance(wire, list):
                     wire[[f.name for f in spec_item.fields].index(typed.name)] = wrong
                 else:
