@@ -8,10 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from .loader import REFERENCE_VLLM_VERSION, SpecError, load
+from .loader import REFERENCE_VLLM_VERSION, Spec, SpecError, load
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spec_parser = subparsers.add_parser("spec", help="check, export, show, diff or render the spec")
     spec_sub = spec_parser.add_subparsers(dest="spec_command", metavar="ACTION", required=True)
 
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     docs.set_defaults(handler=cmd_docs)
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace) -> Spec | None:
     try:
         return load(args.version, args.data_dir)
     except SpecError as exc:
