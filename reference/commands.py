@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     engine = subparsers.add_parser(
         "serve-engine", help="run the scripted reference engine core"
     )

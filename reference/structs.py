@@ -51,7 +51,7 @@ class _SlotMeta(type):
     accepts the values the codec builds for it."""
 
     def __instancecheck__(cls, value: object) -> bool:
-        return cls._accepts(value)  # type: ignore[attr-defined]
+        return cls._accepts(value)  # type: ignore[attr-defined,no-any-return]
 
 
 class TensorSlot(metaclass=_SlotMeta):
@@ -201,7 +201,7 @@ class StructSet:
                 members=tuple(ordered), expr=str(expr), __module__=__name__
             ),
         )
-        return typing.Optional[slot] if nullable else slot  # noqa: UP007, UP045
+        return typing.Optional[slot] if nullable else slot  # type: ignore[valid-type]  # noqa: UP007, UP045
 
     def _specificity(self, member: Any) -> int:
         """Sort key: struct types with more required fields first, everything else after."""
@@ -281,7 +281,7 @@ class StructSet:
         return _coerce(raw, annotation)
 
     def _enum(self, spec: EnumSpec) -> type[enum.Enum]:
-        members = {m.name: m.value for m in spec.members}
+        members: dict[str, int | str | bytes] = {m.name: m.value for m in spec.members}
         if spec.wire == "int":
             return enum.IntEnum(spec.name, members, module=__name__)  # type: ignore[return-value]
         if spec.wire == "bytes":

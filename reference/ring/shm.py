@@ -16,6 +16,7 @@ import platform
 import threading
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
+from typing import cast
 
 from ..errors import RingError
 from .framing import Buffer
@@ -51,14 +52,14 @@ acq_rel_fence: Callable[[], None] | None = (
 
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
     if _HAS_TRACK_ARG:
-        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+        return shared_memory.SharedMemory(name=name, track=False)
     with _ATTACH_LOCK:
         original = resource_tracker.register
-        resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
+        resource_tracker.register = lambda *args, **kwargs: None
         try:
             return shared_memory.SharedMemory(name=name)
         finally:
-            resource_tracker.register = original  # type: ignore[assignment]
+            resource_tracker.register = original
 
 
 class ShmMemory:
@@ -110,7 +111,7 @@ class ShmSegment:
         self.is_creator = is_creator
         self.name: str = shm.name
         self._buf: memoryview | None = shm.buf
-        self.memory = ShmMemory(shm.buf)
+        self.memory = ShmMemory(cast(memoryview, shm.buf))
 
     @classmethod
     def create(cls, layout: RingLayout) -> ShmSegment:
