@@ -31,10 +31,12 @@ from enginewire.conformance.checks._helpers import (
     expect_value,
     expect_wire,
 )
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.oracle.samples import CONTEXTUAL, Sampler
 from enginewire.conformance.oracle.values import default_of, neutral
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode
+from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
 from enginewire.spec.schema import StructSpec
 from enginewire.spec.types import parse_type, scalar_type
@@ -112,7 +114,7 @@ def _register_struct(item: StructSpec) -> None:
 
     @check(f"{base}/layout", clauses=layout, surface="codec",
            description=f"{name} with every field set encodes as the spec's {encoding}")
-    def _layout(codec: Any, ctx: Any) -> None:
+    def _layout(codec: CodecSurface, ctx: CheckContext) -> None:
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
         expect_wire(frames, value, name, ctx.spec, what=name)
@@ -121,14 +123,14 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/omit-defaults", clauses=[OMIT_CLAUSE], surface="codec",
                description=f"{name} leaves fields at their default out of the map")
-        def _omit(codec: Any, ctx: Any) -> None:
+        def _omit(codec: CodecSurface, ctx: CheckContext) -> None:
             value = Sampler(ctx.spec).required(name)
             frames = encode(codec, name, value)
             expect_wire(frames, value, name, ctx.spec, what=name, strict_omit=True)
 
     @check(f"{base}/round-trip", clauses=layout, surface="codec",
            description=f"{name} decodes back to the value it was encoded from")
-    def _round_trip(codec: Any, ctx: Any) -> None:
+    def _round_trip(codec: CodecSurface, ctx: CheckContext) -> None:
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
         decoded = decode(codec, name, frames)
@@ -141,7 +143,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/defaults", clauses=[DEFAULTS_CLAUSES[encoding]], surface="codec",
                description=f"{name} with only its required fields decodes with spec defaults")
-        def _defaults(codec: Any, ctx: Any) -> None:
+        def _defaults(codec: CodecSurface, ctx: CheckContext) -> None:
             value, wire = _minimal_wire(ctx.spec, name)
             frames = [msgspec.msgpack.encode(wire)]
             decoded = decode(codec, name, frames)
@@ -154,7 +156,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/missing-required", clauses=[REQUIRED_CLAUSES[encoding]], surface="codec",
                description=f"{name} without its last required field is rejected")
-        def _missing(codec: Any, ctx: Any) -> None:
+        def _missing(codec: CodecSurface, ctx: CheckContext) -> None:
             spec_item = ctx.spec.struct(name)
             _, wire = _minimal_wire(ctx.spec, name)
             needed = [f.name for f in spec_item.fields if f.required]
@@ -171,7 +173,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/extra-rejected", clauses=[TUPLE_EXTRA_CLAUSE], surface="codec",
                description=f"{name} (a tuple) with one element too many is rejected")
-        def _tuple_extra(codec: Any, ctx: Any) -> None:
+        def _tuple_extra(codec: CodecSurface, ctx: CheckContext) -> None:
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), _full_sample(ctx.spec, name))
             expect_rejection(
                 codec, name, [msgspec.msgpack.encode([*wire, 0])], [TUPLE_EXTRA_CLAUSE, GENERAL],
@@ -182,7 +184,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/unknown-keys", clauses=[UNKNOWN_KEYS_CLAUSE], surface="codec",
                description=f"{name} with a key it does not know decodes (the key is ignored)")
-        def _unknown_keys(codec: Any, ctx: Any) -> None:
+        def _unknown_keys(codec: CodecSurface, ctx: CheckContext) -> None:
             value, wire = _minimal_wire(ctx.spec, name)
             wire = {**wire, "field_from_a_newer_version": [1, "x"]}
             frames = [msgspec.msgpack.encode(wire)]
@@ -195,7 +197,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/extra-trailing", clauses=[EXTRA_CLAUSE], surface="codec",
                description=f"{name} with an unknown trailing element decodes (the element "
                            "is ignored)")
-        def _extra(codec: Any, ctx: Any) -> None:
+        def _extra(codec: CodecSurface, ctx: CheckContext) -> None:
             value = Sampler(ctx.spec).required(name)
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), value)
             frames = [msgspec.msgpack.encode([*wire, "field-from-a-newer-version"])]
@@ -205,7 +207,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/map-rejected", clauses=[TYPE_CLAUSE], surface="codec",
                description=f"{name} sent as a map instead of an array is rejected")
-        def _as_map(codec: Any, ctx: Any) -> None:
+        def _as_map(codec: CodecSurface, ctx: CheckContext) -> None:
             spec_item = ctx.spec.struct(name)
             value = Sampler(ctx.spec).required(name)
             wire = _wire_of(ctx.spec, spec_item, value)
@@ -222,7 +224,7 @@ def _register_struct(item: StructSpec) -> None:
             @check(f"{base}/wrong-type", clauses=[type_clause], surface="codec",
                    description=f"{name} whose {typed.name} has the wrong msgpack type is "
                                "rejected")
-            def _wrong_type(codec: Any, ctx: Any) -> None:
+            def _wrong_type(codec: CodecSurface, ctx: CheckContext) -> None:
                 spec_item = ctx.spec.struct(name)
                 value = Sampler(ctx.spec).required(name)
                 wire = _wire_of(ctx.spec, spec_item, value)
@@ -249,7 +251,7 @@ _register_all()
 
 @check("codec/struct/array-defaults-written", clauses=["structs.array.every-field-written"],
        surface="codec")
-def _array_omit_defaults(codec: Any, ctx: Any) -> None:
+def _array_omit_defaults(codec: CodecSurface, ctx: CheckContext) -> None:
     """An array struct that omits defaults still writes every field, defaults in place."""
     item = ctx.spec.struct("EngineCoreOutputs")
     value = Sampler(ctx.spec).required("EngineCoreOutputs")
