@@ -9,6 +9,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-$(command -v python)}"
+PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"
 TREE="$ROOT/build/typecheck"
 rm -rf "$TREE/enginewire"
 mkdir -p "$TREE/enginewire"
