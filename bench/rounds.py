@@ -95,7 +95,7 @@ def environment() -> dict[str, Any]:
         try:
             versions[name] = version(name)
         except PackageNotFoundError:
-            versions[name] = None
+            versions[name] = None  # type: ignore[assignment]
     model = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:

@@ -541,7 +541,7 @@ def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
     def nbytes(site: Site) -> int:
         data = site.raw[2]
         if isinstance(data, Ext):
-            return len(data.data)
+            return len(data.data)  # type: ignore[arg-type]
         return len(case.frames[case.prefix_count + data])
 
     if not tensors:

@@ -268,10 +268,10 @@ class SpecStrategies:
     def value(self, expr: TypeExpr, depth: int = 0) -> st.SearchStrategy[Any]:
         """A strategy for values of ``expr``; ``depth`` counts enclosing containers."""
         key = (str(expr), min(depth, 4))
-        found = self._cache.get(key)
+        found = self._cache.get(key)  # type: ignore[arg-type]
         if found is None:
             found = st.deferred(lambda: self._build(expr, depth))
-            self._cache[key] = found
+            self._cache[key] = found  # type: ignore[index]
         return found
 
     def _size(self, depth: int) -> int:

@@ -187,7 +187,7 @@ class StructSet:
     def _union(self, expr: TypeExpr) -> Any:
         members = [self._annotation(a) for a in union_members(expr)]
         nullable = expr.nullable
-        candidate = typing.Union[tuple(members + ([None] if nullable else []))]  # noqa: UP007
+        candidate = typing.Union[tuple(members + ([None] if nullable else []))]  # type: ignore[valid-type]  # noqa: UP007
         try:
             msgspec.msgpack.Decoder(candidate, dec_hook=_identity_hook)
             return candidate
@@ -201,7 +201,7 @@ class StructSet:
                 members=tuple(ordered), expr=str(expr), __module__=__name__
             ),
         )
-        return typing.Optional[slot] if nullable else slot  # type: ignore[valid-type]  # noqa: UP007, UP045
+        return typing.Optional[slot] if nullable else slot  # noqa: UP007, UP045
 
     def _specificity(self, member: Any) -> int:
         """Sort key: struct types with more required fields first, everything else after."""

@@ -248,7 +248,7 @@ def _tuple_layout(codec: CodecSurface, ctx: CheckContext) -> None:
     expected = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
     if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == expected[0]
             and entry[1] == expected[1] and isinstance(entry[2], Ext)
-            and bytes(entry[2].data) == expected[2].data):
+            and bytes(entry[2].data) == expected[2].data):  # type: ignore[attr-defined]
         raise CheckFailure(f"expected {show(expected)}, got {show(entry)}"[:400],
                            Reproduction(received=frames))
 
@@ -500,7 +500,7 @@ def _pickle_any(codec: CodecSurface, ctx: CheckContext) -> None:
        surface="codec", requires=["codec.insecure"])
 def _insecure_encoding(codec: CodecSurface, ctx: CheckContext) -> None:
     """With the opt-in, a function goes as Ext 2 and another object as Ext 1 (pickle)."""
-    insecure = codec.with_insecure_serialization()
+    insecure = codec.with_insecure_serialization()  # type: ignore[attr-defined]
 
     def probe(x: int) -> int:
         return x
@@ -1192,9 +1192,9 @@ def _append_only(codec: CodecSurface, ctx: CheckContext) -> None:
         if getattr(item, "encoding", None) not in ("array", "tuple"):
             continue
         earliest = None
-        for index, fld in enumerate(item.fields):
+        for index, fld in enumerate(item.fields):  # type: ignore[union-attr]
             bounds = VersionRange.parse(fld.versions or item.versions)
-            if bounds.high is not None and index < len(item.fields) - 1:
+            if bounds.high is not None and index < len(item.fields) - 1:  # type: ignore[union-attr]
                 problems.append(f"{item.name}.{fld.name} ({fld.versions}) was removed before "
                                 "the end of the struct")
             if earliest is not None and bounds.low < earliest:

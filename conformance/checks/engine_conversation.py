@@ -574,7 +574,7 @@ def _dies(engine: EngineSurface, ctx: CheckContext) -> None:
     front = _frontend(ctx, clients=2)
     peer = _launch(engine, ctx, front)
     _handshake(front, ctx)
-    engine.die(peer)
+    engine.die(peer)  # type: ignore[attr-defined]
     for client in range(2):
         got = None
         deadline = time.monotonic() + ctx.wait(8.0)
@@ -601,4 +601,4 @@ def _hwm_options(engine: EngineSurface, ctx: CheckContext) -> None:
     front = _frontend(ctx)
     peer = _launch(engine, ctx, front)
     _handshake(front, ctx)
-    check_high_water_marks(list(engine.zmq_sockets(peer)), "engine")
+    check_high_water_marks(list(engine.zmq_sockets(peer)), "engine")  # type: ignore[attr-defined]

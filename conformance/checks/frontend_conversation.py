@@ -122,9 +122,9 @@ def _running(frontend: Any, ctx: Any, engine_count: int = 1,
 
 
 def _no_init(engine: SuiteEngine, what: str, wait: float = 1.0) -> None:
-    if engine.handshake_socket.poll(int(wait * 1000)):
+    if engine.handshake_socket.poll(int(wait * 1000)):  # type: ignore[union-attr]
         raise CheckFailure(f"the front end answered {what} with a message",
-                           Reproduction(received=engine.handshake_socket.recv_multipart()))
+                           Reproduction(received=engine.handshake_socket.recv_multipart()))  # type: ignore[union-attr]
 
 
 def _request(engine: SuiteEngine, ctx: Any, what: str) -> list[bytes]:
@@ -642,7 +642,7 @@ def _no_drop(frontend: FrontendSurface, ctx: CheckContext) -> None:
 def _hwm_options(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """The front end's ROUTERs and PULL have SNDHWM/RCVHWM 0 (read with getsockopt)."""
     client, _ = _running(frontend, ctx)
-    check_high_water_marks(list(frontend.zmq_sockets(client)), "front end")
+    check_high_water_marks(list(frontend.zmq_sockets(client)), "front end")  # type: ignore[attr-defined]
 
 
 @check("frontend/transport/duplicate-identity-ignored",

@@ -69,7 +69,7 @@ class _Workers:
             self.responses.append(reader)
         budget = ctx.wait(8.0)
         waits = [Background(lambda: self.broadcast.wait_until_ready(budget), "broadcast ready")]
-        waits += [Background(lambda r=r: r.wait_until_ready(budget), f"response {i} ready")
+        waits += [Background(lambda r=r: r.wait_until_ready(budget), f"response {i} ready")  # type: ignore[misc]
                   for i, r in enumerate(self.responses)]
         for wait in waits:
             wait.result(budget + 1.0, "the rings' wait_until_ready")
@@ -173,7 +173,7 @@ def _reply_rank(ring: RingSurface, ctx: CheckContext) -> None:
     sent = workers.send(("echo", ("to-one",), {}, 1))
     sent += workers.send(("fail", ("quiet",), {}, 1))
     sent += workers.send(("echo", ("to-all",), {}, None))
-    want_one = [(ResponseStatus.SUCCESS, (1, ("to-one",), {})),
+    want_one = [(ResponseStatus.SUCCESS, (1, ("to-one",), {})),  # type: ignore[var-annotated]
                 (ResponseStatus.FAILURE, "quiet"),
                 (ResponseStatus.SUCCESS, (1, ("to-all",), {}))]
     for index, want in enumerate(want_one):
@@ -218,9 +218,9 @@ class _Executor:
         responses = [w.response_handle for w in self.workers]
         waits = [Background(lambda: self.executor.connect(responses, budget), "executor ready")]
         for worker in self.workers:
-            waits.append(Background(lambda w=worker: w.requests.wait_until_ready(budget),
+            waits.append(Background(lambda w=worker: w.requests.wait_until_ready(budget),  # type: ignore[misc]
                                     "broadcast reader ready"))
-            waits.append(Background(lambda w=worker: w.responses.wait_until_ready(budget),
+            waits.append(Background(lambda w=worker: w.responses.wait_until_ready(budget),  # type: ignore[misc]
                                     "response writer ready"))
         for wait in waits:
             wait.result(budget + 1.0, "the rings' wait_until_ready")
@@ -425,7 +425,7 @@ def _sub_conflate(ring: RingSurface, ctx: CheckContext) -> None:
     ctx.on_cleanup(writer.close)
     reader = ring.attach_reader(writer.handle, 0)
     ctx.on_cleanup(reader.close)
-    sockets = dict(ring.zmq_sockets(reader))
+    sockets = dict(ring.zmq_sockets(reader))  # type: ignore[attr-defined]
     notify = sockets.get("notify")
     if notify is None:
         raise CheckFailure(f"the reader exposed no notify socket (channels {sorted(sockets)})")

@@ -78,8 +78,8 @@ def _target_readers(ring: Any, ctx: Any, handle: Any, ranks: list[int]) -> list[
 def _ready(ctx: Any, writer: Any, readers: list[Any]) -> None:
     """The collective start: the writer waits for every subscription, readers for READY."""
     budget = ctx.wait(8.0)
-    waits = [Background(lambda w=writer: w.wait_until_ready(budget), "writer ready")]
-    waits += [Background(lambda r=r: r.wait_until_ready(budget), "reader ready")
+    waits = [Background(lambda w=writer: w.wait_until_ready(budget), "writer ready")]  # type: ignore[misc]
+    waits += [Background(lambda r=r: r.wait_until_ready(budget), "reader ready")  # type: ignore[misc]
               for r in readers]
     for index, wait in enumerate(waits):
         wait.result(budget + 1.0, "the writer's wait_until_ready" if index == 0
@@ -366,7 +366,7 @@ def _stream_through(writer: Any, readers: list[Any], ctx: Any, messages: list[An
     order, no loss, no duplicate."""
     sender = Background(lambda: [writer.enqueue(m, timeout=ctx.wait(8.0)) for m in messages],
                          "writer")
-    results = [Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}")
+    results = [Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}")  # type: ignore[misc]
                for i, r in enumerate(readers)]
     for rank, background in enumerate(results):
         background.thread.join(ctx.wait(20.0))

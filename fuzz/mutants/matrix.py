@@ -224,7 +224,7 @@ def render_matrix(results: Sequence[MutantResult]) -> str:
     """The kill matrix as a fixed-width table, one row per mutant."""
     rows = [("mutant", *COLUMNS, "verdict")]
     for result in results:
-        rows.append((result.mutant.name,
+        rows.append((result.mutant.name,  # type: ignore[arg-type]
                      *(result.columns[c].cell() for c in COLUMNS),
                      "killed" if result.killed else "SURVIVED"))
     widths = [min(max(len(r[i]) for r in rows), 48) for i in range(len(rows[0]))]

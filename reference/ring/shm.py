@@ -52,7 +52,7 @@ acq_rel_fence: Callable[[], None] | None = (
 
 def _attach_untracked(name: str) -> shared_memory.SharedMemory:
     if _HAS_TRACK_ARG:
-        return shared_memory.SharedMemory(name=name, track=False)
+        return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
     with _ATTACH_LOCK:
         original = resource_tracker.register
         resource_tracker.register = lambda *args, **kwargs: None

@@ -125,8 +125,8 @@ class VllmObjects:
                     msgspec.structs.force_setattr(obj, info.name, _default(info))
             return obj
         if dataclasses.is_dataclass(cls):
-            obj = cls.__new__(cls)
-            for info in dataclasses.fields(cls):
+            obj = cls.__new__(cls)  # type: ignore[arg-type]
+            for info in dataclasses.fields(cls):  # type: ignore[assignment]
                 if info.name in fields:
                     object.__setattr__(obj, info.name, fields[info.name])
                 elif info.default is not dataclasses.MISSING:
