@@ -90,12 +90,12 @@ def environment() -> dict[str, Any]:
     """Where the figures come from: versions, processor, load."""
     from importlib.metadata import PackageNotFoundError, version
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in ("enginewire", "vllm", "msgspec", "pyzmq", "numpy", "torch"):
         try:
             versions[name] = version(name)
         except PackageNotFoundError:
-            versions[name] = None  # type: ignore[assignment]
+            versions[name] = None
     model = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as info:

@@ -261,17 +261,17 @@ class SpecStrategies:
             import torch
 
             self.torch = torch
-        self._cache: dict[tuple[str, int, bool], st.SearchStrategy[Any]] = {}
+        self._cache: dict[tuple[str, int], st.SearchStrategy[Any]] = {}
 
     # --- type expressions --------------------------------------------------------------
 
     def value(self, expr: TypeExpr, depth: int = 0) -> st.SearchStrategy[Any]:
         """A strategy for values of ``expr``; ``depth`` counts enclosing containers."""
         key = (str(expr), min(depth, 4))
-        found = self._cache.get(key)  # type: ignore[arg-type]
+        found = self._cache.get(key)
         if found is None:
             found = st.deferred(lambda: self._build(expr, depth))
-            self._cache[key] = found  # type: ignore[index]
+            self._cache[key] = found
         return found
 
     def _size(self, depth: int) -> int:

@@ -35,6 +35,7 @@ from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_va
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
 from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
+from enginewire.spec.schema import StructSpec
 
 Ext = msgspec.msgpack.Ext
 #: The extension type codes (tensors surface, ext_codes).
@@ -245,10 +246,10 @@ def _tuple_layout(codec: CodecSurface, ctx: CheckContext) -> None:
     value = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     frames = encode(codec, OUTPUT, _output(pooling_output=value))
     entry = _tuple_in(frames, ctx.spec)
-    expected = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
+    expected: list[Any] = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
     if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == expected[0]
             and entry[1] == expected[1] and isinstance(entry[2], Ext)
-            and bytes(entry[2].data) == expected[2].data):  # type: ignore[attr-defined]
+            and bytes(entry[2].data) == expected[2].data):
         raise CheckFailure(f"expected {show(expected)}, got {show(entry)}"[:400],
                            Reproduction(received=frames))
 
@@ -1189,12 +1190,12 @@ def _append_only(codec: CodecSurface, ctx: CheckContext) -> None:
     full = load()  # the reference version; each field carries its own version range
     problems = []
     for item in full.structs.values():
-        if getattr(item, "encoding", None) not in ("array", "tuple"):
+        if not isinstance(item, StructSpec) or item.encoding not in ("array", "tuple"):
             continue
         earliest = None
-        for index, fld in enumerate(item.fields):  # type: ignore[union-attr]
+        for index, fld in enumerate(item.fields):
             bounds = VersionRange.parse(fld.versions or item.versions)
-            if bounds.high is not None and index < len(item.fields) - 1:  # type: ignore[union-attr]
+            if bounds.high is not None and index < len(item.fields) - 1:
                 problems.append(f"{item.name}.{fld.name} ({fld.versions}) was removed before "
                                 "the end of the struct")
             if earliest is not None and bounds.low < earliest:

@@ -173,7 +173,7 @@ def _reply_rank(ring: RingSurface, ctx: CheckContext) -> None:
     sent = workers.send(("echo", ("to-one",), {}, 1))
     sent += workers.send(("fail", ("quiet",), {}, 1))
     sent += workers.send(("echo", ("to-all",), {}, None))
-    want_one = [(ResponseStatus.SUCCESS, (1, ("to-one",), {})),  # type: ignore[var-annotated]
+    want_one: list[Any] = [(ResponseStatus.SUCCESS, (1, ("to-one",), {})),
                 (ResponseStatus.FAILURE, "quiet"),
                 (ResponseStatus.SUCCESS, (1, ("to-all",), {}))]
     for index, want in enumerate(want_one):
