@@ -73,3 +73,10 @@ def test_python_type_translates_every_constructor() -> None:
     }
     for expression, annotation in cases.items():
         assert annotate.visit(parse_type(expression)) == annotation, expression
+
+
+def test_stubs_command_checks_the_committed_stub(capsys) -> None:
+    from enginewire.cli import main
+
+    assert main(["stubs", "--check"]) == 0
+    assert "up to date" in capsys.readouterr().out
