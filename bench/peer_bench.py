@@ -79,7 +79,7 @@ class ReferencePeers:
         if transport == "tcp":
             addresses = {key: "tcp://127.0.0.1:0"
                          for key in ("handshake_address", "input_address", "output_address")}
-        self.frontend = ReferenceFrontend(1, **addresses)
+        self.frontend = ReferenceFrontend(1, **addresses)  # type: ignore[arg-type]
         self.engine = None
         try:
             self.engine = spawn_engine(
@@ -266,7 +266,7 @@ class BarePeers:
             self.request = [bytes(memoryview(f).cast("B")) for f in codec.encode(
                 "add", generation_request("bench-bare", PROMPT, max_tokens=1))]
             outputs = structs.EngineCoreOutputs(
-                engine_index=0, timestamp=time.monotonic(), finished_requests=["bench-bare"],
+                engine_index=0, timestamp=time.monotonic(), finished_requests=["bench-bare"],  # type: ignore[arg-type]
                 outputs=[structs.EngineCoreOutput(request_id="bench-bare",
                                                   new_token_ids=[PROMPT[0] + 1],
                                                   finish_reason=structs.FinishReason.LENGTH)])

@@ -506,14 +506,14 @@ class RingBench:
         stride = config.chunk_bytes
         segment = self._memcpy_segment()
         target = segment.buf
-        source = memoryview(self.payload(payload_bytes)).cast("B")
+        source = memoryview(self.payload(payload_bytes)).cast("B")  # type: ignore[arg-type]
         size = payload_bytes
         clock = time.monotonic_ns
         warm_until = clock() + int(config.warmup_seconds * 1e9)
         index = 0
         while index < chunks or clock() < warm_until:
             offset = (index % chunks) * stride
-            target[offset:offset + size] = source
+            target[offset:offset + size] = source  # type: ignore[index]
             index += 1
         count = 0
         start = clock()
@@ -521,7 +521,7 @@ class RingBench:
         limit = config.max_messages * 10
         while True:
             offset = (count % chunks) * stride
-            target[offset:offset + size] = source
+            target[offset:offset + size] = source  # type: ignore[index]
             count += 1
             now = clock()
             if now >= deadline or count >= limit:
@@ -584,7 +584,7 @@ class RingBench:
                 # copy and must not change while zmq still holds it.
                 frames = [bytes(view[:HEADER.size]), view[HEADER.size:]]
                 for sock in sockets:
-                    sock.send_multipart(frames, copy=False)
+                    sock.send_multipart(frames, copy=False)  # type: ignore[arg-type]
 
             sent = send(push)
             push(None)

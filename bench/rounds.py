@@ -90,7 +90,7 @@ def environment() -> dict[str, Any]:
     """Where the figures come from: versions, processor, load."""
     from importlib.metadata import PackageNotFoundError, version
 
-    versions = {}
+    versions: dict[str, str | None] = {}
     for name in ("enginewire", "vllm", "msgspec", "pyzmq", "numpy", "torch"):
         try:
             versions[name] = version(name)

@@ -79,7 +79,7 @@ from enginewire.fuzz.strategies import Malformed, SpecStrategies, generator
 from enginewire.reference.codec import Codec
 from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, FieldSpec, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, members, parse_type
 
 Ext = msgspec.msgpack.Ext
 #: The extension codes that need the insecure opt-in (tensors surface, ext_codes).
@@ -122,10 +122,10 @@ class Site:
 
 
 def _resolve(expr: TypeExpr) -> TypeExpr | None:
-    if expr.name != "union":
+    if kind_of(expr) != "union":
         return expr
-    members = [a for a in expr.args if a.name != "none"]
-    return members[0] if len(members) == 1 else None
+    candidates = members(expr)
+    return candidates[0] if len(candidates) == 1 else None
 
 
 def walk(raw: Any, declared: TypeExpr, spec: Any, path: tuple[Any, ...] = (),
@@ -161,7 +161,7 @@ class _Inside(TypeVisitor[Iterator[Site]]):
     def visit_list(self, expr: TypeExpr, raw: Any, path: tuple[Any, ...]) -> Iterator[Site]:
         if not isinstance(raw, list):
             return
-        if expr.name == "tuple" and not expr.variadic:
+        if expr.fixed_tuple:
             for index, (value, arg) in enumerate(zip(raw, expr.args, strict=False)):
                 yield from walk(value, arg, self.spec, (*path, index), element=not path)
             return
@@ -523,7 +523,7 @@ def _struct_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
 def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
     vocab = case.gen.vocab
     tensors = [s for s in case.sites if s.resolved is not None
-               and s.resolved.name in ("tensor", "ndarray")
+               and kind_of(s.resolved) == "tensor"
                and isinstance(s.raw, list) and len(s.raw) == 3]
     inline = [s for s in tensors if isinstance(s.raw[2], Ext)]
     indexed = [s for s in tensors if type(s.raw[2]) is int]
@@ -541,7 +541,7 @@ def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
     def nbytes(site: Site) -> int:
         data = site.raw[2]
         if isinstance(data, Ext):
-            return len(data.data)
+            return len(data.data)  # type: ignore[arg-type]
         return len(case.frames[case.prefix_count + data])
 
     if not tensors:
@@ -643,7 +643,7 @@ def _unknown_ext_codes() -> st.SearchStrategy[int]:
 
 
 def _any_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
-    untyped = [s for s in case.sites if s.resolved is not None and s.resolved.name == "any"]
+    untyped = [s for s in case.sites if s.resolved is not None and kind_of(s.resolved) == "any"]
     if not untyped:
         return
 
@@ -722,7 +722,7 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
 
     outputs_item = spec.struct("EngineCoreOutputs")
     root_is_outputs = (not case.sites[0].path and case.sites[0].resolved is not None
-                       and case.sites[0].resolved.name == "EngineCoreOutputs")
+                       and case.sites[0].resolved == TypeExpr("EngineCoreOutputs"))
     if root_is_outputs and case.kind in ("outputs", "utility_reply", "coordinator_outputs"):
         root = case.sites[0]
         utility_path = _field_path(outputs_item, root, "utility_output")

@@ -69,7 +69,7 @@ from enginewire.reference.codec import Codec, Layout, default_codec
 from enginewire.reference.tensors import WireTensor, vocabulary
 from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, members, parse_type
 
 __all__ = [
     "INT_MAX",
@@ -261,7 +261,7 @@ class SpecStrategies:
             import torch
 
             self.torch = torch
-        self._cache: dict[tuple[str, int, bool], st.SearchStrategy[Any]] = {}
+        self._cache: dict[tuple[str, int], st.SearchStrategy[Any]] = {}
 
     # --- type expressions --------------------------------------------------------------
 
@@ -282,13 +282,12 @@ class SpecStrategies:
 
     def key(self, expr: TypeExpr) -> st.SearchStrategy[Any]:
         """Map keys: hashable values of ``expr`` (``any`` keys are strings or integers)."""
-        if expr.name == "any":
+        if kind_of(expr) == "any":
             return _text() | st.integers(INT_MIN, INT_MAX)
         return self.value(expr, 4)
 
     def _union(self, expr: TypeExpr, depth: int) -> st.SearchStrategy[Any]:
-        members = [a for a in expr.args if a.name != "none"]
-        options = [self.value(a, depth) for a in members]
+        options = [self.value(a, depth) for a in members(expr)]
         if expr.nullable:
             options.insert(0, st.none())
         return st.one_of(*options)

@@ -56,7 +56,7 @@ import numpy as np
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, parse_type
 
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
 from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
@@ -180,7 +180,7 @@ class _Position:
 def _single(expr: TypeExpr) -> TypeExpr | None:
     """The one non-nil member of ``expr``; None for a union of several."""
     rest = expr.without_none()
-    return None if rest.name == "union" else rest
+    return None if kind_of(rest) == "union" else rest
 
 
 class _Child(TypeVisitor["tuple[TypeExpr, StructSpec | None] | None"]):
@@ -202,7 +202,7 @@ class _Child(TypeVisitor["tuple[TypeExpr, StructSpec | None] | None"]):
                    step: str | int) -> tuple[TypeExpr, StructSpec | None] | None:
         if not isinstance(step, int):
             return None
-        if expr.name == "tuple" and not expr.variadic:
+        if expr.fixed_tuple:
             return (expr.args[step], None) if step < len(expr.args) else None
         return expr.args[0], None
 
@@ -586,7 +586,7 @@ class Codec:
             expr, owner = found
         if key:
             resolved = _single(expr)
-            if resolved is None or resolved.name != "dict":
+            if resolved is None or kind_of(resolved) != "mapping":
                 return _Position(None)
             return _Position(resolved.args[0])
         return _Position(expr, owner)

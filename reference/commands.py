@@ -1,4 +1,5 @@
-"""``enginewire serve-engine`` and ``enginewire frontend``: the reference peers from a shell.
+"""``enginewire serve-engine`` and ``enginewire frontend``: the reference peers from a shell;
+``enginewire stubs``: the type stub of the spec-built structs (:mod:`.stubs`).
 
 ``serve-engine`` runs one scripted reference engine core (:mod:`enginewire.reference.engine`)
 until SIGTERM (clean exit 0) or SIGUSR1 / a ``die`` utility call (ENGINE_CORE_DEAD, exit 1).
@@ -63,7 +64,7 @@ def prompt_tokens(text: str) -> list[int]:
     return tokens
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     engine = subparsers.add_parser(
         "serve-engine", help="run the scripted reference engine core"
     )
@@ -120,6 +121,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     utility.add_argument("args", nargs="*", type=utility_arg)
     actions.add_parser("ready", help="print every engine's ready response")
     frontend.set_defaults(handler=cmd_frontend)
+
+    stubs = subparsers.add_parser(
+        "stubs", help="write the type stub of the spec-built struct classes"
+    )
+    stubs.add_argument("--check", action="store_true",
+                       help="exit 1 if the committed stub differs from a fresh rendering")
+    stubs.set_defaults(handler=cmd_stubs)
+
+
+def cmd_stubs(args: argparse.Namespace) -> int:
+    from .stubs import run_stubs
+
+    return run_stubs(check=args.check)
 
 
 def cmd_serve_engine(args: argparse.Namespace) -> int:

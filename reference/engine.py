@@ -257,7 +257,7 @@ class ReferenceEngine:
         )
         self._stop = threading.Event()
         self._die = threading.Event()
-        self._ctx: zmq.Context | None = None
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
         self._inputs: list[ChannelSocket] = []
         self._outputs: list[ChannelSocket] = []
         self._running: dict[str, _Running] = {}
@@ -507,10 +507,12 @@ class ReferenceEngine:
         outputs = structs.EngineCoreOutputs(
             engine_index=self.options.rank,
             outputs=[
-                structs.EngineCoreOutput(request_id=r, new_token_ids=[], finish_reason=reason)
+                structs.EngineCoreOutput(request_id=r, new_token_ids=[],
+                                         finish_reason=structs.FinishReason(reason))
                 for r in request_ids
             ],
-            finished_requests=list(request_ids),
+            # A list (set[str] on the wire is an array): the encoded order stays the send order.
+            finished_requests=list(request_ids),  # type: ignore[arg-type]
             timestamp=time.monotonic(),
         )
         self._outputs[client_index].socket.send_multipart(
@@ -552,7 +554,7 @@ class ReferenceEngine:
                 structs.EngineCoreOutput(
                     request_id=request_id,
                     new_token_ids=[] if token is None else [token],
-                    finish_reason=running.finish_reason if done else None,
+                    finish_reason=structs.FinishReason(running.finish_reason) if done else None,
                 )
             )
             if done:
@@ -562,7 +564,7 @@ class ReferenceEngine:
             message = structs.EngineCoreOutputs(
                 engine_index=self.options.rank,
                 outputs=outputs,
-                finished_requests=done_ids or None,
+                finished_requests=done_ids or None,  # type: ignore[arg-type]  # see above
                 timestamp=time.monotonic(),
             )
             self._outputs[client_index].socket.send_multipart(

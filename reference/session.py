@@ -27,13 +27,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import HandshakeMessage, StateMachine, Transition
+from enginewire.spec.types import parse_type, scalar_type
 
 from .errors import EngineDeadError, FramingError, HandshakeError, PayloadError, StateError
 
@@ -52,9 +53,13 @@ ENGINE_ACTIONS = frozenset({
     "abort_requests", "accept_call", "send_outputs", "send_utility_reply", "send_dead", "none",
 })
 
-_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,), "bool": (bool,), "int": (int,), "float": (int, float), "bytes": (bytes,),
-}
+def _simple_types(expression: str) -> tuple[type, ...] | None:
+    """The Python types a scalar-typed handshake key accepts (a float key takes an int too);
+    None for any other type (not checked here)."""
+    found = scalar_type(parse_type(expression))
+    if found is None:
+        return None
+    return (int, float) if found is float else (found,)
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ def machine_table(role: str, spec: Spec | None = None) -> StateMachine:
     spec = spec or load()
     for table in spec.surface("handshake").machines:
         if table.role == role:
-            return table
+            return cast(StateMachine, table)
     raise KeyError(f"the handshake surface has no state machine for role {role!r}")
 
 
@@ -187,7 +192,7 @@ def _check_keys(message_spec: HandshakeMessage, message: Any, clause: str) -> No
                 )
             continue
         value = message[key.name]
-        allowed = _SIMPLE_TYPES.get(key.type)
+        allowed = _simple_types(key.type)
         wrong_type = allowed is not None and (
             not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed)
         )

@@ -4,12 +4,14 @@ The classes are built from ``spec/data/structs/*.toml`` by :mod:`enginewire.spec
 (where the encodings and type mappings are described); this module is where the reference
 implementation and its users take them from. The default version's classes are attributes of
 this module (``from enginewire.reference.structs import EngineCoreRequest``); :func:`build`
-gives any release's.
+gives any release's. Type checkers see them through the generated stub
+``structs_generated.pyi`` (``enginewire stubs``, :mod:`.stubs`), imported here under
+``TYPE_CHECKING`` only.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from enginewire.spec import classes as _classes
 from enginewire.spec.classes import (
@@ -23,6 +25,9 @@ from enginewire.spec.classes import (
 
 # Imported for its effect: the tensor values this implementation builds fill tensor slots.
 from . import tensors as _tensors  # noqa: F401
+
+if TYPE_CHECKING:
+    from .structs_generated import *  # noqa: F403
 
 __all__ = ["NdarraySlot", "NestedTensorsSlot", "StructSet", "TensorSlot", "UnionSlot", "build"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import cast
 
 import zmq
 
@@ -26,7 +27,7 @@ def channel_end(channel: str, role: str) -> SocketEnd:
         if found.name == channel:
             for end in found.ends:
                 if end.role == role:
-                    return end
+                    return cast(SocketEnd, end)
             raise KeyError(f"channel {channel!r} has no {role!r} end")
     raise KeyError(f"the transport surface has no channel {channel!r}")
 
@@ -45,7 +46,7 @@ def _is_ipv6_tcp(address: str) -> bool:
 class ChannelSocket:
     """One open socket of a channel: the zmq socket, where it is, and whether it bound."""
 
-    socket: zmq.Socket
+    socket: zmq.Socket[bytes]
     channel: str
     role: str
     address: str
@@ -61,7 +62,7 @@ class ChannelSocket:
 
 
 def open_socket(
-    ctx: zmq.Context,
+    ctx: zmq.Context[zmq.Socket[bytes]],
     channel: str,
     role: str,
     address: str,

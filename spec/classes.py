@@ -40,6 +40,7 @@ import msgspec
 from .loader import Spec, load
 from .schema import EnumSpec, FieldSpec, StructSpec
 from .types import TypeExpr, TypeVisitor, parse_type
+from .types import members as union_members
 
 
 class _SlotMeta(type):
@@ -47,7 +48,7 @@ class _SlotMeta(type):
     accepts the values the codec builds for it."""
 
     def __instancecheck__(cls, value: object) -> bool:
-        return cls._accepts(value)  # type: ignore[attr-defined]
+        return cls._accepts(value)  # type: ignore[attr-defined,no-any-return]
 
 
 class TensorSlot(metaclass=_SlotMeta):
@@ -195,9 +196,9 @@ class StructSet:
         return _Annotation(self).visit(expr)
 
     def _union(self, expr: TypeExpr) -> Any:
-        members = [self._annotation(a) for a in expr.args if a.name != "none"]
+        members = [self._annotation(a) for a in union_members(expr)]
         nullable = expr.nullable
-        candidate = typing.Union[tuple(members + ([None] if nullable else []))]  # noqa: UP007
+        candidate = typing.Union[tuple(members + ([None] if nullable else []))]  # type: ignore[valid-type]  # noqa: UP007
         try:
             msgspec.msgpack.Decoder(candidate, dec_hook=_identity_hook)
             return candidate
@@ -291,7 +292,7 @@ class StructSet:
         return _coerce(raw, annotation)
 
     def _enum(self, spec: EnumSpec) -> type[enum.Enum]:
-        members = {m.name: m.value for m in spec.members}
+        members: dict[str, int | str | bytes] = {m.name: m.value for m in spec.members}
         if spec.wire == "int":
             return enum.IntEnum(spec.name, members, module=__name__)  # type: ignore[return-value]
         if spec.wire == "bytes":

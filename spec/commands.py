@@ -44,7 +44,7 @@ def _newest_named(spec: Any) -> tuple[int, int, int]:
     return newest
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     spec_parser = subparsers.add_parser("spec", help="check, export, show, diff or render the spec")
     spec_sub = spec_parser.add_subparsers(dest="spec_command", metavar="ACTION", required=True)
 

@@ -41,11 +41,18 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .loader import Spec
-from .schema import EnumSpec, StructSpec
-from .types import TypeExpr, parse_type
+from .schema import (
+    EnumSpec,
+    IdentityFile,
+    RequestTypesFile,
+    RingFile,
+    StructSpec,
+    TensorsFile,
+)
+from .types import TypeExpr, kind_of, parse_type
 
 # --- what drift.py knows about vLLM ------------------------------------------------------
 
@@ -202,7 +209,7 @@ class ImplementationUnavailable(RuntimeError):
 
 def _canonical_type(expr: TypeExpr, rename: Callable[[str], str]) -> str:
     """The type as a string with unions flattened, de-duplicated and sorted, names renamed."""
-    if expr.name == "union":
+    if kind_of(expr) == "union":
         members: set[str] = set()
         for arg in expr.args:
             text = _canonical_type(arg, rename)
@@ -314,6 +321,7 @@ def _compare_enum(spec_enum: EnumSpec, impl: EnumInfo) -> list[Difference]:
                                                 f"{impl.wire!r} in vllm", "enums"))
     spec_members = {m.name: m.value for m in spec_enum.members}
     impl_members = dict(impl.members)
+    value: int | str | bytes
     for member, value in spec_members.items():
         subject = f"{spec_enum.name}.{member}"
         if member not in impl_members:
@@ -355,7 +363,7 @@ def _compare_unspecified(spec: Spec, impl: Implementation,
 def _compare_surfaces(spec: Spec, impl: Implementation) -> list[Difference]:
     found: list[Difference] = []
 
-    request_types = spec.surfaces.get("request_types")
+    request_types = cast("RequestTypesFile | None", spec.surfaces.get("request_types"))
     if request_types is not None and impl.request_types:
         spec_bytes = {t.name: t.byte for t in request_types.types}
         for name, byte in spec_bytes.items():
@@ -373,7 +381,7 @@ def _compare_surfaces(spec: Spec, impl: Implementation) -> list[Difference]:
                                         f"bytes {got.hex(' ')} in vllm, not in spec",
                                         "request_types"))
 
-    tensors = spec.surfaces.get("tensors")
+    tensors = cast("TensorsFile | None", spec.surfaces.get("tensors"))
     if tensors is not None:
         spec_codes = {_ext_key(c.name): c.code for c in tensors.ext_codes}
         if spec_codes:
@@ -399,19 +407,19 @@ def _compare_surfaces(spec: Spec, impl: Implementation) -> list[Difference]:
                                     f"{tensors.threshold_env!r} in spec, {impl.threshold_env!r} "
                                     "is what vllm reads", "tensors"))
 
-    ring = spec.surfaces.get("ring")
+    ring = cast("RingFile | None", spec.surfaces.get("ring"))
     if ring is not None:
         for key in RING_CONSTANTS:
             if key not in ring.constants or key not in impl.ring_constants:
                 continue
-            want, got = ring.constants[key], impl.ring_constants[key]
+            want, have = ring.constants[key], impl.ring_constants[key]
             # Numbers compare by value (a spec may write 2 for vLLM's 2.0); text never matches.
-            if isinstance(want, str) or isinstance(want, bool) != isinstance(got, bool) or \
-                    want != got:
+            if isinstance(want, str) or isinstance(want, bool) != isinstance(have, bool) or \
+                    want != have:
                 found.append(Difference(f"ring.constants.{key}",
-                                        f"{want!r} in spec, {got!r} in vllm", "ring"))
+                                        f"{want!r} in spec, {have!r} in vllm", "ring"))
 
-    identity = spec.surfaces.get("identity")
+    identity = cast("IdentityFile | None", spec.surfaces.get("identity"))
     if identity is not None:
         for where, width, byteorder in impl.identities:
             if width != identity.width:
@@ -597,13 +605,15 @@ class _Describer:
                 out.append((f.name, f.type, default, factory))
         elif kind == "dataclass":
             hints = typing.get_type_hints(cls)
-            for f in dataclasses.fields(cls):
-                default = f.default if f.default is not dataclasses.MISSING else _MISSING
-                factory = (f.default_factory if f.default_factory is not dataclasses.MISSING
+            for dc_field in dataclasses.fields(cls):
+                default = (dc_field.default if dc_field.default is not dataclasses.MISSING
                            else _MISSING)
+                factory = (dc_field.default_factory
+                           if dc_field.default_factory is not dataclasses.MISSING else _MISSING)
                 # typing.get_type_hints expands an alias: keep the alias object itself.
-                annotation = f.type if self.alias(f.type) else hints.get(f.name, f.type)
-                out.append((f.name, annotation, default, factory))
+                annotation = (dc_field.type if self.alias(dc_field.type)
+                              else hints.get(dc_field.name, dc_field.type))
+                out.append((dc_field.name, annotation, default, factory))
         elif kind == "tuple":
             hints = typing.get_type_hints(cls)
             defaults = getattr(cls, "_field_defaults", {})
@@ -615,7 +625,7 @@ class _Describer:
         qualname = _qualname(cls)
         kind = self.kind(cls)
         if kind == "enum":
-            members = tuple((m.name, m.value) for m in cls)  # type: ignore[var-annotated]
+            members = tuple((m.name, m.value) for m in cls)  # type: ignore[attr-defined]
             values = [v for _, v in members]
             wire = ("int" if all(isinstance(v, int) for v in values)
                     else "str" if all(isinstance(v, str) for v in values) else "bytes")
@@ -658,7 +668,8 @@ class _Describer:
                                             default=self.default_json(factory())))
             else:
                 fields.append(FieldInfo(name, type_text, True))
-        omit = bool(kind in ("array", "map") and cls.__struct_config__.omit_defaults)
+        omit = bool(kind in ("array", "map")
+                    and cls.__struct_config__.omit_defaults)  # type: ignore[attr-defined]
         encoding = self._probe_encoding(cls) or kind
         return StructInfo(qualname, encoding, omit, tuple(fields), refs, tuple(notes))
 
@@ -689,7 +700,7 @@ class _Describer:
 
         elem = cls(data=None, field=MultiModalSharedField(batch_size=1))
         frames = MsgpackEncoder().encode(MultiModalKwargsItem({"k": elem}))
-        return self.msgspec.msgpack.decode(frames[0])["k"]
+        return self.msgspec.msgpack.decode(frames[0])["k"]  # type: ignore[arg-type]
 
     def _probe_nil_fields(self, cls: type) -> set[str]:
         """Fields set to None in the enc_hook probe that vLLM's encoder writes as nil."""
@@ -714,7 +725,7 @@ class _Describer:
         names = ENC_HOOK_TUPLE_FIELDS[_qualname(cls)]
         probe_value = {"probe": [1, 2]}
         frames = MsgpackEncoder().encode(cls(probe_value))
-        encoded = self.msgspec.msgpack.decode(frames[0])
+        encoded = self.msgspec.msgpack.decode(frames[0])  # type: ignore[arg-type]
         if isinstance(encoded, list) and len(encoded) == len(names) and \
                 encoded[-1] == probe_value:
             encoding = "tuple"
@@ -803,7 +814,7 @@ def _to_bytes_calls(code: types.CodeType) -> list[tuple[int, str]]:
             if following.opname == "LOAD_CONST":
                 consts.append(following.argval)
             elif following.opname == "KW_NAMES":  # Python 3.11 and 3.12
-                kw_names = code.co_consts[following.arg]
+                kw_names = code.co_consts[following.arg]  # type: ignore[index]
             elif following.opname.startswith(("CALL", "PRECALL")):
                 break
             else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import operator
 from collections.abc import Callable, Iterator, Mapping
+from typing import cast
 
 #: Largest exponent ``**`` accepts: enough for sizes such as ``2 ** 20``, small enough that a
 #: mistyped formula cannot make the evaluator build a number with millions of digits.
@@ -34,7 +35,8 @@ def _exact_div(left: int, right: int) -> int:
 def _power(base: int, exponent: int) -> int:
     if not 0 <= exponent <= MAX_EXPONENT:
         raise FormulaError(f"exponent {exponent} is outside 0..{MAX_EXPONENT}")
-    return base**exponent
+    result: int = base**exponent
+    return result
 
 
 _BINARY: dict[type[ast.operator], Callable[[int, int], int]] = {
@@ -95,7 +97,7 @@ def evaluate_formula(text: str, names: Mapping[str, int]) -> int:
 
 def _evaluate(node: ast.expr, names: Mapping[str, int], text: str) -> int:
     if isinstance(node, ast.Constant):
-        return int(node.value)
+        return int(cast(int, node.value))
     if isinstance(node, ast.Name):
         try:
             value = names[node.id]

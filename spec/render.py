@@ -19,7 +19,7 @@ import itertools
 import json
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,11 @@ from .formulas import FormulaError, FormulaTable
 from .loader import REFERENCE_VLLM_VERSION, Spec
 from .schema import (
     SURFACE_SCHEMAS,
+    Channel,
     Clause,
     EnumSpec,
+    FieldSpec,
+    Frame,
     FramesFile,
     HandshakeFile,
     IdentityFile,
@@ -130,7 +133,8 @@ def _stale_pages(pages: dict[str, str], out: Path) -> list[str]:
 
 def render_pages(spec: Spec) -> dict[str, str]:
     """Every page as ``{file name: Markdown text}``; a pure function of ``spec``."""
-    renderers = {
+    # Each renderer takes its own surface file class, picked by name.
+    renderers: dict[str, Callable[[_Page, Any], None]] = {
         "transport": _transport,
         "frames": _frames,
         "request_types": _request_types,
@@ -142,7 +146,7 @@ def render_pages(spec: Spec) -> dict[str, str]:
     }
     pages = {"index.md": _index(spec)}
     for name in SURFACE_SCHEMAS:
-        surface = spec.surfaces.get(name)
+        surface: Any = spec.surfaces.get(name)  # a surface file: SurfaceHeader and clauses
         if surface is None:
             continue
         page = _Page(spec, name)
@@ -312,7 +316,8 @@ class _Page:
     def _type(self, expr: TypeExpr) -> str:
         return _TypeCell(self).visit(expr)
 
-    def header(self, surface: SurfaceHeader) -> None:
+    def header(self, surface: Any) -> None:
+        """The page title and summary of a surface file (SurfaceHeader and its clauses)."""
         levels = _level_counts(surface.clauses)
         counts = ", ".join(f"{levels[level]} {level}" for level in LEVELS if levels[level])
         self.add(
@@ -404,7 +409,7 @@ def _index(spec: Spec) -> str:
     )
     rows = []
     for name in SURFACE_SCHEMAS:
-        surface = spec.surfaces.get(name)
+        surface: Any = spec.surfaces.get(name)  # a surface file: SurfaceHeader and clauses
         if surface is None:
             continue
         counts = _level_counts(surface.clauses)
@@ -450,7 +455,7 @@ def _transport(page: _Page, surface: TransportFile) -> None:
     def address_link(form: str) -> str:
         return page.link("transport", f"address-{form}", _code(form)) if form in schemes else form
 
-    def ends_text(channel) -> str:
+    def ends_text(channel: Channel) -> str:
         return " → ".join(
             f"{_cell(end.role)} {_cell(end.socket)} ({'binds' if end.binds else 'connects'})"
             for end in channel.ends
@@ -547,7 +552,7 @@ def _frames(page: _Page, surface: FramesFile) -> None:
         page.add(f"Source: {_source_links(message.source)}", "")
 
 
-def _frame_rows(page: _Page, frames) -> list[list[str]]:
+def _frame_rows(page: _Page, frames: Sequence[Frame]) -> list[list[str]]:
     rows = []
     position: int | None = 0
     for frame in frames:
@@ -1012,8 +1017,8 @@ class _RingLayout:
         regions = list(indexed)
         starts = sorted(set(whole))
         for position, (start, base) in enumerate(starts):
-            following = [s for s, _ in starts[position + 1:] if s > start]
-            end = following[0] if following else total
+            later = [s for s, _ in starts[position + 1:] if s > start]
+            end = later[0] if later else total
             if end is not None and end > start:
                 regions.append(_Region(start, end - start, base, ()))
         return sorted(regions, key=lambda region: (region.start, -region.size, region.label))
@@ -1176,8 +1181,8 @@ def _ring_state_diagram(states: Sequence[RingState]) -> list[str]:
     initial = classify(tuple(0 for _ in range(1 + _RING_STATE_READERS)))
     if initial is not None:
         lines.append(f"    [*] --> {ids[initial.name]}")
-    for source, target, event in edges:
-        lines.append(f"    {source} --> {target} : {_mermaid_label(event)}")
+    for source, destination, event in edges:
+        lines.append(f"    {source} --> {destination} : {_mermaid_label(event)}")
     return [*lines, "```", ""]
 
 
@@ -1250,7 +1255,7 @@ def _struct(page: _Page, struct: StructSpec) -> None:
         omit = "yes (fields equal to their default are left out)"
     page.add(*_meta_lines(struct, [encoding, f"- Omit defaults: {omit}"]))
 
-    def presence(field) -> str:
+    def presence(field: FieldSpec) -> str:
         if field.required:
             return "required"
         if field.default_factory:

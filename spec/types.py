@@ -67,6 +67,11 @@ class TypeExpr:
     variadic: bool = False
 
     @property
+    def fixed_tuple(self) -> bool:
+        """``tuple[A, B, ...]`` with one type per position (not ``tuple[T, ...]``)."""
+        return self.name == "tuple" and not self.variadic
+
+    @property
     def nullable(self) -> bool:
         return self.name == "none" or (
             self.name == "union" and any(a.name == "none" for a in self.args)
@@ -239,3 +244,103 @@ class TypeVisitor(Generic[T]):
             f"type visitor {type(self).__qualname__}: unknown type {name!r} in '{expr}' (not a "
             f"built-in {sorted(BUILTINS)}, a generic {sorted(GENERICS)}, nor a struct or enum "
             "of the spec)")
+
+
+# --- coarse classification, for code that needs the family of a type, not a walk ------------
+
+#: The families :func:`kind_of` sorts type expressions into.
+KINDS = ("nil", "scalar", "any", "slice", "tensor", "nested_tensors", "sequence", "mapping",
+         "union", "struct", "enum")
+
+
+class _Kind(TypeVisitor[str]):
+    """A type expression's family: ``scalar`` (str, int, float, bool, bytes), ``tensor``
+    (tensor, ndarray), ``sequence`` (list, set, tuple), ``mapping`` (dict), ``nil`` (none),
+    or its own name for the rest."""
+
+    def _scalar(self, expr: TypeExpr) -> str:
+        return "scalar"
+
+    visit_str = visit_int = visit_float = visit_bool = visit_bytes = _scalar
+
+    def visit_none(self, expr: TypeExpr) -> str:
+        return "nil"
+
+    def visit_any(self, expr: TypeExpr) -> str:
+        return "any"
+
+    def visit_slice(self, expr: TypeExpr) -> str:
+        return "slice"
+
+    def _tensor(self, expr: TypeExpr) -> str:
+        return "tensor"
+
+    visit_tensor = visit_ndarray = _tensor
+
+    def visit_nested_tensors(self, expr: TypeExpr) -> str:
+        return "nested_tensors"
+
+    def _sequence(self, expr: TypeExpr) -> str:
+        return "sequence"
+
+    visit_list = visit_set = visit_tuple = _sequence
+
+    def visit_dict(self, expr: TypeExpr) -> str:
+        return "mapping"
+
+    def visit_union(self, expr: TypeExpr) -> str:
+        return "union"
+
+    def visit_struct(self, expr: TypeExpr, item: object) -> str:
+        return "struct"
+
+    def visit_enum(self, expr: TypeExpr, item: object) -> str:
+        return "enum"
+
+
+class _NoStructs(dict[str, Any]):
+    """The ``structs`` of a classification without a spec: every other name is a struct."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return _STRUCT_MARK
+
+
+@dataclass(frozen=True)
+class _StructMark:
+    kind: str = "struct"
+
+
+_STRUCT_MARK = _StructMark()
+
+
+def kind_of(expr: TypeExpr, structs: Mapping[str, Any] | None = None) -> str:
+    """The family (one of :data:`KINDS`) of ``expr``. With a spec's ``structs`` mapping a
+    name is told apart as ``struct`` or ``enum`` (an unknown one raises
+    :class:`UnknownTypeError`); without it every non-built-in name is ``struct``."""
+    return _Kind(_NoStructs() if structs is None else structs).visit(expr)
+
+
+def scalar_type(expr: TypeExpr) -> type | None:
+    """The Python type of a scalar expression (``str`` -> ``str``...); None for the rest."""
+    return _SCALAR_TYPES.get(expr.name) if kind_of(expr) == "scalar" else None
+
+
+_SCALAR_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool,
+                                  "bytes": bytes}
+
+
+def members(expr: TypeExpr) -> tuple[TypeExpr, ...]:
+    """The non-nil members of a union, or ``(expr,)`` for any other non-nil type; ``()`` for
+    ``none``."""
+    if kind_of(expr) == "union":
+        return tuple(a for a in expr.args if kind_of(a) != "nil")
+    return () if kind_of(expr) == "nil" else (expr,)
+
+
+_CONTAINER_TYPES: dict[str, type] = {"list": list, "set": set, "tuple": tuple, "dict": dict}
+
+
+def container_type(expr: TypeExpr) -> type | None:
+    """The Python container of a sequence or mapping expression (``list``, ``set``,
+    ``tuple``, ``dict``); None for the rest."""
+    return _CONTAINER_TYPES[expr.name] if kind_of(expr) in ("sequence", "mapping") else None

@@ -174,3 +174,31 @@ def test_every_package_says_what_lives_there_and_what_it_may_import(path: Path) 
     doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
     assert len(doc.split()) >= 12, f"{path}: the package docstring is missing or too short"
     assert "may import" in doc, f"{path}: the docstring does not say what the package may import"
+
+
+def _layer_of(module: str) -> str | None:
+    """The layer package (``enginewire.spec``, ... ``enginewire``) a module belongs to."""
+    for _, package in sorted(LAYERS, key=lambda item: -len(item[1])):
+        if module == package or module.startswith(package + "."):
+            return package
+    return None
+
+
+@pytest.mark.parametrize("path", sorted(p for p in MODULES.values() if p.name == "__init__.py"),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_layer_a_package_imports_is_named_in_its_docstring(path: Path) -> None:
+    """The "may import" statement is true: each lower layer the package's modules import is
+    named in it (the command line's "every other enginewire package" names them all)."""
+    doc = " ".join((ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or "").split())
+    package = next(name for name, found in MODULES.items() if found == path)
+    own = _layer_of(package)
+    imported = {
+        _layer_of(target)
+        for name, module_path in MODULES.items()
+        if name == package or name.startswith(package + ".")
+        for target in _imports(name, module_path)
+    }
+    every = "every other enginewire package" in doc
+    undeclared = sorted(layer for layer in imported - {own, None}
+                        if f"``{layer}``" not in doc and not every)
+    assert not undeclared, f"{path}: imports {undeclared} but its docstring does not name them"

@@ -16,9 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from enginewire.conformance.checks._helpers import as_bytes, require_reference_version
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction, check
 from enginewire.conformance.oracle.golden import payload_type
 from enginewire.conformance.oracle.values import TensorValue, complete, differences, neutral
+from enginewire.conformance.targets.contract import CodecSurface
 
 #: The clause a vector of each kind is first about (struct kinds: their layout clause).
 KIND_CLAUSES = {
@@ -81,7 +83,7 @@ def _register(vector: Any, spec: Any) -> None:
 
     @check(f"{base}/encode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (encode, byte-exact)")
-    def _encode(codec: Any, ctx: Any) -> None:
+    def _encode(codec: CodecSurface, ctx: CheckContext) -> None:
         require_reference_version(ctx)
         configured = _configured(codec, ctx, vector.threshold)
         try:
@@ -109,7 +111,7 @@ def _register(vector: Any, spec: Any) -> None:
 
     @check(f"{base}/decode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (decode)")
-    def _decode(codec: Any, ctx: Any) -> None:
+    def _decode(codec: CodecSurface, ctx: CheckContext) -> None:
         require_reference_version(ctx)
         try:
             decoded = codec.decode(vector.kind, list(vector.frames))
@@ -162,7 +164,7 @@ def _register_all() -> None:
 
         @check("codec/golden/vectors-present", clauses=["frames.payload-msgpack-first"],
                surface="codec", description="golden vectors are installed")
-        def _absent(codec: Any, ctx: Any) -> None:
+        def _absent(codec: CodecSurface, ctx: CheckContext) -> None:
             raise CheckSkip(reason)
 
         return

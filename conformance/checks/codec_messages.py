@@ -23,6 +23,7 @@ from enginewire.conformance.checks._helpers import (
     expect_wire,
     field_value,
 )
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import (
     CheckFailure,
     CheckSkip,
@@ -32,6 +33,7 @@ from enginewire.conformance.framework.registry import (
 from enginewire.conformance.oracle.samples import Sampler, minimal_outputs, minimal_request
 from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
+from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
 
 Ext = msgspec.msgpack.Ext
@@ -195,7 +197,7 @@ _register_threshold_checks()
 
 @check("codec/tensor/zero-dim-by-size", clauses=["tensors.tensor-inline-below-threshold"],
        surface="codec", requires=["codec.threshold"])
-def _tensor_zero_dim(codec: Any, ctx: Any) -> None:
+def _tensor_zero_dim(codec: CodecSurface, ctx: CheckContext) -> None:
     """A 0-d tensor follows the size rule: 8 bytes with threshold 4 go out of band."""
     import torch
 
@@ -207,7 +209,7 @@ def _tensor_zero_dim(codec: Any, ctx: Any) -> None:
 
 @check("codec/ndarray/zero-dim-always-inline", clauses=["tensors.ndarray-inline-below-threshold"],
        surface="codec", requires=["codec.threshold"])
-def _ndarray_zero_dim(codec: Any, ctx: Any) -> None:
+def _ndarray_zero_dim(codec: CodecSurface, ctx: CheckContext) -> None:
     """A 0-d ndarray goes inline whatever the threshold (8 bytes with threshold 1)."""
     import numpy as np
 
@@ -219,7 +221,7 @@ def _ndarray_zero_dim(codec: Any, ctx: Any) -> None:
 
 @check("codec/tensor/non-cpu-out-of-band", clauses=["tensors.non-cpu-out-of-band"],
        surface="codec")
-def _non_cpu(codec: Any, ctx: Any) -> None:
+def _non_cpu(codec: CodecSurface, ctx: CheckContext) -> None:
     """A tensor on an accelerator goes out of band whatever its size, as CPU bytes."""
     import torch
 
@@ -236,14 +238,14 @@ def _non_cpu(codec: Any, ctx: Any) -> None:
 
 @check("codec/tensor/tuple-layout", clauses=["tensors.tuple-layout", "structs.tensor-fields"],
        surface="codec")
-def _tuple_layout(codec: Any, ctx: Any) -> None:
+def _tuple_layout(codec: CodecSurface, ctx: CheckContext) -> None:
     """A tensor field travels as [dtype, shape, data]: three elements in that order."""
     import torch
 
     value = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     frames = encode(codec, OUTPUT, _output(pooling_output=value))
     entry = _tuple_in(frames, ctx.spec)
-    expected = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
+    expected: list[Any] = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
     if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == expected[0]
             and entry[1] == expected[1] and isinstance(entry[2], Ext)
             and bytes(entry[2].data) == expected[2].data):
@@ -252,7 +254,7 @@ def _tuple_layout(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/tensor/type-from-schema", clauses=["tensors.type-from-schema"], surface="codec")
-def _type_from_schema(codec: Any, ctx: Any) -> None:
+def _type_from_schema(codec: CodecSurface, ctx: CheckContext) -> None:
     """A tensor field decodes to a tensor, an ndarray field to an array, an untyped one stays
     a plain [dtype, shape, bytes] array."""
     import numpy as np
@@ -441,7 +443,7 @@ _register_malformed()
 
 
 @check("codec/tensor/index-zero-rejected", clauses=["tensors.index-in-range"], surface="codec")
-def _index_zero(codec: Any, ctx: Any) -> None:
+def _index_zero(codec: CodecSurface, ctx: CheckContext) -> None:
     """Index 0 (the msgpack frame itself) is rejected, even when its length fits the shape."""
     length = 64
     for _ in range(8):
@@ -455,7 +457,7 @@ def _index_zero(codec: Any, ctx: Any) -> None:
 
 @check("codec/tensor/index-shared-rejected", clauses=["tensors.index-used-once"],
        surface="codec")
-def _index_shared(codec: Any, ctx: Any) -> None:
+def _index_shared(codec: CodecSurface, ctx: CheckContext) -> None:
     """Two values naming the same out-of-band frame are rejected."""
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
     wire[_index(ctx.spec, OUTPUT, "pooling_output")] = ["float32", [4], 1]
@@ -467,7 +469,7 @@ def _index_shared(codec: Any, ctx: Any) -> None:
 
 @check("codec/tensor/unreferenced-frame-rejected", clauses=["frames.oob-count-matches"],
        surface="codec")
-def _unreferenced_frame(codec: Any, ctx: Any) -> None:
+def _unreferenced_frame(codec: CodecSurface, ctx: CheckContext) -> None:
     """A payload with an out-of-band frame nothing refers to is rejected."""
     frames = _output_frames(ctx.spec, ["float32", [4], 1], [_FOUR_FLOATS, b"spare"])
     expect_rejection(codec, OUTPUT, frames, "frames.oob-count-matches",
@@ -475,7 +477,7 @@ def _unreferenced_frame(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/ext/unknown-code-rejected", clauses=["tensors.ext-codes-known"], surface="codec")
-def _unknown_ext(codec: Any, ctx: Any) -> None:
+def _unknown_ext(codec: CodecSurface, ctx: CheckContext) -> None:
     """An extension type other than 1, 2 and 3 is rejected (in an untyped position)."""
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
     wire[_index(ctx.spec, OUTPUT, "kv_transfer_params")] = {"x": Ext(9, b"\x00\x01")}
@@ -485,7 +487,7 @@ def _unknown_ext(codec: Any, ctx: Any) -> None:
 
 @check("codec/ext/pickle-in-any-rejected", clauses=["tensors.ext-pickle-opt-in"],
        surface="codec")
-def _pickle_any(codec: Any, ctx: Any) -> None:
+def _pickle_any(codec: CodecSurface, ctx: CheckContext) -> None:
     """Ext 1 (pickle) and Ext 2 (cloudpickle) in an untyped field are rejected without opt-in."""
     for code in (PICKLE, CLOUDPICKLE):
         wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
@@ -496,9 +498,9 @@ def _pickle_any(codec: Any, ctx: Any) -> None:
 
 @check("codec/ext/insecure-function-cloudpickle", clauses=["tensors.insecure-function-cloudpickle"],
        surface="codec", requires=["codec.insecure"])
-def _insecure_encoding(codec: Any, ctx: Any) -> None:
+def _insecure_encoding(codec: CodecSurface, ctx: CheckContext) -> None:
     """With the opt-in, a function goes as Ext 2 and another object as Ext 1 (pickle)."""
-    insecure = codec.with_insecure_serialization()
+    insecure = codec.with_insecure_serialization()  # type: ignore[attr-defined]
 
     def probe(x: int) -> int:
         return x
@@ -524,7 +526,7 @@ def _insecure_encoding(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/tensor/non-contiguous-c-order", clauses=["tensors.c-order-bytes"], surface="codec")
-def _non_contiguous(codec: Any, ctx: Any) -> None:
+def _non_contiguous(codec: CodecSurface, ctx: CheckContext) -> None:
     """A transposed (non-contiguous) tensor travels as its elements in C order."""
     import torch
 
@@ -544,7 +546,7 @@ def _non_contiguous(codec: Any, ctx: Any) -> None:
 
 @check("codec/ndarray/non-contiguous-c-order", clauses=["tensors.c-order-bytes"],
        surface="codec")
-def _non_contiguous_array(codec: Any, ctx: Any) -> None:
+def _non_contiguous_array(codec: CodecSurface, ctx: CheckContext) -> None:
     """A transposed ndarray travels as its elements in C order."""
     import numpy as np
 
@@ -559,7 +561,7 @@ def _non_contiguous_array(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/tensor/empty", clauses=["tensors.empty"], surface="codec")
-def _empty(codec: Any, ctx: Any) -> None:
+def _empty(codec: CodecSurface, ctx: CheckContext) -> None:
     """A tensor with a zero in its shape carries no bytes and decodes to the empty tensor."""
     import torch
 
@@ -580,7 +582,7 @@ def _empty(codec: Any, ctx: Any) -> None:
 
 @check("codec/tensor/decoder-accepts-large-inline", clauses=["tensors.decoder-accepts-both-forms"],
        surface="codec")
-def _large_inline(codec: Any, ctx: Any) -> None:
+def _large_inline(codec: CodecSurface, ctx: CheckContext) -> None:
     """A decoder takes 4 KiB of tensor data sent inline (a peer with a higher threshold)."""
     data = bytes(range(256)) * 16
     frames = _output_frames(ctx.spec, ["uint8", [4096], Ext(RAW_VIEW, data)])
@@ -591,7 +593,7 @@ def _large_inline(codec: Any, ctx: Any) -> None:
 
 @check("codec/tensor/decoder-accepts-small-out-of-band",
        clauses=["tensors.decoder-accepts-both-forms"], surface="codec")
-def _small_oob(codec: Any, ctx: Any) -> None:
+def _small_oob(codec: CodecSurface, ctx: CheckContext) -> None:
     """A decoder takes 4 bytes of tensor data sent out of band (a peer with a lower threshold)."""
     frames = _output_frames(ctx.spec, ["uint8", [4], 1], [b"\x01\x02\x03\x04"])
     decoded = _decoded_tensor(codec, frames)
@@ -607,7 +609,7 @@ def _feature(data: Any) -> dict[str, Any]:
 
 
 @check("codec/tensor/nested-tensors", clauses=["tensors.nested-tensors"], surface="codec")
-def _nested_tensors(codec: Any, ctx: Any) -> None:
+def _nested_tensors(codec: CodecSurface, ctx: CheckContext) -> None:
     """A multimodal field's data [small, [big, 2, 0.5], []] travels as a tensor tuple inline,
     an array holding a tuple out of band and two numbers, and an empty array; it decodes with
     tensors at every depth."""
@@ -636,7 +638,7 @@ def _nested_tensors(codec: Any, ctx: Any) -> None:
 
 @check("codec/tensor/index-order", clauses=["tensors.index-base-one",
                                             "frames.payload-msgpack-first"], surface="codec")
-def _index_order(codec: Any, ctx: Any) -> None:
+def _index_order(codec: CodecSurface, ctx: CheckContext) -> None:
     """Out-of-band values are numbered 1, 2, 3 in the order they are written."""
     threshold = _threshold(ctx.spec)
     first, second, third = _uint8(threshold), _uint8(threshold + 1), _uint8(threshold + 2)
@@ -655,7 +657,7 @@ def _index_order(codec: Any, ctx: Any) -> None:
 @check("codec/tensor/round-trip-request-embeds", clauses=["structs.tensor-fields",
                                                           "frames.payload-msgpack-first"],
        surface="codec")
-def _prompt_embeds(codec: Any, ctx: Any) -> None:
+def _prompt_embeds(codec: CodecSurface, ctx: CheckContext) -> None:
     """An ADD's prompt_embeds (bfloat16, out of band) survives encode and decode."""
     import torch
 
@@ -669,7 +671,7 @@ def _prompt_embeds(codec: Any, ctx: Any) -> None:
 
 @check("codec/ndarray/object-refused", clauses=["tensors.no-object-arrays",
                                                 "structs.no-implicit-pickle"], surface="codec")
-def _object_array(codec: Any, ctx: Any) -> None:
+def _object_array(codec: CodecSurface, ctx: CheckContext) -> None:
     """An encoder refuses an object ndarray (it is not wire data)."""
     import numpy as np
 
@@ -691,7 +693,7 @@ def _expect_encode_refused(codec: Any, kind: str, value: Any, what: str) -> None
 
 @check("codec/struct/private-fields-travel", clauses=["structs.map.private-fields-travel"],
        surface="codec")
-def _private_fields(codec: Any, ctx: Any) -> None:
+def _private_fields(codec: CodecSurface, ctx: CheckContext) -> None:
     """SamplingParams._all_stop_token_ids is written and read like any field."""
     value = {"stop_token_ids": [9], "_all_stop_token_ids": {9}}
     frames = encode(codec, "SamplingParams", value)
@@ -707,7 +709,7 @@ def _private_fields(codec: Any, ctx: Any) -> None:
 
 @check("codec/struct/declared-fields-only", clauses=["structs.map.declared-fields-only"],
        surface="codec")
-def _declared_only(codec: Any, ctx: Any) -> None:
+def _declared_only(codec: CodecSurface, ctx: CheckContext) -> None:
     """Only declared fields of SamplingParams and StructuredOutputsParams reach the wire."""
     problems = []
     for name, value in (("SamplingParams", Sampler(ctx.spec).struct("SamplingParams")),
@@ -723,7 +725,7 @@ def _declared_only(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/enum/value-on-wire", clauses=["structs.enum.value"], surface="codec")
-def _enum_value(codec: Any, ctx: Any) -> None:
+def _enum_value(codec: CodecSurface, ctx: CheckContext) -> None:
     """finish_reason LENGTH travels as the int 1, an event type as its int."""
     value = _output(finish_reason=1, events=[{"type": 3, "timestamp": 2.5}])
     frames = encode(codec, OUTPUT, value)
@@ -734,7 +736,7 @@ def _enum_value(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/enum/unknown-value-rejected", clauses=["structs.enum.value"], surface="codec")
-def _enum_unknown(codec: Any, ctx: Any) -> None:
+def _enum_unknown(codec: CodecSurface, ctx: CheckContext) -> None:
     """A finish_reason that is not a member (9) is rejected."""
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
     wire[_index(ctx.spec, OUTPUT, "finish_reason")] = 9
@@ -743,7 +745,7 @@ def _enum_unknown(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/enum/name-rejected", clauses=["structs.enum.value"], surface="codec")
-def _enum_name(codec: Any, ctx: Any) -> None:
+def _enum_name(codec: CodecSurface, ctx: CheckContext) -> None:
     """A finish_reason sent by name ("LENGTH") is rejected. A str where the array-encoded
     EngineCoreOutput has an int field also breaks structs.array.type-checked."""
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
@@ -754,7 +756,7 @@ def _enum_name(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/dict/int-keys", clauses=["structs.enum.dict-keys"], surface="codec")
-def _int_keys(codec: Any, ctx: Any) -> None:
+def _int_keys(codec: CodecSurface, ctx: CheckContext) -> None:
     """SamplingParams.logit_bias keys travel as msgpack ints, never strings."""
     value = {"logit_bias": {5: 0.5, 70000: -1.0}}
     frames = encode(codec, "SamplingParams", value)
@@ -769,7 +771,7 @@ def _int_keys(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/dict/enum-keys", clauses=["structs.enum.dict-keys"], surface="codec")
-def _enum_keys(codec: Any, ctx: Any) -> None:
+def _enum_keys(codec: CodecSurface, ctx: CheckContext) -> None:
     """PrefixCacheStats.hits_by_source keys travel as the enum's values ("device")."""
     value = {"hits_by_source": {"device": 3, "disk": 1}}
     frames = encode(codec, "PrefixCacheStats", value)
@@ -781,7 +783,7 @@ def _enum_keys(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/set/array", clauses=["structs.set.array"], surface="codec")
-def _set_array(codec: Any, ctx: Any) -> None:
+def _set_array(codec: CodecSurface, ctx: CheckContext) -> None:
     """finished_requests (a set) travels as an array and decodes to the same set."""
     value = {"finished_requests": {"a", "b", "c"}, "timestamp": 1.5}
     frames = encode(codec, "EngineCoreOutputs", value)
@@ -793,7 +795,7 @@ def _set_array(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/set/duplicates-collapse", clauses=["structs.set.array"], surface="codec")
-def _set_duplicates(codec: Any, ctx: Any) -> None:
+def _set_duplicates(codec: CodecSurface, ctx: CheckContext) -> None:
     """A set arriving with a repeated element decodes to one element."""
     wire = list(expected_wire({"timestamp": 1.5}, "EngineCoreOutputs", ctx.spec).value)
     wire[_index(ctx.spec, "EngineCoreOutputs", "finished_requests")] = ["a", "a", "b"]
@@ -815,7 +817,7 @@ def _float64(codec: Any, ctx: Any) -> None:
 
 @check("codec/float/accepts-float32-and-int", clauses=["structs.float.float64"],
        surface="codec")
-def _float_forms(codec: Any, ctx: Any) -> None:
+def _float_forms(codec: CodecSurface, ctx: CheckContext) -> None:
     """A decoder takes float32 (0xca) and an integer for a float field."""
     index = _index(ctx.spec, "EngineCoreRequest", "arrival_time")
     base = expected_wire(minimal_request(), "EngineCoreRequest", ctx.spec).value
@@ -833,7 +835,7 @@ def _float_forms(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/none/nil", clauses=["structs.none.nil"], surface="codec")
-def _nil(codec: Any, ctx: Any) -> None:
+def _nil(codec: CodecSurface, ctx: CheckContext) -> None:
     """A None field travels as nil; nil for a non-nullable field (request_id) is rejected."""
     frames = encode(codec, "EngineCoreRequest", minimal_request())
     wire = raw_decode(frames[0])
@@ -849,7 +851,7 @@ def _nil(codec: Any, ctx: Any) -> None:
 
 @check("codec/utility-result/pair", clauses=["structs.utility-result.pair",
                                              "frames.utility-reply"], surface="codec")
-def _utility_pair(codec: Any, ctx: Any) -> None:
+def _utility_pair(codec: CodecSurface, ctx: CheckContext) -> None:
     """A utility result travels as [null, value] inside UtilityOutput."""
     value = {"timestamp": 1.5, "utility_output": {
         "call_id": 77, "result": {"type_info": None, "value": [1, "two", {"k": 3}]}}}
@@ -867,7 +869,7 @@ def _utility_pair(codec: Any, ctx: Any) -> None:
 
 @check("codec/utility-result/type-info-rejected",
        clauses=["structs.utility-result.type-info-insecure-only"], surface="codec")
-def _utility_type_info(codec: Any, ctx: Any) -> None:
+def _utility_type_info(codec: CodecSurface, ctx: CheckContext) -> None:
     """A UtilityResult whose type_info is not nil is rejected without the opt-in."""
     wire = list(expected_wire({"timestamp": 1.5}, "EngineCoreOutputs", ctx.spec).value)
     wire[_index(ctx.spec, "EngineCoreOutputs", "utility_output")] = [
@@ -878,7 +880,7 @@ def _utility_type_info(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/no-implicit-pickle", clauses=["structs.no-implicit-pickle"], surface="codec")
-def _no_pickle(codec: Any, ctx: Any) -> None:
+def _no_pickle(codec: CodecSurface, ctx: CheckContext) -> None:
     """An encoder fails on a value the spec does not describe (a Fraction in utility args)."""
     _expect_encode_refused(codec, "utility", [0, 1, "m", [fractions.Fraction(1, 3)]],
                            "a fractions.Fraction in utility args")
@@ -899,7 +901,7 @@ def _mm_request(spec: Any, factory: str, kwargs: dict[str, Any]) -> list[bytes]:
 
 
 @check("codec/mm/item-map", clauses=["structs.mm-item.map"], surface="codec")
-def _mm_item(codec: Any, ctx: Any) -> None:
+def _mm_item(codec: CodecSurface, ctx: CheckContext) -> None:
     """An ADD with one multimodal item ({data, field: ['batched', kwargs]}) decodes."""
     frames = _mm_request(ctx.spec, "batched", {"keep_on_cpu": False})
     decoded = neutral(decode(codec, "add", frames))
@@ -911,7 +913,7 @@ def _mm_item(codec: Any, ctx: Any) -> None:
 
 @check("codec/mm/unknown-factory-rejected", clauses=["structs.mm-item.known-factories-only"],
        surface="codec")
-def _mm_factory(codec: Any, ctx: Any) -> None:
+def _mm_factory(codec: CodecSurface, ctx: CheckContext) -> None:
     """A multimodal field naming a factory other than batched, flat, shared is rejected."""
     frames = _mm_request(ctx.spec, "flat_from_sizes", {"modality": "image"})
     expect_rejection(codec, "add", frames, ["structs.mm-item.known-factories-only",
@@ -920,7 +922,7 @@ def _mm_factory(codec: Any, ctx: Any) -> None:
 
 
 @check("codec/mm/slice-triple", clauses=["structs.slice.triple"], surface="codec")
-def _slices(codec: Any, ctx: Any) -> None:
+def _slices(codec: CodecSurface, ctx: CheckContext) -> None:
     """A flat multimodal field's slices travel as [start, stop, step] triples and decode."""
     frames = _mm_request(ctx.spec, "flat", {"keep_on_cpu": False, "slices": [[0, 2, None]],
                                             "dim": 0})
@@ -1066,7 +1068,7 @@ _register_message_checks()
 
 @check("codec/message/untyped-payload-no-oob", clauses=["frames.untyped-payload-no-oob"],
        surface="codec")
-def _untyped_oob(codec: Any, ctx: Any) -> None:
+def _untyped_oob(codec: CodecSurface, ctx: CheckContext) -> None:
     """A utility call whose args hold a large tensor is refused, not sent with a buffer."""
     try:
         frames = codec.encode("utility", [0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]])
@@ -1080,7 +1082,7 @@ def _untyped_oob(codec: Any, ctx: Any) -> None:
 
 @check("codec/message/control-no-extensions", clauses=["frames.plain-msgpack-control"],
        surface="codec")
-def _control_plain(codec: Any, ctx: Any) -> None:
+def _control_plain(codec: CodecSurface, ctx: CheckContext) -> None:
     """Handshake messages and the ready response are one frame of plain msgpack."""
     for kind in ("hello", "ready", "init", "ready_response"):
         frames = encode(codec, kind, _sample(ctx.spec, kind))
@@ -1177,11 +1179,14 @@ _register_bad_input()
 
 @check("codec/spec/array-structs-append-only", clauses=["structs.array.append-only"],
        surface="codec")
-def _append_only(codec: Any, ctx: Any) -> None:
+def _append_only(codec: CodecSurface, ctx: CheckContext) -> None:
     """(Spec structure, any target) Every array-encoded struct of the reference version is its
     layout at the release before (``spec/data/history/releases.toml``) with defaulted fields
     appended: no field inserted, removed, reordered or retyped. Earlier releases broke the rule
     many times (docs/spec/breaks.md); the clause's vllm_deviation says so."""
+    """(Spec structure, any target) Every array-encoded struct only ever grew at its end:
+    no field appears in an earlier vLLM version than a field before it, and no field before
+    the end was removed."""
     from enginewire.spec import load
     from enginewire.spec.history.consistency import layout_change
     from enginewire.spec.history.wheels import read_releases

@@ -32,13 +32,15 @@ from enginewire.conformance.checks._helpers import (
     expect_wire,
     require_struct,
 )
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.oracle.samples import CONTEXTUAL, Sampler
 from enginewire.conformance.oracle.values import default_of, neutral
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode
+from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
 from enginewire.spec.schema import StructSpec
-from enginewire.spec.types import parse_type
+from enginewire.spec.types import parse_type, scalar_type
 
 #: Structs that are a whole message payload (frame 0 of a message kind).
 PAYLOADS = (
@@ -113,7 +115,7 @@ def _register_struct(item: StructSpec) -> None:
 
     @check(f"{base}/layout", clauses=layout, surface="codec",
            description=f"{name} with every field set encodes as the spec's {encoding}")
-    def _layout(codec: Any, ctx: Any) -> None:
+    def _layout(codec: CodecSurface, ctx: CheckContext) -> None:
         require_struct(ctx, name)
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
@@ -123,7 +125,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/omit-defaults", clauses=[OMIT_CLAUSE], surface="codec",
                description=f"{name} leaves fields at their default out of the map")
-        def _omit(codec: Any, ctx: Any) -> None:
+        def _omit(codec: CodecSurface, ctx: CheckContext) -> None:
             require_struct(ctx, name)
             value = Sampler(ctx.spec).required(name)
             frames = encode(codec, name, value)
@@ -131,7 +133,7 @@ def _register_struct(item: StructSpec) -> None:
 
     @check(f"{base}/round-trip", clauses=layout, surface="codec",
            description=f"{name} decodes back to the value it was encoded from")
-    def _round_trip(codec: Any, ctx: Any) -> None:
+    def _round_trip(codec: CodecSurface, ctx: CheckContext) -> None:
         require_struct(ctx, name)
         value = _full_sample(ctx.spec, name)
         frames = encode(codec, name, value)
@@ -145,7 +147,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/defaults", clauses=[DEFAULTS_CLAUSES[encoding]], surface="codec",
                description=f"{name} with only its required fields decodes with spec defaults")
-        def _defaults(codec: Any, ctx: Any) -> None:
+        def _defaults(codec: CodecSurface, ctx: CheckContext) -> None:
             require_struct(ctx, name)
             value, wire = _minimal_wire(ctx.spec, name)
             frames = [msgspec.msgpack.encode(wire)]
@@ -159,7 +161,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/missing-required", clauses=[REQUIRED_CLAUSES[encoding]], surface="codec",
                description=f"{name} without its last required field is rejected")
-        def _missing(codec: Any, ctx: Any) -> None:
+        def _missing(codec: CodecSurface, ctx: CheckContext) -> None:
             require_struct(ctx, name)
             spec_item = ctx.spec.struct(name)
             _, wire = _minimal_wire(ctx.spec, name)
@@ -177,7 +179,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/extra-rejected", clauses=[TUPLE_EXTRA_CLAUSE], surface="codec",
                description=f"{name} (a tuple) with one element too many is rejected")
-        def _tuple_extra(codec: Any, ctx: Any) -> None:
+        def _tuple_extra(codec: CodecSurface, ctx: CheckContext) -> None:
             require_struct(ctx, name)
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), _full_sample(ctx.spec, name))
             expect_rejection(
@@ -189,7 +191,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/unknown-keys", clauses=[UNKNOWN_KEYS_CLAUSE], surface="codec",
                description=f"{name} with a key it does not know decodes (the key is ignored)")
-        def _unknown_keys(codec: Any, ctx: Any) -> None:
+        def _unknown_keys(codec: CodecSurface, ctx: CheckContext) -> None:
             require_struct(ctx, name)
             value, wire = _minimal_wire(ctx.spec, name)
             wire = {**wire, "field_from_a_newer_version": [1, "x"]}
@@ -203,7 +205,7 @@ def _register_struct(item: StructSpec) -> None:
         @check(f"{base}/extra-trailing", clauses=[EXTRA_CLAUSE], surface="codec",
                description=f"{name} with an unknown trailing element decodes (the element "
                            "is ignored)")
-        def _extra(codec: Any, ctx: Any) -> None:
+        def _extra(codec: CodecSurface, ctx: CheckContext) -> None:
             require_struct(ctx, name)
             value = Sampler(ctx.spec).required(name)
             wire = _wire_of(ctx.spec, ctx.spec.struct(name), value)
@@ -214,7 +216,7 @@ def _register_struct(item: StructSpec) -> None:
 
         @check(f"{base}/map-rejected", clauses=[TYPE_CLAUSE], surface="codec",
                description=f"{name} sent as a map instead of an array is rejected")
-        def _as_map(codec: Any, ctx: Any) -> None:
+        def _as_map(codec: CodecSurface, ctx: CheckContext) -> None:
             require_struct(ctx, name)
             spec_item = ctx.spec.struct(name)
             value = Sampler(ctx.spec).required(name)
@@ -224,19 +226,20 @@ def _register_struct(item: StructSpec) -> None:
                              [TYPE_CLAUSE, GENERAL], f"{name} as a map")
 
     if name in PAYLOADS:
-        typed = next((f for f in required if parse_type(f.type).name in ("int", "str")), None)
+        typed = next((f for f in required if scalar_type(parse_type(f.type)) in (int, str)),
+                     None)
         if typed is not None:
             type_clause = TYPE_CLAUSE if is_array else "frames.payload-matches-type"
 
             @check(f"{base}/wrong-type", clauses=[type_clause], surface="codec",
                    description=f"{name} whose {typed.name} has the wrong msgpack type is "
                                "rejected")
-            def _wrong_type(codec: Any, ctx: Any) -> None:
+            def _wrong_type(codec: CodecSurface, ctx: CheckContext) -> None:
                 require_struct(ctx, name)
                 spec_item = ctx.spec.struct(name)
                 value = Sampler(ctx.spec).required(name)
                 wire = _wire_of(ctx.spec, spec_item, value)
-                wrong = [1.5] if parse_type(typed.type).name == "str" else "not-an-int"
+                wrong = [1.5] if scalar_type(parse_type(typed.type)) is str else "not-an-int"
                 if isinstance(wire, list):
                     wire[[f.name for f in spec_item.fields].index(typed.name)] = wrong
                 else:
@@ -259,7 +262,7 @@ _register_all()
 
 @check("codec/struct/array-defaults-written", clauses=["structs.array.every-field-written"],
        surface="codec")
-def _array_omit_defaults(codec: Any, ctx: Any) -> None:
+def _array_omit_defaults(codec: CodecSurface, ctx: CheckContext) -> None:
     """An array struct that omits defaults still writes every field, defaults in place."""
     item = ctx.spec.struct("EngineCoreOutputs")
     value = Sampler(ctx.spec).required("EngineCoreOutputs")

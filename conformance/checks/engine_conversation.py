@@ -15,6 +15,7 @@ import msgspec
 import zmq
 
 from enginewire.conformance.checks._helpers import check_high_water_marks, require_ipv6_loopback
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.peers.zmq_peers import (
@@ -26,7 +27,7 @@ from enginewire.conformance.peers.zmq_peers import (
     encode,
     identity_of,
 )
-from enginewire.conformance.targets.contract import EngineLaunch
+from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
 
 PEER_TIMEOUT = 25.0
 PROBE_METHOD = "enginewire_conformance_no_such_method"
@@ -94,7 +95,7 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
 @check("engine/handshake/hello-first", clauses=["handshake.hello-first", "handshake.message-keys",
                                                 "frames.routed-identity-first"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _hello(engine: Any, ctx: Any) -> None:
+def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
     """The first handshake message is [identity, {status: HELLO, local, headless}]."""
     front = _frontend(ctx)
     _launch(engine, ctx, front)
@@ -144,7 +145,7 @@ def _identity_258(engine: Any, ctx: Any) -> None:
 @check("engine/identity/same-on-input", clauses=["identity.same-on-handshake-and-input",
                                                  "frames.ready-response-first"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _same_identity(engine: Any, ctx: Any) -> None:
+def _same_identity(engine: EngineSurface, ctx: CheckContext) -> None:
     """The ready response comes first on the input channel, from the handshake identity."""
     _, handshake = _started(engine, ctx, rank=2, dp_size=3)
     frames = handshake.ready_responses[0]
@@ -159,7 +160,7 @@ def _same_identity(engine: Any, ctx: Any) -> None:
 @check("engine/handshake/ready-response-map", clauses=["frames.ready-response-first",
                                                        "frames.plain-msgpack-control"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _ready_response(engine: Any, ctx: Any) -> None:
+def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
     """The ready response is an EngineCoreReadyResponse map with every required field."""
     _, handshake = _started(engine, ctx)
     frames = handshake.ready_responses[0]
@@ -179,7 +180,7 @@ def _ready_response(engine: Any, ctx: Any) -> None:
                                                "handshake.ready-optional-keys",
                                                "transport.handshake-dealer-linger"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _ready_keys(engine: Any, ctx: Any) -> None:
+def _ready_keys(engine: EngineSurface, ctx: CheckContext) -> None:
     """READY is {status: READY, local, headless}, with no parallel_config_hash when DP = 1."""
     _, handshake = _started(engine, ctx)
     ready = handshake.ready
@@ -194,7 +195,7 @@ def _ready_keys(engine: Any, ctx: Any) -> None:
 
 @check("engine/handshake/ready-hash-with-dp", clauses=["handshake.ready-optional-keys"],
        surface="engine", requires=["engine.coordinated-dp"], timeout=PEER_TIMEOUT)
-def _ready_hash(engine: Any, ctx: Any) -> None:
+def _ready_hash(engine: EngineSurface, ctx: CheckContext) -> None:
     """READY of an engine with data_parallel_size 2 carries parallel_config_hash."""
     _, handshake = _started(engine, ctx, rank=1, dp_size=2)
     if "parallel_config_hash" not in handshake.ready:
@@ -205,7 +206,7 @@ def _ready_hash(engine: Any, ctx: Any) -> None:
 @check("engine/handshake/flags-follow-launch", clauses=["handshake.local-must-match",
                                                         "handshake.headless-rule"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _flags(engine: Any, ctx: Any) -> None:
+def _flags(engine: EngineSurface, ctx: CheckContext) -> None:
     """A remote headless engine says local=false, headless=true in HELLO and READY."""
     _, handshake = _started(engine, ctx, local=False, headless=True)
     for name, message in (("HELLO", handshake.hello), ("READY", handshake.ready)):
@@ -219,7 +220,7 @@ def _flags(engine: Any, ctx: Any) -> None:
                                                 "handshake.init-addresses",
                                                 "transport.engine-connects"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _two_clients(engine: Any, ctx: Any) -> None:
+def _two_clients(engine: EngineSurface, ctx: CheckContext) -> None:
     """With two clients the engine sends a ready response on both inputs and answers client
     1's call on client 1's output."""
     front, handshake = _started(engine, ctx, clients=2)
@@ -237,7 +238,7 @@ def _two_clients(engine: Any, ctx: Any) -> None:
 @check("engine/handshake/tcp-addresses", clauses=["transport.tcp-when-remote",
                                                   "transport.engine-connects"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _tcp(engine: Any, ctx: Any) -> None:
+def _tcp(engine: EngineSurface, ctx: CheckContext) -> None:
     """An engine connects to tcp:// addresses as well as ipc:// ones."""
     front = _frontend(ctx, transport="tcp")
     _launch(engine, ctx, front)
@@ -258,7 +259,7 @@ def _ipv6(engine: Any, ctx: Any) -> None:
 
 @check("engine/handshake/init-timeout", clauses=["handshake.engine-init-timeout"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _init_timeout(engine: Any, ctx: Any) -> None:
+def _init_timeout(engine: EngineSurface, ctx: CheckContext) -> None:
     """An engine that gets no init gives up after its init timeout (1 s here)."""
     front = _frontend(ctx)
     peer = _launch(engine, ctx, front, init_timeout=1.0)
@@ -274,7 +275,7 @@ def _init_timeout(engine: Any, ctx: Any) -> None:
 @check("engine/handshake/garbage-init", clauses=["handshake.engine.unexpected-event",
                                                  "frames.payload-matches-type"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _garbage_init(engine: Any, ctx: Any) -> None:
+def _garbage_init(engine: EngineSurface, ctx: CheckContext) -> None:
     """An init that is not an EngineHandshakeMetadata map does not lead to READY."""
     front = _frontend(ctx)
     _launch(engine, ctx, front, init_timeout=3.0)
@@ -294,7 +295,7 @@ def _garbage_init(engine: Any, ctx: Any) -> None:
 
 @check("engine/handshake/ready-after-connect", clauses=["handshake.ready-after-connect"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _ready_after_connect(engine: Any, ctx: Any) -> None:
+def _ready_after_connect(engine: EngineSurface, ctx: CheckContext) -> None:
     """When READY arrives the ready response is already on its way and the output channel is
     connected: a call sent at once is answered."""
     front = _frontend(ctx)
@@ -321,7 +322,7 @@ def _ready_after_connect(engine: Any, ctx: Any) -> None:
                                               "frames.type-byte-before-payload",
                                               "transport.output-has-no-identity"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _add(engine: Any, ctx: Any) -> None:
+def _add(engine: EngineSurface, ctx: CheckContext) -> None:
     """An ADD (max_tokens 2) gets outputs on the output channel until it finishes, each an
     EngineCoreOutputs with the engine's index and no identity or type frame."""
     front, handshake = _started(engine, ctx, rank=1, dp_size=2)
@@ -340,7 +341,7 @@ def _add(engine: Any, ctx: Any) -> None:
 
 @check("engine/serve/timestamp-set", clauses=["structs.outputs.timestamp-set"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _timestamp(engine: Any, ctx: Any) -> None:
+def _timestamp(engine: EngineSurface, ctx: CheckContext) -> None:
     """Outputs carry a non-zero timestamp."""
     front, handshake = _started(engine, ctx)
     front.add(handshake.identity, minimal_request("req-ts"))
@@ -351,7 +352,7 @@ def _timestamp(engine: Any, ctx: Any) -> None:
 
 @check("engine/serve/abort", clauses=["frames.abort-payload"], surface="engine",
        timeout=PEER_TIMEOUT)
-def _abort(engine: Any, ctx: Any) -> None:
+def _abort(engine: EngineSurface, ctx: CheckContext) -> None:
     """After ABORT a long request stops producing tokens, and the engine keeps serving."""
     front, handshake = _started(engine, ctx)
     request = minimal_request("req-long")
@@ -377,7 +378,7 @@ def _abort(engine: Any, ctx: Any) -> None:
 @check("engine/utility/unknown-method-fails",
        clauses=["handshake.session.unknown-method-fails-call", "frames.utility-reply"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _unknown_method(engine: Any, ctx: Any) -> None:
+def _unknown_method(engine: EngineSurface, ctx: CheckContext) -> None:
     """A call to a method the engine lacks gets a failure_message, the call_id, no outputs."""
     front, handshake = _started(engine, ctx)
     outputs = front.call(handshake.identity, PROBE_METHOD, [1], ctx.wait(6.0), call_id=5)
@@ -392,7 +393,7 @@ def _unknown_method(engine: Any, ctx: Any) -> None:
 @check("engine/utility/call-ids-echoed", clauses=["frames.utility-reply",
                                                   "frames.utility-call-id"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _call_ids(engine: Any, ctx: Any) -> None:
+def _call_ids(engine: EngineSurface, ctx: CheckContext) -> None:
     """Replies carry the call_id of their call, up to 2**64 - 1."""
     front, handshake = _started(engine, ctx)
     for call_id in (0, 2**63 + 5, 2**64 - 1):
@@ -408,7 +409,7 @@ def _call_ids(engine: Any, ctx: Any) -> None:
 def _garbage(frames_of: Any, what: str, clauses: list[str], check_id: str) -> None:
     @check(check_id, clauses=clauses, surface="engine", timeout=PEER_TIMEOUT,
            description=f"the engine survives {what} and keeps serving")
-    def _run(engine: Any, ctx: Any) -> None:
+    def _run(engine: EngineSurface, ctx: CheckContext) -> None:
         front, handshake = _started(engine, ctx)
         frames = frames_of(ctx.spec)
         front.send_input(handshake.identity, frames)
@@ -476,7 +477,7 @@ _garbage(_missing_oob, "an ADD naming an out-of-band frame that is not there",
 @check("engine/garbage/request-still-served-after", clauses=["frames.payload-matches-type",
                                                             "request_types.unknown-byte-rejected"],
        surface="engine", timeout=PEER_TIMEOUT)
-def _served_after(engine: Any, ctx: Any) -> None:
+def _served_after(engine: EngineSurface, ctx: CheckContext) -> None:
     """After a burst of malformed messages an ADD is still generated to the end."""
     front, handshake = _started(engine, ctx)
     for frames in ([b"\x07"], [TYPE_BYTES["add"], b"\xc1"], [TYPE_BYTES["utility"], b"\x90"],
@@ -494,7 +495,7 @@ def _served_after(engine: Any, ctx: Any) -> None:
                                                    "frames.oob-not-mutated-in-flight",
                                                    "frames.outputs-payload"],
        surface="engine", timeout=PEER_TIMEOUT + 10)
-def _many(engine: Any, ctx: Any) -> None:
+def _many(engine: EngineSurface, ctx: CheckContext) -> None:
     """24 concurrent requests of 6 tokens: every output message decodes, no request gets a
     token twice or another request's output (a reused send buffer would corrupt them)."""
     front, handshake = _started(engine, ctx)
@@ -533,7 +534,7 @@ def _many(engine: Any, ctx: Any) -> None:
                                               "identity.known-rank",
                                               "transport.output-has-no-identity"],
        surface="engine", timeout=PEER_TIMEOUT + 10)
-def _three(engine: Any, ctx: Any) -> None:
+def _three(engine: EngineSurface, ctx: CheckContext) -> None:
     """Three engines (ranks 0-2) on one front end: each routed request is answered by its
     engine, whose outputs carry its engine_index."""
     front = _frontend(ctx)
@@ -576,13 +577,13 @@ def _three(engine: Any, ctx: Any) -> None:
                                              "frames.engine-core-dead-literal",
                                              "transport.output-push-linger"],
        surface="engine", requires=["engine.die"], timeout=PEER_TIMEOUT)
-def _dies(engine: Any, ctx: Any) -> None:
+def _dies(engine: EngineSurface, ctx: CheckContext) -> None:
     """A failing engine sends the 16-byte ENGINE_CORE_DEAD on every output and then
     nothing."""
     front = _frontend(ctx, clients=2)
     peer = _launch(engine, ctx, front)
     _handshake(front, ctx)
-    engine.die(peer)
+    engine.die(peer)  # type: ignore[attr-defined]
     for client in range(2):
         got = None
         deadline = time.monotonic() + ctx.wait(8.0)
@@ -601,7 +602,7 @@ def _dies(engine: Any, ctx: Any) -> None:
 
 @check("engine/transport/high-water-marks-zero", clauses=["transport.hwm-zero"],
        surface="engine", requires=["engine.sockets"], timeout=PEER_TIMEOUT)
-def _hwm_options(engine: Any, ctx: Any) -> None:
+def _hwm_options(engine: EngineSurface, ctx: CheckContext) -> None:
     """After the handshake the engine's DEALERs and PUSHes have high-water marks of 0.
 
     Read with getsockopt: an engine's high-water marks block, never drop, so nothing outside
@@ -609,4 +610,4 @@ def _hwm_options(engine: Any, ctx: Any) -> None:
     front = _frontend(ctx)
     peer = _launch(engine, ctx, front)
     _handshake(front, ctx)
-    check_high_water_marks(list(engine.zmq_sockets(peer)), "engine")
+    check_high_water_marks(list(engine.zmq_sockets(peer)), "engine")  # type: ignore[attr-defined]

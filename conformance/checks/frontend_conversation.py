@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from enginewire.conformance.checks._helpers import check_high_water_marks
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.values import neutral
@@ -24,7 +25,7 @@ from enginewire.conformance.peers.zmq_peers import (
     SuiteEngine,
     decode,
 )
-from enginewire.conformance.targets.contract import FrontendLaunch
+from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
 
 PEER_TIMEOUT = 25.0
 #: Seconds a front end gets to act on a message it received: return the call a reply answers,
@@ -121,9 +122,9 @@ def _running(frontend: Any, ctx: Any, engine_count: int = 1,
 
 
 def _no_init(engine: SuiteEngine, what: str, wait: float = 1.0) -> None:
-    if engine.handshake_socket.poll(int(wait * 1000)):
+    if engine.handshake_socket.poll(int(wait * 1000)):  # type: ignore[union-attr]
         raise CheckFailure(f"the front end answered {what} with a message",
-                           Reproduction(received=engine.handshake_socket.recv_multipart()))
+                           Reproduction(received=engine.handshake_socket.recv_multipart()))  # type: ignore[union-attr]
 
 
 def _request(engine: SuiteEngine, ctx: Any, what: str) -> list[bytes]:
@@ -140,7 +141,7 @@ def _request(engine: SuiteEngine, ctx: Any, what: str) -> list[bytes]:
                                                          "handshake.init-addresses",
                                                          "transport.frontend-binds"],
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
-def _init(frontend: Any, ctx: Any) -> None:
+def _init(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """HELLO gets one init frame: EngineHandshakeMetadata with one input and one output."""
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(10.0))
@@ -167,7 +168,7 @@ def _init(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/handshake/parallel-config-empty", clauses=["handshake.init-parallel-config"],
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
-def _parallel_config(frontend: Any, ctx: Any) -> None:
+def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """Without coordinated DP, init's parallel_config is an empty map."""
     client, launch = _start(frontend, ctx)
     _Waiter(client, ctx.wait(10.0))
@@ -181,7 +182,7 @@ def _parallel_config(frontend: Any, ctx: Any) -> None:
 @check("frontend/handshake/waits-for-ready-response",
        clauses=["handshake.ready-response-per-identity", "frames.ready-response-first"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _waits_ready_response(frontend: Any, ctx: Any) -> None:
+def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """The front end is not ready (and sends nothing) until the ready response arrives."""
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(12.0))
@@ -200,7 +201,7 @@ def _waits_ready_response(frontend: Any, ctx: Any) -> None:
 @check("frontend/handshake/ready-response-empty",
        clauses=["handshake.ready-response-empty-accepted"], surface="frontend",
        timeout=PEER_TIMEOUT)
-def _empty_ready_response(frontend: Any, ctx: Any) -> None:
+def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """An empty ready-response frame counts as ready."""
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(10.0))
@@ -213,7 +214,7 @@ def _empty_ready_response(frontend: Any, ctx: Any) -> None:
 @check("frontend/handshake/every-engine-ready",
        clauses=["handshake.ready-response-per-identity"], surface="frontend",
        timeout=PEER_TIMEOUT)
-def _every_engine(frontend: Any, ctx: Any) -> None:
+def _every_engine(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """With two engines, the front end is ready only once both sent their ready response."""
     client, launch = _start(frontend, ctx, engine_count=2)
     waiter = _Waiter(client, ctx.wait(12.0))
@@ -234,7 +235,7 @@ def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
     @check(check_id, clauses=clauses, surface="frontend", timeout=PEER_TIMEOUT,
            requires=["frontend.handshake"],
            description=f"the front end does not answer {what}")
-    def _run(frontend: Any, ctx: Any) -> None:
+    def _run(frontend: FrontendSurface, ctx: CheckContext) -> None:
         client, launch = _start(frontend, ctx)
         _Waiter(client, ctx.wait(5.0))
         engine = _engine(ctx, launch, rank)
@@ -268,7 +269,7 @@ _rejected_hello("frontend/handshake/garbage-hello", ["handshake.message-keys",
 
 @check("frontend/handshake/second-hello", clauses=["handshake.frontend.unexpected-event"],
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
-def _second_hello(frontend: Any, ctx: Any) -> None:
+def _second_hello(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A second HELLO (the engine is already CONNECTED) gets no second init."""
     client, launch = _start(frontend, ctx)
     _Waiter(client, ctx.wait(5.0))
@@ -287,7 +288,7 @@ def _second_hello(frontend: Any, ctx: Any) -> None:
                                                 "request_types.byte-table",
                                                 "structs.exclusive-params"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _add_frames(frontend: Any, ctx: Any) -> None:
+def _add_frames(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """add_request arrives as [0x00, EngineCoreRequest] with the request as given."""
     client, (engine,) = _running(frontend, ctx)
     request = minimal_request("req-fe", prompt_token_ids=[5, 6, 7])
@@ -309,7 +310,7 @@ def _add_frames(frontend: Any, ctx: Any) -> None:
 @check("frontend/requests/routed-to-engine", clauses=["identity.little-endian-rank",
                                                       "frames.routed-identity-first"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _routed(frontend: Any, ctx: Any) -> None:
+def _routed(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """With two engines, a request for engine 1 reaches engine 1 and not engine 0."""
     client, engines = _running(frontend, ctx, engine_count=2)
     client.add_request(minimal_request("req-one"), 1)
@@ -324,7 +325,7 @@ def _routed(frontend: Any, ctx: Any) -> None:
 @check("frontend/requests/abort-frames", clauses=["frames.abort-payload",
                                                   "request_types.byte-table"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _abort_frames(frontend: Any, ctx: Any) -> None:
+def _abort_frames(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """abort arrives as [0x01, [request ids]]."""
     client, (engine,) = _running(frontend, ctx)
     client.add_request(minimal_request("req-x"), 0)
@@ -338,7 +339,7 @@ def _abort_frames(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/requests/no-empty-abort", clauses=["frames.abort-not-empty"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _empty_abort(frontend: Any, ctx: Any) -> None:
+def _empty_abort(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """An abort of no request ids sends nothing."""
     client, (engine,) = _running(frontend, ctx)
     client.abort([], 0)
@@ -398,7 +399,7 @@ def _call_survives(client: Any, engine: SuiteEngine, ctx: Any, after: str,
                                                    "frames.utility-call-id",
                                                    "structs.utility-result.pair"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _call(frontend: Any, ctx: Any) -> None:
+def _call(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """call_utility sends [0, call_id, method, args] and returns the reply's result."""
     client, (engine,) = _running(frontend, ctx)
     outcome, frames = _utility(client, engine, ctx, "sum_them", [1, 2], result=42)
@@ -414,7 +415,7 @@ def _call(frontend: Any, ctx: Any) -> None:
 @check("frontend/utility/failure-raises",
        clauses=["handshake.session.unknown-method-fails-call"], surface="frontend",
        timeout=PEER_TIMEOUT)
-def _failure(frontend: Any, ctx: Any) -> None:
+def _failure(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A reply with a failure_message makes call_utility raise."""
     client, (engine,) = _running(frontend, ctx)
     outcome, _ = _utility(client, engine, ctx, "nope", [], failure="Call to nope method failed")
@@ -424,7 +425,7 @@ def _failure(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/utility/stray-reply", clauses=["handshake.session.reply-known-call-id"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _stray(frontend: Any, ctx: Any) -> None:
+def _stray(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A reply to no pending call does not resolve a later call, nor break the front end."""
     client, (engine,) = _running(frontend, ctx)
     sent = engine.reply(987654321, result="stray")
@@ -437,7 +438,7 @@ def _stray(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/outputs/delivered", clauses=["frames.outputs-payload"], surface="frontend",
        timeout=PEER_TIMEOUT)
-def _delivered(frontend: Any, ctx: Any) -> None:
+def _delivered(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """Outputs pushed for a request come back from next_outputs."""
     client, (engine,) = _running(frontend, ctx)
     client.add_request(minimal_request("req-out"), 0)
@@ -454,7 +455,7 @@ def _delivered(frontend: Any, ctx: Any) -> None:
 @check("frontend/outputs/unknown-request-ignored",
        clauses=["handshake.session.outputs-for-unknown-requests-ignored"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _unknown_request(frontend: Any, ctx: Any) -> None:
+def _unknown_request(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """Outputs for a request the front end never sent do not break it: later outputs for a
     real request still come through."""
     client, (engine,) = _running(frontend, ctx)
@@ -475,7 +476,7 @@ def _unknown_request(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/outputs/garbage-survived", clauses=["frames.payload-matches-type"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _garbage_output(frontend: Any, ctx: Any) -> None:
+def _garbage_output(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A malformed output message does not stop later outputs from being delivered."""
     client, (engine,) = _running(frontend, ctx)
     client.add_request(minimal_request("req-g"), 0)
@@ -500,7 +501,7 @@ def _garbage_output(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/outputs/dead-near-miss", clauses=["frames.engine-core-dead-literal"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _near_miss(frontend: Any, ctx: Any) -> None:
+def _near_miss(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """'ENGINE_CORE_DEAD' plus a second frame is not the sentinel: the engine is not dead.
 
     Reading it may fail as a malformed message (see frontend/outputs/garbage-survived), but
@@ -526,7 +527,7 @@ def _near_miss(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/outputs/dead-fails-pending-call", clauses=["frames.engine-core-dead-fatal"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _dead_fails_call(frontend: Any, ctx: Any) -> None:
+def _dead_fails_call(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A utility call waiting when ENGINE_CORE_DEAD arrives fails at once.
 
     It must not be left waiting for a reply that cannot come."""
@@ -559,7 +560,7 @@ def _dead_fails_call(frontend: Any, ctx: Any) -> None:
 @check("frontend/outputs/engine-core-dead", clauses=["frames.engine-core-dead-fatal",
                                                      "handshake.session.dead-is-final"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _dead(frontend: Any, ctx: Any) -> None:
+def _dead(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """ENGINE_CORE_DEAD fails waiting reads with a ConnectionError, later sends fail, and
     nothing more reaches the engine."""
     client, (engine,) = _running(frontend, ctx)
@@ -588,7 +589,7 @@ def _dead(frontend: Any, ctx: Any) -> None:
        clauses=["request_types.sentinels-never-on-wire", "frames.start-dp-wave-from-coordinator",
                 "request_types.one-byte-frame"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _type_bytes(frontend: Any, ctx: Any) -> None:
+def _type_bytes(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """Across add, abort and utility, the front end sends only type bytes 00, 01 and 03."""
     client, (engine,) = _running(frontend, ctx)
     client.add_request(minimal_request("req-t"), 0)
@@ -611,7 +612,7 @@ HWM_BURST = 3000
 
 @check("frontend/transport/no-drop-at-high-water-mark", clauses=["transport.hwm-zero"],
        surface="frontend", timeout=60.0)
-def _no_drop(frontend: Any, ctx: Any) -> None:
+def _no_drop(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """3000 aborts sent while the engine does not read all arrive once it reads.
 
     The suite's engine receives with a high-water mark of 1, so what it does not read piles up
@@ -638,17 +639,17 @@ def _no_drop(frontend: Any, ctx: Any) -> None:
 
 @check("frontend/transport/high-water-marks-zero", clauses=["transport.hwm-zero"],
        surface="frontend", requires=["frontend.sockets"], timeout=PEER_TIMEOUT)
-def _hwm_options(frontend: Any, ctx: Any) -> None:
+def _hwm_options(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """The front end's ROUTERs and PULL have SNDHWM/RCVHWM 0 (read with getsockopt)."""
     client, _ = _running(frontend, ctx)
-    check_high_water_marks(list(frontend.zmq_sockets(client)), "front end")
+    check_high_water_marks(list(frontend.zmq_sockets(client)), "front end")  # type: ignore[attr-defined]
 
 
 @check("frontend/transport/duplicate-identity-ignored",
        clauses=["transport.identity-reuse-needs-old-connection-gone",
                 "transport.router-handover-elastic-only"],
        surface="frontend", timeout=PEER_TIMEOUT)
-def _duplicate_identity(frontend: Any, ctx: Any) -> None:
+def _duplicate_identity(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A second connection with engine 0's identity neither takes its requests nor is heard.
 
     Without ROUTER_HANDOVER (a front end without elastic EP must not set it) the input ROUTER
@@ -698,7 +699,7 @@ def _coordinated(frontend: Any, ctx: Any, config_hash: str) -> tuple[_Waiter, Su
 @check("frontend/handshake/config-hash-checked", clauses=["handshake.config-hash-match"],
        surface="frontend", requires=["frontend.handshake", "frontend.coordinated"],
        timeout=40.0)
-def _config_hash(frontend: Any, ctx: Any) -> None:
+def _config_hash(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """With coordinated DP, only a READY with the front end's parallel_config_hash counts.
 
     A READY with another hash fails the start-up; the same READY with the front end's hash

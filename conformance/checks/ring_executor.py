@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from enginewire.conformance.checks._helpers import Background
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction, check
 from enginewire.conformance.peers.executor_peer import (
     ConformanceWorker,
@@ -32,6 +33,7 @@ from enginewire.conformance.peers.executor_peer import (
     names_response_status,
 )
 from enginewire.conformance.peers.ring_peer import SuiteRingReader, SuiteRingWriter, pickle_buffers
+from enginewire.conformance.targets.contract import RingSurface
 
 RING_TIMEOUT = 25.0
 CHUNK = 65536
@@ -67,7 +69,7 @@ class _Workers:
             self.responses.append(reader)
         budget = ctx.wait(8.0)
         waits = [Background(lambda: self.broadcast.wait_until_ready(budget), "broadcast ready")]
-        waits += [Background(lambda r=r: r.wait_until_ready(budget), f"response {i} ready")
+        waits += [Background(lambda r=r: r.wait_until_ready(budget), f"response {i} ready")  # type: ignore[misc]
                   for i, r in enumerate(self.responses)]
         for wait in waits:
             wait.result(budget + 1.0, "the rings' wait_until_ready")
@@ -119,7 +121,7 @@ def _expect_reply(got: Any, want: tuple[ResponseStatus, Any], rank: int, what: s
                                             "ring.executor.response",
                                             "ring.executor.topology"],
        surface="ring", requires=["ring.worker"], timeout=RING_TIMEOUT)
-def _named_method(ring: Any, ctx: Any) -> None:
+def _named_method(ring: RingSurface, ctx: CheckContext) -> None:
     """A worker runs a named method and replies (ResponseStatus.SUCCESS, result).
 
     ('echo', args, kwargs, None) runs on the worker object; the reply goes on a response ring
@@ -136,7 +138,7 @@ def _named_method(ring: Any, ctx: Any) -> None:
 
 @check("ring/worker/pickled-callable", clauses=["ring.executor.rpc-request"], surface="ring",
        requires=["ring.worker"], timeout=RING_TIMEOUT)
-def _pickled_callable(ring: Any, ctx: Any) -> None:
+def _pickled_callable(ring: RingSurface, ctx: CheckContext) -> None:
     """A method sent as pickled bytes is called with the worker as first argument."""
     workers = _Workers(ring, ctx, 2)
     sent = workers.send((method_bytes(add_rank), (10,), {}, None))
@@ -147,7 +149,7 @@ def _pickled_callable(ring: Any, ctx: Any) -> None:
 
 @check("ring/worker/failure-reply", clauses=["ring.executor.response"], surface="ring",
        requires=["ring.worker"], timeout=RING_TIMEOUT)
-def _failure_reply(ring: Any, ctx: Any) -> None:
+def _failure_reply(ring: RingSurface, ctx: CheckContext) -> None:
     """A method that raises is answered (ResponseStatus.FAILURE, str(exception)).
 
     The worker serves the next request."""
@@ -163,7 +165,7 @@ def _failure_reply(ring: Any, ctx: Any) -> None:
 
 @check("ring/worker/reply-rank", clauses=["ring.executor.reply-rank"], surface="ring",
        requires=["ring.worker"], timeout=RING_TIMEOUT)
-def _reply_rank(ring: Any, ctx: Any) -> None:
+def _reply_rank(ring: RingSurface, ctx: CheckContext) -> None:
     """With output_rank 1 both workers execute but only rank 1 replies.
 
     Also for a failure; with output_rank None both reply."""
@@ -171,7 +173,7 @@ def _reply_rank(ring: Any, ctx: Any) -> None:
     sent = workers.send(("echo", ("to-one",), {}, 1))
     sent += workers.send(("fail", ("quiet",), {}, 1))
     sent += workers.send(("echo", ("to-all",), {}, None))
-    want_one = [(ResponseStatus.SUCCESS, (1, ("to-one",), {})),
+    want_one: list[Any] = [(ResponseStatus.SUCCESS, (1, ("to-one",), {})),
                 (ResponseStatus.FAILURE, "quiet"),
                 (ResponseStatus.SUCCESS, (1, ("to-all",), {}))]
     for index, want in enumerate(want_one):
@@ -216,9 +218,9 @@ class _Executor:
         responses = [w.response_handle for w in self.workers]
         waits = [Background(lambda: self.executor.connect(responses, budget), "executor ready")]
         for worker in self.workers:
-            waits.append(Background(lambda w=worker: w.requests.wait_until_ready(budget),
+            waits.append(Background(lambda w=worker: w.requests.wait_until_ready(budget),  # type: ignore[misc]
                                     "broadcast reader ready"))
-            waits.append(Background(lambda w=worker: w.responses.wait_until_ready(budget),
+            waits.append(Background(lambda w=worker: w.responses.wait_until_ready(budget),  # type: ignore[misc]
                                     "response writer ready"))
         for wait in waits:
             wait.result(budget + 1.0, "the rings' wait_until_ready")
@@ -247,7 +249,7 @@ def _expect_request(buffers: list[bytes], got: Any, want: tuple[Any, ...], what:
                                                "ring.executor.response",
                                                "ring.executor.topology"],
        surface="ring", requires=["ring.executor"], timeout=RING_TIMEOUT)
-def _request_tuple(ring: Any, ctx: Any) -> None:
+def _request_tuple(ring: RingSurface, ctx: CheckContext) -> None:
     """collective_rpc broadcasts (method, args, kwargs, None) and returns the values in rank
     order.
 
@@ -278,7 +280,7 @@ def _request_tuple(ring: Any, ctx: Any) -> None:
 
 @check("ring/executor/unique-reply-rank", clauses=["ring.executor.reply-rank"], surface="ring",
        requires=["ring.executor"], timeout=RING_TIMEOUT)
-def _unique_reply_rank(ring: Any, ctx: Any) -> None:
+def _unique_reply_rank(ring: RingSurface, ctx: CheckContext) -> None:
     """With unique_reply_rank=1 the executor waits for rank 1's reply only.
 
     Every worker gets output_rank 1; the call returns rank 1's value alone."""
@@ -302,7 +304,7 @@ def _unique_reply_rank(ring: Any, ctx: Any) -> None:
 @check("ring/executor/failure-raises", clauses=["ring.executor.failure",
                                                 "ring.executor.response"],
        surface="ring", requires=["ring.executor"], timeout=RING_TIMEOUT)
-def _failure_raises(ring: Any, ctx: Any) -> None:
+def _failure_raises(ring: RingSurface, ctx: CheckContext) -> None:
     """FAILURE and FAILURE_WITH_KV_OUTPUT replies raise vLLM's RuntimeErrors.
 
     FAILURE: RuntimeError("Worker failed with error '<value>', please check the stack trace
@@ -331,7 +333,7 @@ def _failure_raises(ring: Any, ctx: Any) -> None:
 
 @check("ring/executor/timeout", clauses=["ring.executor.timeout"], surface="ring",
        requires=["ring.executor"], timeout=RING_TIMEOUT)
-def _timeout(ring: Any, ctx: Any) -> None:
+def _timeout(ring: RingSurface, ctx: CheckContext) -> None:
     """A timed call without reply raises TimeoutError('RPC call to <method> timed out.').
 
     The error is chained to the queue's TimeoutError."""
@@ -370,7 +372,7 @@ def _carried(got: Any, want: tuple[Any, ...], buffers: list[bytes] | None) -> No
 @check("ring/reader/executor-request-carried", clauses=["ring.executor.rpc-request",
                                                         "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reader_carries(ring: Any, ctx: Any) -> None:
+def _reader_carries(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader dequeues an executor request (method, args, kwargs, output_rank) unchanged.
 
     A str or bytes method, an args tuple, a kwargs dict: a tuple must not become a list."""
@@ -392,7 +394,7 @@ def _reader_carries(ring: Any, ctx: Any) -> None:
 @check("ring/writer/executor-request-carried", clauses=["ring.executor.rpc-request",
                                                         "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _writer_carries(ring: Any, ctx: Any) -> None:
+def _writer_carries(ring: RingSurface, ctx: CheckContext) -> None:
     """An executor request enqueued by a writer reads back as the same tuple."""
     writer = ring.create_writer(n_reader=1, max_chunk_bytes=CHUNK, max_chunks=CHUNKS)
     ctx.on_cleanup(writer.close)
@@ -415,7 +417,7 @@ def _writer_carries(ring: Any, ctx: Any) -> None:
 
 @check("ring/reader/notify-sub-conflate", clauses=["ring.notify.sub-conflate"], surface="ring",
        requires=["ring.reader", "ring.sockets"], timeout=RING_TIMEOUT)
-def _sub_conflate(ring: Any, ctx: Any) -> None:
+def _sub_conflate(ring: RingSurface, ctx: CheckContext) -> None:
     """A local reader's notify socket is a SUB with CONFLATE set (read with getsockopt)."""
     import zmq
 
@@ -423,7 +425,7 @@ def _sub_conflate(ring: Any, ctx: Any) -> None:
     ctx.on_cleanup(writer.close)
     reader = ring.attach_reader(writer.handle, 0)
     ctx.on_cleanup(reader.close)
-    sockets = dict(ring.zmq_sockets(reader))
+    sockets = dict(ring.zmq_sockets(reader))  # type: ignore[attr-defined]
     notify = sockets.get("notify")
     if notify is None:
         raise CheckFailure(f"the reader exposed no notify socket (channels {sorted(sockets)})")
@@ -436,7 +438,7 @@ def _sub_conflate(ring: Any, ctx: Any) -> None:
 
 @check("ring/writer/segment-owner-only", clauses=["ring.payload.trusted-only"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _segment_owner_only(ring: Any, ctx: Any) -> None:
+def _segment_owner_only(ring: RingSurface, ctx: CheckContext) -> None:
     """The segment the writer creates is readable and writable by its owner only (0600).
 
     Another user's process cannot read the pickles in it or write code into them."""

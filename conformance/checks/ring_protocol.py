@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from enginewire.conformance.checks._helpers import Background, require_ipv6_loopback
+from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.peers.ring_peer import (
     Geometry,
@@ -33,6 +34,7 @@ from enginewire.conformance.peers.ring_peer import (
     segment_exists,
     unpickle_buffers,
 )
+from enginewire.conformance.targets.contract import RingSurface
 
 RING_TIMEOUT = 20.0
 SMALL_CHUNK = 4096
@@ -76,8 +78,8 @@ def _target_readers(ring: Any, ctx: Any, handle: Any, ranks: list[int]) -> list[
 def _ready(ctx: Any, writer: Any, readers: list[Any]) -> None:
     """The collective start: the writer waits for every subscription, readers for READY."""
     budget = ctx.wait(8.0)
-    waits = [Background(lambda w=writer: w.wait_until_ready(budget), "writer ready")]
-    waits += [Background(lambda r=r: r.wait_until_ready(budget), "reader ready")
+    waits = [Background(lambda w=writer: w.wait_until_ready(budget), "writer ready")]  # type: ignore[misc]
+    waits += [Background(lambda r=r: r.wait_until_ready(budget), "reader ready")  # type: ignore[misc]
               for r in readers]
     for index, wait in enumerate(waits):
         wait.result(budget + 1.0, "the writer's wait_until_ready" if index == 0
@@ -120,7 +122,7 @@ def _payload_of_framed_size(target: int) -> bytes:
 
 @check("ring/writer/handle-and-segment", clauses=["ring.handle.fields", "ring.layout.segment"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _handle(ring: Any, ctx: Any) -> None:
+def _handle(ring: RingSurface, ctx: CheckContext) -> None:
     """The handle names the segment and sizes asked for; the segment holds the whole layout."""
     writer = _target_writer(ring, ctx, 2, 1024, 3)
     handle = writer.handle
@@ -138,7 +140,7 @@ def _handle(ring: Any, ctx: Any) -> None:
 @check("ring/writer/flags-zero-at-creation",
        clauses=["ring.layout.flags-zero-at-creation", "ring.layout.metadata-region"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _flags_zero(ring: Any, ctx: Any) -> None:
+def _flags_zero(ring: RingSurface, ctx: CheckContext) -> None:
     """Every metadata byte (written and read flags) is 0 before the first write."""
     writer = _target_writer(ring, ctx, 3, 512, 5)
     (reader,) = _suite_readers(ctx, writer.handle, [0])
@@ -151,7 +153,7 @@ def _flags_zero(ring: Any, ctx: Any) -> None:
 @check("ring/writer/ready-after-every-subscription",
        clauses=["ring.ready.subscriptions", "transport.xpub-verbose", "ring.ready.collective"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _ready_subscriptions(ring: Any, ctx: Any) -> None:
+def _ready_subscriptions(ring: RingSurface, ctx: CheckContext) -> None:
     """With 2 readers, the writer publishes READY only once both have subscribed."""
     writer = _target_writer(ring, ctx, 2)
     first = _suite_readers(ctx, writer.handle, [0])[0]
@@ -177,7 +179,7 @@ def _ready_subscriptions(ring: Any, ctx: Any) -> None:
                 "ring.framing.length-prefix", "ring.layout.data-region",
                 "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _chunk_framing(ring: Any, ctx: Any) -> None:
+def _chunk_framing(ring: RingSurface, ctx: CheckContext) -> None:
     """A small message lands in chunk 0 as [0][count=1 BE][len BE4][pickle]."""
     writer = _target_writer(ring, ctx, 1)
     (reader,) = _suite_readers(ctx, writer.handle, [0])
@@ -207,7 +209,7 @@ def _chunk_framing(ring: Any, ctx: Any) -> None:
                                                  "ring.state.four-states",
                                                  "ring.writer.read-flags-cleared-before-written"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _flags_after_write(ring: Any, ctx: Any) -> None:
+def _flags_after_write(ring: RingSurface, ctx: CheckContext) -> None:
     """After one write chunk 0's metadata is written=1 with both read flags 0, others zero;
     after both readers read it, it is 1 1 1."""
     writer = _target_writer(ring, ctx, 2, 1024, 3)
@@ -227,7 +229,7 @@ def _flags_after_write(ring: Any, ctx: Any) -> None:
 
 @check("ring/writer/notify-after-write", clauses=["ring.notify.after-write"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _notify(ring: Any, ctx: Any) -> None:
+def _notify(ring: RingSurface, ctx: CheckContext) -> None:
     """A write into an idle ring publishes a wake-up on the notify socket."""
     writer = _target_writer(ring, ctx, 1)
     (reader,) = _suite_readers(ctx, writer.handle, [0])
@@ -242,7 +244,7 @@ def _notify(ring: Any, ctx: Any) -> None:
 @check("ring/writer/waits-for-every-reader", clauses=["ring.writer.wait-writable",
                                                       "ring.writer.timeout"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _waits_for_readers(ring: Any, ctx: Any) -> None:
+def _waits_for_readers(ring: RingSurface, ctx: CheckContext) -> None:
     """With one of two readers behind, the writer times out instead of overwriting, and goes
     on once that reader reads."""
     writer = _target_writer(ring, ctx, 2, 1024, 3)
@@ -285,7 +287,7 @@ def _boundary(ring: Any, ctx: Any, framed: int, overflow: bool) -> None:
 @check("ring/writer/exact-fit-stays-in-ring",
        clauses=["ring.framing.within-chunk", "ring.framing.overflow-condition"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _exact_fit(ring: Any, ctx: Any) -> None:
+def _exact_fit(ring: RingSurface, ctx: CheckContext) -> None:
     """A message whose framing is exactly max_chunk_bytes stays in the ring."""
     _boundary(ring, ctx, SMALL_CHUNK, overflow=False)
 
@@ -293,14 +295,14 @@ def _exact_fit(ring: Any, ctx: Any) -> None:
 @check("ring/writer/one-byte-over-overflows",
        clauses=["ring.framing.overflow-condition", "ring.framing.overflow-byte"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _one_over(ring: Any, ctx: Any) -> None:
+def _one_over(ring: RingSurface, ctx: CheckContext) -> None:
     """A message whose framing is max_chunk_bytes + 1 overflows to the XPUB socket."""
     _boundary(ring, ctx, SMALL_CHUNK + 1, overflow=True)
 
 
 @check("ring/writer/one-byte-under-stays-in-ring", clauses=["ring.framing.overflow-condition"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _one_under(ring: Any, ctx: Any) -> None:
+def _one_under(ring: RingSurface, ctx: CheckContext) -> None:
     """A message whose framing is max_chunk_bytes - 1 stays in the ring."""
     _boundary(ring, ctx, SMALL_CHUNK - 1, overflow=False)
 
@@ -308,7 +310,7 @@ def _one_under(ring: Any, ctx: Any) -> None:
 @check("ring/writer/overflow-message", clauses=["ring.framing.overflow-byte",
                                                 "ring.framing.overflow-xpub"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _overflow_message(ring: Any, ctx: Any) -> None:
+def _overflow_message(ring: RingSurface, ctx: CheckContext) -> None:
     """A message three chunks long travels as one multipart message on the XPUB."""
     writer = _target_writer(ring, ctx, 1)
     (reader,) = _suite_readers(ctx, writer.handle, [0])
@@ -328,7 +330,7 @@ def _overflow_message(ring: Any, ctx: Any) -> None:
 @check("ring/writer/large-buffer-out-of-band", clauses=["ring.payload.oob-threshold",
                                                         "ring.framing.buffer-count"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _oob(ring: Any, ctx: Any) -> None:
+def _oob(ring: RingSurface, ctx: CheckContext) -> None:
     """A 1 MiB numpy array travels as a second buffer of the chunk (pickle protocol 5)."""
     import numpy as np
 
@@ -364,7 +366,7 @@ def _stream_through(writer: Any, readers: list[Any], ctx: Any, messages: list[An
     order, no loss, no duplicate."""
     sender = Background(lambda: [writer.enqueue(m, timeout=ctx.wait(8.0)) for m in messages],
                          "writer")
-    results = [Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}")
+    results = [Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}")  # type: ignore[misc]
                for i, r in enumerate(readers)]
     for rank, background in enumerate(results):
         background.thread.join(ctx.wait(20.0))
@@ -384,7 +386,7 @@ def _stream_through(writer: Any, readers: list[Any], ctx: Any, messages: list[An
                                                         "ring.writer.single-writer",
                                                         "ring.reader.readable-iff"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _fifo_one(ring: Any, ctx: Any) -> None:
+def _fifo_one(ring: RingSurface, ctx: CheckContext) -> None:
     """60 messages through 4 chunks (15 wraps) reach one reader in order, none lost."""
     writer = _target_writer(ring, ctx, 1, 1024, 4)
     readers = _suite_readers(ctx, writer.handle, [0])
@@ -395,7 +397,7 @@ def _fifo_one(ring: Any, ctx: Any) -> None:
 @check("ring/writer/fifo-three-readers", clauses=["ring.writer.wait-writable",
                                                   "ring.reader.readable-iff"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _fifo_three(ring: Any, ctx: Any) -> None:
+def _fifo_three(ring: RingSurface, ctx: CheckContext) -> None:
     """40 messages through 3 chunks reach each of three readers in order."""
     writer = _target_writer(ring, ctx, 3, 1024, 3)
     readers = _suite_readers(ctx, writer.handle, [0, 1, 2])
@@ -406,7 +408,7 @@ def _fifo_three(ring: Any, ctx: Any) -> None:
 @check("ring/writer/fifo-with-overflow", clauses=["ring.framing.overflow-byte",
                                                   "ring.writer.wait-writable"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _fifo_overflow(ring: Any, ctx: Any) -> None:
+def _fifo_overflow(ring: RingSurface, ctx: CheckContext) -> None:
     """Small and overflowing messages interleaved keep their order for two readers."""
     writer = _target_writer(ring, ctx, 2, 1024, 3)
     readers = _suite_readers(ctx, writer.handle, [0, 1])
@@ -416,7 +418,7 @@ def _fifo_overflow(ring: Any, ctx: Any) -> None:
 
 @check("ring/writer/creator-unlinks", clauses=["ring.lifecycle.creator-unlinks"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _unlinks(ring: Any, ctx: Any) -> None:
+def _unlinks(ring: RingSurface, ctx: CheckContext) -> None:
     """Closing the writer removes the shared-memory segment's name."""
     writer = ring.create_writer(n_reader=1, max_chunk_bytes=512, max_chunks=2)
     name = writer.handle.shm_name
@@ -432,7 +434,7 @@ def _unlinks(ring: Any, ctx: Any) -> None:
 @check("ring/writer/oob-threshold-boundary", clauses=["ring.payload.oob-threshold",
                                                       "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _oob_boundary(ring: Any, ctx: Any) -> None:
+def _oob_boundary(ring: RingSurface, ctx: CheckContext) -> None:
     """A 1 MiB buffer goes out of band, a buffer one byte shorter stays in the pickle."""
     import numpy as np
 
@@ -452,7 +454,7 @@ def _oob_boundary(ring: Any, ctx: Any) -> None:
 
 @check("ring/writer/tensor-reducer", clauses=["ring.payload.tensor-reducer"], surface="ring",
        requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _tensor_reducer(ring: Any, ctx: Any) -> None:
+def _tensor_reducer(ring: RingSurface, ctx: CheckContext) -> None:
     """A 2 MiB CPU tensor travels as vLLM's _rebuild_tensor call with its bytes out of band."""
     import torch
 
@@ -477,7 +479,7 @@ def _tensor_reducer(ring: Any, ctx: Any) -> None:
 @check("ring/writer/ipc-files-removed", clauses=["ring.lifecycle.ipc-files",
                                                  "ring.handle.ipc-addresses"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
-def _ipc_files(ring: Any, ctx: Any) -> None:
+def _ipc_files(ring: RingSurface, ctx: CheckContext) -> None:
     """The writer's subscribe and notify addresses are ipc:// paths, removed on close."""
     import os
 
@@ -579,7 +581,7 @@ def _remote_v6(ring: Any, ctx: Any) -> None:
 @check("ring/reader/close-keeps-segment", clauses=["ring.lifecycle.creator-unlinks",
                                                    "ring.lifecycle.attach-untracked"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reader_close(ring: Any, ctx: Any) -> None:
+def _reader_close(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader that closes leaves the segment to its creator (it only unmaps it)."""
     writer = _suite_writer(ctx, 1)
     reader = ring.attach_reader(writer.handle, 0)
@@ -591,7 +593,7 @@ def _reader_close(ring: Any, ctx: Any) -> None:
 
 @check("ring/reader/refuses-tensor-arena", clauses=["ring.payload.tensor-arena"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _arena(ring: Any, ctx: Any) -> None:
+def _arena(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader without vLLM's tensor arena refuses a handle that names one."""
     import dataclasses
 
@@ -613,7 +615,7 @@ def _arena(ring: Any, ctx: Any) -> None:
 @check("ring/reader/waits-for-ready", clauses=["ring.ready.reader-receives-ready",
                                                "ring.ready.collective"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reader_ready(ring: Any, ctx: Any) -> None:
+def _reader_ready(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader's wait_until_ready subscribes, and returns only once READY is published."""
     writer = _suite_writer(ctx, 1)
     (reader,) = _target_readers(ring, ctx, writer.handle, [0])
@@ -635,7 +637,7 @@ def _reader_ready(ring: Any, ctx: Any) -> None:
                                                   "ring.framing.length-prefix",
                                                   "ring.payload.pickle-protocol-5"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reads_chunk(ring: Any, ctx: Any) -> None:
+def _reads_chunk(ring: RingSurface, ctx: CheckContext) -> None:
     """A chunk framed by the suite is read back as the pickled object."""
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
@@ -652,7 +654,7 @@ def _reads_chunk(ring: Any, ctx: Any) -> None:
                                                   "ring.handle.local-reader-rank",
                                                   "ring.layout.local-reader-index"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _own_flag(ring: Any, ctx: Any) -> None:
+def _own_flag(ring: RingSurface, ctx: CheckContext) -> None:
     """Reader rank 1 of 3 sets read flag 1 of the chunk it read, and no other byte."""
     writer = _suite_writer(ctx, 3, 1024, 3)
     readers = _target_readers(ring, ctx, writer.handle, [1])
@@ -670,7 +672,7 @@ def _own_flag(ring: Any, ctx: Any) -> None:
 @check("ring/reader/ignores-unwritten-chunk", clauses=["ring.reader.readable-iff",
                                                        "ring.reader.timeout"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _unwritten(ring: Any, ctx: Any) -> None:
+def _unwritten(ring: RingSurface, ctx: CheckContext) -> None:
     """A chunk holding a message but written = 0 is not read (the reader times out)."""
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
@@ -686,7 +688,7 @@ def _unwritten(ring: Any, ctx: Any) -> None:
 
 @check("ring/reader/ignores-chunk-already-read", clauses=["ring.reader.readable-iff"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _already_read(ring: Any, ctx: Any) -> None:
+def _already_read(ring: RingSurface, ctx: CheckContext) -> None:
     """A chunk with written = 1 whose own read flag is already 1 is not read again."""
     writer = _suite_writer(ctx, 2, 1024, 2)
     readers = _target_readers(ring, ctx, writer.handle, [0])
@@ -702,7 +704,7 @@ def _already_read(ring: Any, ctx: Any) -> None:
 
 @check("ring/reader/timeout-on-empty-ring", clauses=["ring.reader.timeout"], surface="ring",
        requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reader_timeout(ring: Any, ctx: Any) -> None:
+def _reader_timeout(ring: RingSurface, ctx: CheckContext) -> None:
     """dequeue on an empty ring raises TimeoutError after its timeout."""
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
@@ -713,7 +715,7 @@ def _reader_timeout(ring: Any, ctx: Any) -> None:
 @check("ring/reader/overflow-from-xpub", clauses=["ring.framing.overflow-byte",
                                                   "ring.framing.overflow-rest-stale"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reader_overflow(ring: Any, ctx: Any) -> None:
+def _reader_overflow(ring: RingSurface, ctx: CheckContext) -> None:
     """An overflow marker makes the reader take the message from the XPUB socket."""
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
@@ -732,7 +734,7 @@ def _reader_overflow(ring: Any, ctx: Any) -> None:
                                                   "ring.payload.pickle-protocol-5",
                                                   "ring.reader.copy-oob-before-release"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reader_oob(ring: Any, ctx: Any) -> None:
+def _reader_oob(ring: RingSurface, ctx: CheckContext) -> None:
     """A chunk with a pickle and one out-of-band buffer (1 MiB array) is read back whole."""
     import numpy as np
 
@@ -759,7 +761,7 @@ def _reader_oob(ring: Any, ctx: Any) -> None:
                                                           "ring.reader.release-after-read",
                                                           "ring.framing.overflow-byte"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _reader_fifo(ring: Any, ctx: Any) -> None:
+def _reader_fifo(ring: RingSurface, ctx: CheckContext) -> None:
     """Two target readers each read 45 messages (some overflowing) through 3 chunks, in
     order."""
     writer = _suite_writer(ctx, 2, 1024, 3)
@@ -770,7 +772,7 @@ def _reader_fifo(ring: Any, ctx: Any) -> None:
 
 @check("ring/reader/release-on-error", clauses=["ring.reader.release-on-error"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
-def _release_on_error(ring: Any, ctx: Any) -> None:
+def _release_on_error(ring: RingSurface, ctx: CheckContext) -> None:
     """A chunk that fails to unpickle still gets its read flag set; the next one is read."""
     writer = _suite_writer(ctx, 1, 1024, 2)
     readers = _target_readers(ring, ctx, writer.handle, [0])
@@ -794,7 +796,7 @@ def _release_on_error(ring: Any, ctx: Any) -> None:
 
 @check("ring/reader/finds-write-without-notification", clauses=["ring.notify.hint-only"],
        surface="ring", requires=["ring.reader"], timeout=30.0)
-def _lost_notify(ring: Any, ctx: Any) -> None:
+def _lost_notify(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader idle for a while still finds a chunk written without a notification."""
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
@@ -814,7 +816,7 @@ def _lost_notify(ring: Any, ctx: Any) -> None:
                                               "ring.reader.readable-iff",
                                               "ring.framing.overflow-byte"],
        surface="ring", requires=["ring.writer", "ring.reader"], timeout=RING_TIMEOUT)
-def _pair(ring: Any, ctx: Any) -> None:
+def _pair(ring: RingSurface, ctx: CheckContext) -> None:
     """The target's own writer and two readers pass 40 mixed-size messages in order."""
     writer = _target_writer(ring, ctx, 2, 1024, 3)
     readers = _target_readers(ring, ctx, writer.handle, [0, 1])
@@ -871,7 +873,7 @@ def _read_trace(ring: Any, n_reader: int, payload: bytes) -> tuple[RecordingMemo
 @check("ring/memory/read-flags-cleared-before-written",
        clauses=["ring.writer.read-flags-cleared-before-written"], surface="ring",
        requires=["ring.memory"])
-def _order_flags(ring: Any, ctx: Any) -> None:
+def _order_flags(ring: RingSurface, ctx: CheckContext) -> None:
     """The writer stores every read flag 0 before it stores written = 1."""
     log, geometry = _write_trace(ring)
     row = geometry.row(0)
@@ -885,7 +887,7 @@ def _order_flags(ring: Any, ctx: Any) -> None:
 
 @check("ring/memory/writer-fence-before-check", clauses=["ring.writer.fence-before-check"],
        surface="ring", requires=["ring.memory"])
-def _order_check_fence(ring: Any, ctx: Any) -> None:
+def _order_check_fence(ring: RingSurface, ctx: CheckContext) -> None:
     """The writer fences before it loads the chunk's flags."""
     log, geometry = _write_trace(ring)
     row = geometry.row(0)
@@ -898,7 +900,7 @@ def _order_check_fence(ring: Any, ctx: Any) -> None:
 
 @check("ring/memory/reader-fence-before-release", clauses=["ring.reader.fence-before-release"],
        surface="ring", requires=["ring.memory"])
-def _order_release_fence(ring: Any, ctx: Any) -> None:
+def _order_release_fence(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader fences between its last load of the chunk and storing its flag."""
     memory, geometry, _ = _read_trace(ring, 1, b"xyz")
     log = memory.log
@@ -914,7 +916,7 @@ def _order_release_fence(ring: Any, ctx: Any) -> None:
 @check("ring/memory/written-cleared-before-fill",
        clauses=["ring.writer.clear-written-before-fill"], surface="ring",
        requires=["ring.memory"])
-def _order_claim(ring: Any, ctx: Any) -> None:
+def _order_claim(ring: RingSurface, ctx: CheckContext) -> None:
     """The writer stores written = 0 before it writes any byte of the chunk."""
     log, geometry = _write_trace(ring)
     row = geometry.row(0)
@@ -929,7 +931,7 @@ def _order_claim(ring: Any, ctx: Any) -> None:
        clauses=["ring.writer.fence-before-written", "ring.writer.fence-after-written",
                 "ring.fence.full-barrier"],
        surface="ring", requires=["ring.memory"])
-def _order_fences(ring: Any, ctx: Any) -> None:
+def _order_fences(ring: RingSurface, ctx: CheckContext) -> None:
     """A fence separates the data and read-flag stores from written = 1, and follows it."""
     log, geometry = _write_trace(ring)
     row = geometry.row(0)
@@ -946,7 +948,7 @@ def _order_fences(ring: Any, ctx: Any) -> None:
        clauses=["ring.reader.release-after-read", "ring.reader.fence-before-check",
                 "ring.reader.fence-after-release"],
        surface="ring", requires=["ring.memory"])
-def _order_reader(ring: Any, ctx: Any) -> None:
+def _order_reader(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader reads the chunk's data after checking the flags and sets its flag after."""
     memory, geometry, got = _read_trace(ring, 2, b"abc")
     if got != [b"abc"]:
@@ -965,7 +967,7 @@ def _order_reader(ring: Any, ctx: Any) -> None:
 
 @check("ring/memory/fence-after-claim", clauses=["ring.writer.fence-after-claim"],
        surface="ring", requires=["ring.memory"])
-def _order_claim_fence(ring: Any, ctx: Any) -> None:
+def _order_claim_fence(ring: RingSurface, ctx: CheckContext) -> None:
     """A fence separates the claim (written = 0) from every later store to the chunk."""
     log, geometry = _write_trace(ring)
     row = geometry.row(0)
@@ -985,7 +987,7 @@ def _order_claim_fence(ring: Any, ctx: Any) -> None:
 
 @check("ring/memory/reader-loads-own-flag-first", clauses=["ring.reader.own-flag-loaded-first"],
        surface="ring", requires=["ring.memory"])
-def _order_reader_loads(ring: Any, ctx: Any) -> None:
+def _order_reader_loads(ring: RingSurface, ctx: CheckContext) -> None:
     """In its readable check a reader loads its own read flag before the written flag."""
     memory, geometry, _ = _read_trace(ring, 2, b"abc")
     log = memory.log

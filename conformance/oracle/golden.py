@@ -388,7 +388,7 @@ def vllm_frames(kind: str, value: Any, threshold: int) -> tuple[list[bytes], Any
     resolve = _vllm_resolver(vllm)
     if target in spec.structs:
         obj = build(value, target, spec, resolve)
-        return [bytes(memoryview(f).cast("B")) for f in vllm.encoder.encode(obj)], obj
+        return [bytes(memoryview(f).cast("B")) for f in vllm.encoder.encode(obj)], obj  # type: ignore[arg-type]
     from vllm.v1.engine import EngineCoreRequestType
 
     if kind == "add":
@@ -409,7 +409,7 @@ def vllm_frames(kind: str, value: Any, threshold: int) -> tuple[list[bytes], Any
         frames = [msgspec.msgpack.encode(obj)]
     else:
         raise KeyError(f"no vLLM writer known for kind {kind!r}")
-    return [bytes(memoryview(f).cast("B")) for f in frames], obj
+    return [bytes(memoryview(f).cast("B")) for f in frames], obj  # type: ignore[arg-type]
 
 
 # --- the cases ------------------------------------------------------------------------------

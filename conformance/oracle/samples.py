@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, members, parse_type
 
 #: struct name -> field name -> a valid, non-default neutral value.
 OVERRIDES: dict[str, dict[str, Any]] = {
@@ -162,20 +162,20 @@ class Sampler(TypeVisitor[Any]):
         return {self.value(expr.args[0], depth): self.value(expr.args[1], depth)}
 
     def _pick(self, expr: TypeExpr, depth: int) -> TypeExpr:
-        members = [a for a in expr.args if a.name != "none"]
-        scalars = [a for a in members if a.name in ("int", "str", "float", "bool", "bytes")]
+        candidates = members(expr)
+        scalars = [a for a in candidates if kind_of(a) == "scalar"]
         if scalars:
             return scalars[0]
-        simple = [a for a in members if not self._structural(a)]
+        simple = [a for a in candidates if not self._structural(a)]
         if simple:
             return simple[0]
         if expr.nullable and depth > 0:
             return TypeExpr("none")
-        return members[0]
+        return candidates[0]
 
     def _structural(self, expr: TypeExpr) -> bool:
         """True for struct types and containers of them (kept out of nested samples)."""
-        if isinstance(self.spec.structs.get(expr.name), StructSpec):
+        if kind_of(expr, self.spec.structs) == "struct":
             return True
         return any(self._structural(a) for a in expr.args)
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, members, parse_type
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ class _Complete(TypeVisitor[Any]):
     def visit_list(self, expr: TypeExpr, value: Any) -> Any:
         if not isinstance(value, list | tuple | set):
             return value
-        if expr.name == "tuple" and not expr.variadic and len(expr.args) == len(value):
+        if expr.fixed_tuple and len(expr.args) == len(value):
             return [self.walk(a, v) for v, a in zip(value, expr.args, strict=True)]
         done = [self.walk(expr.args[0], v) for v in value]
         return set(done) if isinstance(value, set) else done
@@ -207,20 +207,20 @@ class _Complete(TypeVisitor[Any]):
 
 def _union_member(value: Any, expr: TypeExpr, spec: Any) -> TypeExpr | None:
     """The member of a union a neutral value belongs to (a struct for a dict, else None)."""
-    candidates = [a for a in expr.args if a.name != "none"]
+    candidates = members(expr)
     if isinstance(value, Mapping):
-        structs = [a for a in candidates if isinstance(spec.structs.get(a.name), StructSpec)]
+        structs = [a for a in candidates if kind_of(a, spec.structs) == "struct"]
         if len(structs) > 1:
             # Several structs: the ones whose fields hold the keys, required fields included.
             structs = [a for a in structs if _fits_fields(value, spec.structs[a.name])]
         if len(structs) == 1:
             return structs[0]
-        dicts = [a for a in candidates if a.name == "dict"]
+        dicts = [a for a in candidates if kind_of(a) == "mapping"]
         if dicts:
             return dicts[0]
     if isinstance(value, list | tuple | set):
         for a in candidates:
-            if a.name in ("list", "tuple", "set"):
+            if kind_of(a) == "sequence":
                 return a
     return None
 

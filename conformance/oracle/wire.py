@@ -33,7 +33,14 @@ from enginewire.conformance.oracle.values import (
 )
 from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import (
+    TypeExpr,
+    TypeVisitor,
+    container_type,
+    kind_of,
+    members,
+    parse_type,
+)
 
 #: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
 RAW_VIEW_EXT: int = load().ext_code("raw_view")
@@ -92,7 +99,7 @@ class _ToWire(TypeVisitor[Any]):
     def visit_union(self, expr: TypeExpr, value: Any) -> Any:
         member = _union_member(value, expr, self.spec)
         if member is None:
-            tensor_members = [a for a in expr.args if a.name in ("tensor", "ndarray")]
+            tensor_members = [a for a in expr.args if kind_of(a) == "tensor"]
             if tensor_members and _is_array(value):
                 member = tensor_members[0]
             else:
@@ -323,7 +330,7 @@ class _FromWire(TypeVisitor[Any]):
         if not isinstance(raw, list):
             raise WireShapeError(f"{path}: expected an array, got {type(raw).__name__}")
         items = [self.back(expr.args[0], v, f"{path}[{i}]") for i, v in enumerate(raw)]
-        return set(items) if expr.name == "set" else items
+        return set(items) if container_type(expr) is set else items
 
     visit_set = visit_list
 
@@ -352,20 +359,20 @@ class _FromWire(TypeVisitor[Any]):
 
 
 def _wire_member(raw: Any, expr: TypeExpr, spec: Any) -> TypeExpr:
-    members = [a for a in expr.args if a.name != "none"]
+    candidates = members(expr)
     def encoding(a: TypeExpr) -> str | None:
         found = spec.structs.get(a.name)
         return found.encoding if isinstance(found, StructSpec) else None
     if isinstance(raw, dict):
-        for a in members:
-            if encoding(a) in ("map", "dataclass") or a.name == "dict":
+        for a in candidates:
+            if encoding(a) in ("map", "dataclass") or kind_of(a) == "mapping":
                 return a
     if isinstance(raw, list):
-        for a in members:
-            if a.name in ("tensor", "ndarray") and len(raw) == 3 and isinstance(raw[0], str):
+        for a in candidates:
+            if kind_of(a) == "tensor" and len(raw) == 3 and isinstance(raw[0], str):
                 return a
-        for a in members:
-            if encoding(a) in ("array", "tuple") or a.name in ("list", "tuple", "set"):
+        for a in candidates:
+            if encoding(a) in ("array", "tuple") or kind_of(a) == "sequence":
                 return a
     return TypeExpr("any")
 

@@ -41,17 +41,17 @@ class ResponseStatus(enum.Enum):
     FAILURE_WITH_KV_OUTPUT = 3
 
 
-class _ReplyPickler(pickle._Pickler):  # type: ignore[name-defined, misc]
+class _ReplyPickler(pickle._Pickler):
     """The pure-Python pickler, writing :class:`ResponseStatus` as vLLM's class."""
 
     def save_global(self, obj: Any, name: str | None = None) -> None:
         if obj is ResponseStatus:
-            self.save(RESPONSE_MODULE)
-            self.save(RESPONSE_QUALNAME)
-            self.write(pickle.STACK_GLOBAL)
-            self.memoize(obj)
+            self.save(RESPONSE_MODULE)  # type: ignore[attr-defined]
+            self.save(RESPONSE_QUALNAME)  # type: ignore[attr-defined]
+            self.write(pickle.STACK_GLOBAL)  # type: ignore[attr-defined]
+            self.memoize(obj)  # type: ignore[attr-defined]
             return
-        super().save_global(obj, name)
+        super().save_global(obj, name)  # type: ignore[misc]
 
 
 def dumps_reply(status: ResponseStatus, value: Any) -> list[bytes]:

@@ -159,11 +159,11 @@ def _attach(name: str) -> shared_memory.SharedMemory:
         return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
     with _ATTACH_LOCK:
         original = resource_tracker.register
-        resource_tracker.register = lambda *a, **k: None  # type: ignore[assignment]
+        resource_tracker.register = lambda *a, **k: None
         try:
             return shared_memory.SharedMemory(name=name)
         finally:
-            resource_tracker.register = original  # type: ignore[assignment]
+            resource_tracker.register = original
 
 
 def segment_exists(name: str) -> bool:
@@ -183,7 +183,7 @@ class Segment:
         self.creator = name is None
         if name is None:
             self.shm = shared_memory.SharedMemory(create=True, size=geometry.total)
-            self.shm.buf[geometry.metadata_offset:geometry.total] = bytes(
+            self.shm.buf[geometry.metadata_offset:geometry.total] = bytes(  # type: ignore[index]
                 geometry.total - geometry.metadata_offset)
         else:
             self.shm = _attach(name)
@@ -193,7 +193,7 @@ class Segment:
 
     @property
     def buf(self) -> memoryview:
-        return self.shm.buf
+        return self.shm.buf  # type: ignore[return-value]
 
     def metadata(self, index: int) -> bytes:
         row = self.geometry.row(index)

@@ -110,7 +110,7 @@ class _Net:
         if address.startswith("ipc://"):
             self.files.append(address[len("ipc://"):])
             return address
-        return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        return sock.getsockopt(zmq.LAST_ENDPOINT).decode()  # type: ignore[union-attr]
 
     def close(self) -> None:
         for sock in self.sockets:
@@ -309,14 +309,14 @@ class SuiteEngine:
 
     def hello(self, **overrides: Any) -> None:
         value = {"status": "HELLO", "local": self.local, "headless": self.headless, **overrides}
-        self.handshake_socket.send(msgspec.msgpack.encode(value))
+        self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
 
     def ready(self, **overrides: Any) -> None:
         value = {"status": "READY", "local": self.local, "headless": self.headless, **overrides}
-        self.handshake_socket.send(msgspec.msgpack.encode(value))
+        self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
 
     def recv_init(self, timeout: float) -> list[bytes]:
-        return recv(self.handshake_socket, timeout, "init after HELLO")
+        return recv(self.handshake_socket, timeout, "init after HELLO")  # type: ignore[arg-type]
 
     def connect(self, init: dict[str, Any]) -> None:
         for address in init["addresses"]["inputs"]:

@@ -383,7 +383,7 @@ def from_object(name: str, obj: Any, description: str = "") -> Target:
         raise TargetError(
             f"{name}: {type(obj).__name__} has none of the attributes {', '.join(SURFACES)}"
         )
-    target = Target(name=name, description=description or (obj.__doc__ or "").strip(), **found)
+    target = Target(name=name, description=description or (obj.__doc__ or "").strip(), **found)  # type: ignore[arg-type]
     if hasattr(obj, "close"):
         target._closers.append(obj.close)
     return target

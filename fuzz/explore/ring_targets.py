@@ -74,7 +74,7 @@ class ReferenceTarget(RingTarget):
 
     def run_writer(self, context: ThreadContext) -> None:
         memory = context.memory
-        writer = self.writer_cls(memory, context.layout)
+        writer = self.writer_cls(memory, context.layout)  # type: ignore[arg-type]
         for payload in context.payloads:
             while writer.try_acquire() is None:
                 memory.yield_()
@@ -84,7 +84,7 @@ class ReferenceTarget(RingTarget):
     def run_reader(self, context: ThreadContext) -> None:
         memory = context.memory
         assert context.rank is not None
-        reader = self.reader_cls(memory, context.layout, context.rank)
+        reader = self.reader_cls(memory, context.layout, context.rank)  # type: ignore[arg-type]
         for _ in context.payloads:
             while reader.try_acquire() is None:
                 memory.yield_()

@@ -151,20 +151,20 @@ def _message_queue(context: ThreadContext, *, writer: bool,
 
     queue = MessageQueue.__new__(MessageQueue)
     layout = context.layout
-    queue.buffer = ExplorerRingBuffer(context.memory, layout,
+    queue.buffer = ExplorerRingBuffer(context.memory, layout,  # type: ignore[assignment]
                                       fence_after_claim=fence_after_claim and writer)
     queue.n_local_reader = layout.n_reader
     queue.n_remote_reader = 0
     queue.current_idx = 0
     queue.shutting_down = False
     queue.tensor_arena = None
-    queue.remote_socket = None
-    queue.local_socket = _NoOverflowSocket()
-    queue._spin_condition = _SpinCondition(context.memory)
+    queue.remote_socket = None  # type: ignore[assignment]
+    queue.local_socket = _NoOverflowSocket()  # type: ignore[assignment]
+    queue._spin_condition = _SpinCondition(context.memory)  # type: ignore[assignment]
     queue._is_writer = writer
     queue._is_local_reader = not writer
     queue._is_remote_reader = False
-    queue.local_reader_rank = -1 if writer else context.rank
+    queue.local_reader_rank = -1 if writer else context.rank  # type: ignore[assignment]
     return queue
 
 

@@ -222,7 +222,7 @@ def kill_matrix(mutants: Sequence[Mutant], *, budget: Budget = BOUNDED,
 
 def render_matrix(results: Sequence[MutantResult]) -> str:
     """The kill matrix as a fixed-width table, one row per mutant."""
-    rows = [("mutant", *COLUMNS, "verdict")]
+    rows: list[tuple[str, ...]] = [("mutant", *COLUMNS, "verdict")]
     for result in results:
         rows.append((result.mutant.name,
                      *(result.columns[c].cell() for c in COLUMNS),

@@ -181,9 +181,9 @@ class _FramingQueue(MessageQueue):
             self.frame(writer.memory.write, buffers, offset)
         writer.commit()
         if overflow:
-            self._send_multipart(self._local_socket, buffers)  # type: ignore[arg-type]
+            self._send_multipart(self._local_socket, buffers)
         if not writer.readers_behind():
-            self._notify()  # type: ignore[misc]
+            self._notify()
         return None
 
 

@@ -30,7 +30,7 @@ import threading
 from collections.abc import Sequence
 from pickle import PickleBuffer
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -135,7 +135,7 @@ def _reduce_tensor(tensor: Any) -> tuple[Any, ...]:
         else:
             dtype_name = str(tensor.dtype).removeprefix("torch.")
             return _REBUILD_REF, (PickleBuffer(raw), tuple(tensor.shape), dtype_name)
-    return tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    return cast("tuple[Any, ...]", tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL))
 
 
 def _import_module_mapped(name: str) -> Any:

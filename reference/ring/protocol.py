@@ -26,7 +26,7 @@ import enum
 import os
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from enginewire.spec import load
 
@@ -122,11 +122,19 @@ class _ChunkStateBase(enum.Enum):
 
 #: The states of a chunk's metadata row, one member per row of the spec's ``states`` table:
 #: NOT_WRITTEN, WRITTEN, PARTLY_READ, READ_BY_ALL.
-ChunkState = _ChunkStateBase(  # type: ignore[call-overload]
-    "ChunkState",
-    [(state.name.upper().replace("-", "_"), state.pattern) for state in _STATES],
-    module=__name__,
-)
+if TYPE_CHECKING:
+    # What a type checker sees of the class built below from the spec's table.
+    class ChunkState(_ChunkStateBase):
+        NOT_WRITTEN = enum.auto()
+        WRITTEN = enum.auto()
+        PARTLY_READ = enum.auto()
+        READ_BY_ALL = enum.auto()
+else:
+    ChunkState = _ChunkStateBase(
+        "ChunkState",
+        [(state.name.upper().replace("-", "_"), state.pattern) for state in _STATES],
+        module=__name__,
+    )
 
 
 def classify(row: Buffer) -> ChunkState:

@@ -71,7 +71,8 @@ def method_payload(method: str | Callable[..., Any]) -> str | bytes:
         import cloudpickle
     except ModuleNotFoundError:
         return pickle.dumps(method, protocol=pickle.HIGHEST_PROTOCOL)
-    return cloudpickle.dumps(method, protocol=pickle.HIGHEST_PROTOCOL)
+    dumped: bytes = cloudpickle.dumps(method, protocol=pickle.HIGHEST_PROTOCOL)
+    return dumped
 
 
 def make_request(method: str | Callable[..., Any], args: tuple[Any, ...] = (),
@@ -147,7 +148,7 @@ def parse_reply(obj: Any, rank: int) -> tuple[ResponseStatus, Any]:
         raise ExecutorError("ring.executor.response",
                             f"worker {rank}'s reply status is a WorkerProc.ResponseStatus",
                             expected="a ResponseStatus member", got=obj[0])
-    return obj  # type: ignore[return-value]
+    return obj
 
 
 def reply_error(status: ResponseStatus, value: Any, rank: int) -> WorkerFailure | None:

@@ -17,6 +17,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
+from typing import cast
 
 from ..errors import RingError
 from ..processes import this_process
@@ -72,11 +73,11 @@ def _attach_untracked(name: str) -> shared_memory.SharedMemory:
         return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
     with _ATTACH_LOCK:
         original = resource_tracker.register
-        resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
+        resource_tracker.register = lambda *args, **kwargs: None
         try:
             return shared_memory.SharedMemory(name=name)
         finally:
-            resource_tracker.register = original  # type: ignore[assignment]
+            resource_tracker.register = original
 
 
 class ShmMemory:
@@ -128,7 +129,7 @@ class ShmSegment:
         self.is_creator = is_creator
         self.name: str = shm.name
         self._buf: memoryview | None = shm.buf
-        self.memory = ShmMemory(shm.buf)
+        self.memory = ShmMemory(cast(memoryview, shm.buf))
 
     @classmethod
     def create(cls, layout: RingLayout) -> ShmSegment:

@@ -38,7 +38,14 @@ from enginewire.conformance.oracle.values import build, import_class
 from enginewire.reference.tensors import WireTensor
 from enginewire.spec import load
 from enginewire.spec.schema import EnumSpec, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, parse_type
+from enginewire.spec.types import (
+    TypeExpr,
+    TypeVisitor,
+    container_type,
+    kind_of,
+    members,
+    parse_type,
+)
 
 #: Spec types vLLM holds in a container class of its own (module:QualName).
 CONTAINER_CLASSES = {
@@ -78,19 +85,19 @@ class VllmObjects:
 
     def _member(self, value: Any, expr: TypeExpr) -> TypeExpr:
         """The union member a reference value belongs to."""
-        members = [a for a in expr.args if a.name != "none"]
-        if [m.name for m in members] == ["nested_tensors"]:
-            return members[0]
-        for member in members:
+        candidates = members(expr)
+        if [kind_of(m) for m in candidates] == ["nested_tensors"]:
+            return candidates[0]
+        for member in candidates:
             item = self.spec.structs.get(member.name)
             if isinstance(item, StructSpec) and type(value).__name__ == item.name:
                 return member
             if isinstance(item, EnumSpec) and isinstance(value, enum.Enum):
                 return member
         if isinstance(value, dict):
-            return next((m for m in members if m.name == "dict"), TypeExpr("any"))
+            return next((m for m in candidates if kind_of(m) == "mapping"), TypeExpr("any"))
         if isinstance(value, list | tuple | set):
-            return next((m for m in members if m.name in ("list", "tuple", "set")),
+            return next((m for m in candidates if kind_of(m) == "sequence"),
                         TypeExpr("any"))
         if type(value).__name__ in ("Tensor", "WireTensor"):
             return TypeExpr("tensor")
@@ -118,8 +125,8 @@ class VllmObjects:
                     msgspec.structs.force_setattr(obj, info.name, _default(info))
             return obj
         if dataclasses.is_dataclass(cls):
-            obj = cls.__new__(cls)
-            for info in dataclasses.fields(cls):
+            obj = cls.__new__(cls)  # type: ignore[arg-type]
+            for info in dataclasses.fields(cls):  # type: ignore[assignment]
                 if info.name in fields:
                     object.__setattr__(obj, info.name, fields[info.name])
                 elif info.default is not dataclasses.MISSING:
@@ -192,14 +199,14 @@ class _Convert(TypeVisitor[Any]):
         return value.to_torch() if isinstance(value, WireTensor) else value
 
     def visit_list(self, expr: TypeExpr, value: Any) -> Any:
-        if expr.name == "tuple" and not expr.variadic:
+        if expr.fixed_tuple:
             return tuple(self.objects.convert(v, a)
                          for v, a in zip(value, expr.args, strict=True))
         items = [self.objects.convert(v, expr.args[0]) for v in value]
-        if expr.name == "set":
+        if container_type(expr) is set:
             # Same elements in the same order, so the encoded arrays are byte-identical.
             return value.copy() if items == list(value) else set(items)
-        return tuple(items) if expr.name == "tuple" else items
+        return tuple(items) if container_type(expr) is tuple else items
 
     visit_set = visit_tuple = visit_list
 

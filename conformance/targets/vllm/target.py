@@ -386,7 +386,7 @@ class VllmExecutor:
 
         executor = MultiprocExecutor.__new__(MultiprocExecutor)
         executor.is_failed = False
-        executor.vllm_config = SimpleNamespace(
+        executor.vllm_config = SimpleNamespace(  # type: ignore[assignment]
             parallel_config=SimpleNamespace(enable_fault_tolerance=False))
         executor.futures_queue = deque()
         executor.response_mqs = []
@@ -405,7 +405,7 @@ class VllmExecutor:
 
         def ready() -> None:
             # _init_executor's order: the broadcast queue, then every response queue.
-            executor.rpc_broadcast_mq.wait_until_ready()
+            executor.rpc_broadcast_mq.wait_until_ready()  # type: ignore[union-attr]
             for queue in executor.response_mqs:
                 queue.wait_until_ready()
 
