@@ -16,7 +16,7 @@ mkdir -p "$TREE/enginewire"
 for file in "$ROOT"/enginewire/*.py; do
     ln -s "$file" "$TREE/enginewire/"
 done
-for package in spec reference conformance fuzz bench; do
+for package in spec reference conformance fuzz bench tap; do
     ln -s "$ROOT/$package" "$TREE/enginewire/$package"
 done
 cd "$TREE"
