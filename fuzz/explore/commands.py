@@ -1,7 +1,9 @@
 """``enginewire explore``: schedule exploration of a shared-memory ring target.
 
-Exit status: 0 when no violation was found, 1 when one was (or a replayed schedule still
-violates), 2 for a usage error (unknown target, malformed or diverging schedule).
+Exit status: 0 when the search ran to its end and found no violation, 1 when it found one (or
+a replayed schedule still violates), 2 for a usage error (unknown target, malformed or
+diverging schedule), 3 (:data:`EXIT_INCONCLUSIVE`) when the search stopped at ``--max-states``
+without finding one: "inconclusive at N states", never a pass.
 See ``docs/explorer.md``.
 """
 
@@ -12,6 +14,8 @@ import sys
 from typing import Any
 
 DEFAULT_MAX_STATES = 2_000_000
+#: Exit status of a search cut short at its state limit with no violation found.
+EXIT_INCONCLUSIVE = 3
 
 
 def register(subparsers: Any) -> None:
@@ -58,7 +62,8 @@ def register(subparsers: Any) -> None:
                         help="search on after a violation; report the first of each kind")
     parser.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES, metavar="N",
                         help=f"stop a search after N states (default {DEFAULT_MAX_STATES}; "
-                             "0: no limit)")
+                             "0: no limit); a search stopped there without a violation "
+                             f"is inconclusive (exit status {EXIT_INCONCLUSIVE})")
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
                         help="actions per execution before it counts as not terminating")
     parser.add_argument("--no-shrink", action="store_true", help="print violations unshrunk")
@@ -120,4 +125,12 @@ def main(args: argparse.Namespace) -> int:
         print(finding.format())
         print()
     print(result.summary())
-    return 1 if result.findings else 0
+    return exit_status(result)
+
+
+def exit_status(result: Any) -> int:
+    """1 for a violation, :data:`EXIT_INCONCLUSIVE` for a search cut short at its state
+    limit without one, 0 for a search that ran to its end clean."""
+    if result.findings:
+        return 1
+    return EXIT_INCONCLUSIVE if result.inconclusive else 0

@@ -101,10 +101,27 @@ class ExploreResult:
     limited: bool = False
     #: The trace of the last execution (replay mode only).
     events: list[Event] = field(default_factory=list)
+    #: The most actions of one execution the search reached (search only).
+    depth: int = 0
 
     @property
     def ok(self) -> bool:
+        """No violation found (which proves nothing when the search was cut short: see
+        :attr:`verdict`)."""
         return not self.findings
+
+    @property
+    def inconclusive(self) -> bool:
+        """The search stopped at its state limit without a violation: no verdict."""
+        return self.limited and not self.findings
+
+    @property
+    def verdict(self) -> str:
+        """``violation``, ``inconclusive`` (cut short at the state limit, nothing found: never a
+        pass) or ``pass``."""
+        if self.findings:
+            return "violation"
+        return "inconclusive" if self.inconclusive else "pass"
 
     def summary(self) -> str:
         if self.complete:
@@ -126,9 +143,16 @@ class ExploreResult:
         counts = (f"{self.states} states, {self.transitions} transitions, "
                   f"{self.executions} execution ends" if self.mode in ("exhaustive", "bounded")
                   else f"{self.executions} executions")
-        verdict = ("no violation" if self.ok else
-                   f"{len(self.findings)} violation(s): "
-                   + ", ".join(f.violation.kind for f in self.findings))
+        if self.findings:
+            verdict = (f"{len(self.findings)} violation(s): "
+                       + ", ".join(f.violation.kind for f in self.findings))
+        elif self.limited:
+            verdict = (f"inconclusive at {self.states} states (coverage reached: "
+                       f"{self.states} states, {self.transitions} transitions, "
+                       f"{self.executions} execution ends, executions explored to a depth of "
+                       f"{self.depth} actions; raise --max-states to search on)")
+        else:
+            verdict = "no violation"
         return (f"{self.target} {self.model.value} {self.config.spell()}: {scope} ({counts}, "
                 f"{self.code_runs} code runs) in {self.elapsed:.1f} s: {verdict}")
 
@@ -224,7 +248,7 @@ def explore(target: RingTarget | str, config: RingConfig | None = None, *,
                     if not keep_going:
                         complete = offset == random - 1
                         break
-            states = transitions = 0
+            states = transitions = depth = 0
         else:
             mode, bound = ("exhaustive", None) if preemptions is None else ("bounded",
                                                                             preemptions)
@@ -243,11 +267,11 @@ def explore(target: RingTarget | str, config: RingConfig | None = None, *,
                            reduce=reduce)
             findings = [session.finding(outcome, shrink=shrink, bound=bound) for outcome in found]
             executions, states, transitions = stats.ends, stats.states, stats.transitions
-            complete, limited = stats.complete, stats.limited
+            complete, limited, depth = stats.complete, stats.limited, stats.depth
         runs = sim.runs
     return ExploreResult(target.name, model, config, mode, bound, executions, states,
                          transitions, runs, complete, time.monotonic() - started, findings,
-                         limited=limited)
+                         limited=limited, depth=depth)
 
 
 def replay(schedule: Schedule | str, target: RingTarget | None = None, *,
