@@ -174,7 +174,8 @@ class _Session:
         self.sim = Simulator(layout=target.layout(config), model=model,
                              threads=target.threads(config), payloads=config.payloads(),
                              check_protocol=check == "all",
-                             max_steps=max_steps or default_max_steps(config))
+                             max_steps=max_steps or default_max_steps(config),
+                             framing=target.framing, check_layout=target.spec_layout)
 
     def lenient(self, keys: Sequence[str]) -> Outcome:
         return run_forward(self.sim, ReplayStrategy(keys, strict=False))

@@ -35,6 +35,16 @@ class RingTarget(abc.ABC):
     """A ring implementation the explorer can run; ``name`` appears in schedule strings."""
 
     name: str = "target"
+    #: What a chunk the writer publishes must hold: None (raw bytes, unchecked), ``"valid"``
+    #: (the spec's chunk framing) or ``"buffers"`` (that framing around exactly the
+    #: message's payload); see :func:`~enginewire.fuzz.explore.execution.framing_problem`.
+    framing: str | None = None
+    #: Its accesses follow the spec's layout: flags by ``load``/``store`` in the metadata
+    #: region, data by ``read``/``write`` inside one chunk (a violation is ``layout``, with
+    #: the layout clause), and each end publishes or releases message k in chunk
+    #: k % max_chunks (a violation is ``index``). False only for code that is not a ring
+    #: (litmus tests).
+    spec_layout: bool = True
 
     @abc.abstractmethod
     def layout(self, config: RingConfig) -> RingLayout:
@@ -62,6 +72,8 @@ class RingTarget(abc.ABC):
 
 class ReferenceTarget(RingTarget):
     """enginewire's reference ring (see the module docstring)."""
+
+    framing = "buffers"
 
     def __init__(self, *, writer_cls: type[RingWriter] = RingWriter,
                  reader_cls: type[RingReader] = RingReader, name: str = "reference") -> None:

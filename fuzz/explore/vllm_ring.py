@@ -200,6 +200,8 @@ class VllmTarget(RingTarget):
             raise ValueError(f"api must be 'acquire' or 'enqueue', got {api!r}")
         self.api = api
         self.fence_after_claim = fence_after_claim
+        #: ``enqueue`` frames its (pickled) message as the spec says; ``acquire`` moves raw bytes.
+        self.framing = None if api == "acquire" else "valid"
         self.name = "vllm" if api == "acquire" else "vllm-enqueue"
         if fence_after_claim:
             self.name += "+fence-after-claim"
