@@ -34,7 +34,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--target", default="reference",
                         help="reference (default), vllm (acquire_write/acquire_read), "
-                             "vllm-enqueue (enqueue/dequeue) or package.module:attr")
+                             "vllm-enqueue (enqueue/dequeue), WRITER>READERS (one target's "
+                             "writer with another's readers), package.module:attr naming a "
+                             "RingTarget, or any target 'enginewire check --target' takes "
+                             "(mutant:NAME, package.module:attr) whose ring has the "
+                             "ring.memory capability")
+    parser.add_argument("--cross", action="store_true",
+                        help="explore the target three ways: its writer with the reference "
+                             "readers, the reference writer with its readers, its own pair; "
+                             "report which pairing violates what")
     parser.add_argument("--readers", type=int, default=2, metavar="R",
                         help="local readers (default 2)")
     parser.add_argument("--chunks", type=int, default=2, metavar="C",
@@ -76,9 +84,9 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from enginewire.fuzz.explore.builtin_rings import resolve_target
     from enginewire.fuzz.explore.execution import ExplorerError
     from enginewire.fuzz.explore.explorer import explore, replay
+    from enginewire.fuzz.explore.pairing import resolve_target
     from enginewire.fuzz.explore.schedule import RingConfig, Schedule
     from enginewire.fuzz.explore.trace import format_events
 
@@ -112,6 +120,31 @@ def main(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 0:
             return usage(f"--{name.replace('_', '-')} must not be negative")
+    if args.cross:
+        from enginewire.fuzz.explore.explorer import cross_explore
+        from enginewire.fuzz.explore.pairing import PAIRING_TITLES
+
+        try:
+            cross = cross_explore(target, config, model=args.memory,
+                                  preemptions=args.preemptions, random=args.random,
+                                  seed=args.seed, pct_depth=args.pct_depth, check=args.check,
+                                  max_steps=args.max_steps, max_states=args.max_states or None,
+                                  keep_going=args.keep_going, shrink=not args.no_shrink,
+                                  reduce=not args.no_reduction)
+        except ExplorerError as exc:
+            print(f"enginewire explore: cannot run {target.name}: {exc}", file=sys.stderr)
+            return 2
+        for pairing, result in cross.results.items():
+            print(f"== ({pairing}) {PAIRING_TITLES[pairing]}")
+            for finding in result.findings:
+                print(finding.format())
+                print()
+            print(result.summary())
+            print()
+        print(cross.summary())
+        if cross.findings:
+            return 1
+        return EXIT_INCONCLUSIVE if cross.inconclusive else 0
     try:
         result = explore(target, config, model=args.memory, preemptions=args.preemptions,
                          random=args.random, seed=args.seed, pct_depth=args.pct_depth,

@@ -660,9 +660,16 @@ class World:
         (ring.writer.advance-modulo, ring.reader.advance-modulo: both ends start at 0 and
         advance modulo max_chunks), and the framing of a chunk the writer publishes."""
         sim = self.sim
-        if node.hi - node.lo != 1 or node.data != b"\x01" or not sim.check_layout:
+        if not sim.check_layout:
             return
         place = sim.amap.place(node.lo)
+        if place.region is Region.DATA:
+            last = sim.amap.place(node.hi - 1)
+            if last.region is not Region.DATA or last.chunk != place.chunk:
+                self._straddles(index, node, place.chunk)
+            return
+        if node.hi - node.lo != 1 or node.data != b"\x01":
+            return
         spec = sim.specs[index]
         if spec.role == WRITER:
             if place.region is not Region.WRITTEN_FLAG:
@@ -694,6 +701,33 @@ class World:
                 self.fail("framing", clause,
                           f"{spec.name} published message {count} in chunk {place.chunk} "
                           f"framed against the spec: {message}", spec.name)
+
+    def _straddles(self, index: int, node: Node, chunk: int) -> None:
+        """A data store that runs from chunk ``chunk`` past its end: a framing overrun when
+        the spec's header at the chunk's start (as this thread sees it) says its buffers run
+        past the chunk (ring.framing.within-chunk), else a write at offsets the spec's layout
+        does not give this chunk (ring.layout.data-region)."""
+        sim = self.sim
+        layout = sim.layout
+        lo = layout.chunk_offset(chunk)
+        view = self._view(index, lo, lo + layout.max_chunk_bytes)
+        overrun = False
+        try:
+            decode_chunk(view)
+        except RingError as exc:
+            overrun = exc.clause == "ring.framing.within-chunk"
+        name = sim.specs[index].name
+        where = sim.amap.describe(node.lo, node.hi)
+        if overrun or node.lo == lo:
+            self.fail("framing", "ring.framing.within-chunk",
+                      f"{name} writes past the end of chunk {chunk} ({where}): the framing "
+                      "runs past max_chunk_bytes", name)
+        else:
+            self.fail("layout", "ring.layout.data-region",
+                      f"{name} writes {where}, across the spec's chunk boundary at offset "
+                      f"{lo + layout.max_chunk_bytes}, with no spec chunk header at chunk "
+                      f"{chunk}'s start (offset {lo}) announcing it: its chunks are not where "
+                      "the spec's layout puts them", name)
 
     # --- memory -------------------------------------------------------------------------
 
@@ -771,24 +805,24 @@ def framing_problem(chunk: bytes, payload: bytes | None) -> tuple[str, str] | No
     bounds-checked against the chunk (``decode_chunk`` of the reference, whose errors name
     their clause). With ``payload``, the chunk must hold exactly that one buffer.
     """
+    if payload is not None and chunk[:1] == b"\x00":
+        count = int.from_bytes(chunk[1:3], "big")
+        if count != 1:
+            swapped = int.from_bytes(chunk[1:3], "little")
+            hint = " (1 written little-endian)" if swapped == 1 else ""
+            return ("ring.framing.buffer-count",
+                    f"bytes 1-2 hold the buffer count {count}{hint}; the message is 1 buffer")
+        length = int.from_bytes(chunk[3:7], "big")
+        if length != len(payload):
+            swapped = int.from_bytes(chunk[3:7], "little")
+            hint = " (written little-endian)" if swapped == len(payload) else ""
+            return ("ring.framing.length-prefix",
+                    f"bytes 3-6 hold the length {length}{hint}; the buffer is {len(payload)} "
+                    "bytes")
     try:
-        decoded = decode_chunk(chunk)
+        decode_chunk(chunk)
     except RingError as exc:
         return (exc.clause, str(exc))
-    if decoded.overflow or payload is None:
-        return None
-    count = int.from_bytes(chunk[1:3], "big")
-    if count != 1:
-        swapped = int.from_bytes(chunk[1:3], "little")
-        hint = " (1 written little-endian)" if swapped == 1 else ""
-        return ("ring.framing.buffer-count",
-                f"bytes 1-2 hold the buffer count {count}{hint}; the message is 1 buffer")
-    length = int.from_bytes(chunk[3:7], "big")
-    if length != len(payload):
-        swapped = int.from_bytes(chunk[3:7], "little")
-        hint = " (the length written little-endian)" if swapped == len(payload) else ""
-        return ("ring.framing.length-prefix",
-                f"bytes 3-6 hold the length {length}{hint}; the buffer is {len(payload)} bytes")
     return None
 
 

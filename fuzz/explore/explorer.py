@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from enginewire.fuzz.explore.builtin_rings import resolve_target
 from enginewire.fuzz.explore.execution import (
     Event,
     ExplorerError,
@@ -30,7 +30,8 @@ from enginewire.fuzz.explore.execution import (
     run_forward,
 )
 from enginewire.fuzz.explore.model import AddressMap, MemoryModel
-from enginewire.fuzz.explore.ring_targets import RingTarget
+from enginewire.fuzz.explore.pairing import PAIRING_TITLES, PAIRINGS, PairedTarget, resolve_target
+from enginewire.fuzz.explore.ring_targets import ReferenceTarget, RingTarget
 from enginewire.fuzz.explore.schedule import RingConfig, Schedule
 from enginewire.fuzz.explore.search import PctStrategy, ReplayStrategy, search
 from enginewire.fuzz.explore.shrink import shortest_schedule
@@ -298,3 +299,49 @@ def replay(schedule: Schedule | str, target: RingTarget | None = None, *,
     return ExploreResult(target.name, schedule.model, schedule.config, "replay", None, 1, 0,
                          outcome.steps, sim.runs, True, time.monotonic() - started, findings,
                          events=outcome.events)
+
+
+@dataclass
+class CrossResult:
+    """The result of each pairing (``writer``, ``readers``, ``own``) of one target."""
+
+    target: str
+    results: dict[str, Any]
+
+    @property
+    def findings(self) -> list[tuple[str, Any]]:
+        return [(pairing, f) for pairing, r in self.results.items() for f in r.findings]
+
+    @property
+    def inconclusive(self) -> bool:
+        return not self.findings and any(r.inconclusive for r in self.results.values())
+
+    def summary(self) -> str:
+        lines = [f"cross pairing of {self.target}:"]
+        for pairing, result in self.results.items():
+            if result.findings:
+                what = "; ".join(f"{f.violation.kind} [{f.violation.clause or 'no clause'}]"
+                                 for f in result.findings)
+            else:
+                what = ("inconclusive" if result.inconclusive else "no violation")
+            lines.append(f"  ({pairing}) {PAIRING_TITLES[pairing]}: {what}")
+        return "\n".join(lines)
+
+
+def cross_explore(target: RingTarget | str, config: RingConfig | None = None, *,
+                  pairings: tuple[str, ...] = PAIRINGS, **options: Any) -> CrossResult:
+    """Explore ``target`` in each of ``pairings`` (see the module docstring); ``options``
+    go to :func:`~enginewire.fuzz.explore.explorer.explore`."""
+    if isinstance(target, str):
+        target = resolve_target(target)
+    reference = ReferenceTarget()
+    made = {"writer": lambda: PairedTarget(target, reference),
+            "readers": lambda: PairedTarget(reference, target),
+            "own": lambda: target}
+    results = {}
+    for pairing in pairings:
+        if pairing not in made:
+            raise ValueError(f"unknown pairing {pairing!r}: expected one of "
+                             f"{', '.join(PAIRINGS)}")
+        results[pairing] = explore(made[pairing](), config, **options)
+    return CrossResult(target.name, results)

@@ -164,8 +164,12 @@ class _FramingQueue(MessageQueue):
     def overflows(self, buffers: Sequence[Buffer], max_chunk_bytes: int) -> bool:
         return overflow_total(buffers) >= max_chunk_bytes
 
+    #: How the writer frames a chunk: ``chunk_writer(write, buffers, base)`` (the reference's
+    #: ``write_chunk`` unless a subclass replaces it; the ``ring.memory`` writer uses it too).
+    chunk_writer = staticmethod(write_chunk)
+
     def frame(self, write: Any, buffers: Sequence[Buffer], base: int) -> int:
-        return write_chunk(write, buffers, base=base)
+        return self.chunk_writer(write, buffers, base)
 
     def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
         if self.n_remote_reader > 0 or self.n_local_reader == 0:
@@ -205,16 +209,14 @@ class LittleEndianLengths(_FramingQueue):
     ``to_bytes(4, "big")`` say big-endian; clause ring.framing.length-prefix). A
     little-endian host that copies a native ``uint32`` into the chunk does exactly this."""
 
-    def frame(self, write: Any, buffers: Sequence[Buffer], base: int) -> int:
-        return write_chunk_little_endian(write, buffers, base)
+    chunk_writer = staticmethod(write_chunk_little_endian)
 
 
 class OneByteBufferCount(_FramingQueue):
     """Writes the buffer count in one byte instead of two (clause ring.framing.buffer-count):
     every length and buffer after it is shifted by one byte."""
 
-    def frame(self, write: Any, buffers: Sequence[Buffer], base: int) -> int:
-        return write_chunk_one_byte_count(write, buffers, base)
+    chunk_writer = staticmethod(write_chunk_one_byte_count)
 
 
 # --- waiting and release ---------------------------------------------------------------------
@@ -318,12 +320,13 @@ class MutantRing(ReferenceRing):
     def memory_writer(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int) -> Any:
         writer = self.writer_cls(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks))
+        frame = getattr(self.queue_cls, "chunk_writer", write_chunk)
 
         class _Writer:
             def write(self, buffers: list[bytes]) -> bool:
                 if writer.try_acquire() is None:
                     return False
-                write_chunk(memory.write, buffers, base=writer.chunk_offset())
+                frame(memory.write, buffers, writer.chunk_offset())
                 writer.commit()
                 return True
 
