@@ -157,6 +157,8 @@ class ReferenceRing:
                     return False
                 write_chunk(memory.write, buffers, base=writer.chunk_offset())
                 writer.commit()
+                # After the written flag and its fence (ring.notify.after-written-flag).
+                memory.notify()
                 return True
 
         return _Writer()

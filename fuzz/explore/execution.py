@@ -231,6 +231,10 @@ class ThreadMemory:
     def yield_(self) -> None:
         self._record("yield")
 
+    def notify(self) -> None:
+        """The writer's notification (its notify socket send): an ordered event."""
+        self._record("notify")
+
     def received(self, payload: Any) -> None:
         self._record("receive", data=bytes(payload))
 
@@ -413,7 +417,7 @@ class World:
 
     __slots__ = ("sim", "memory", "nodes", "observed", "buffers", "stores", "current",
                  "preemptions", "step", "keys", "events", "violation", "recording", "received",
-                 "flagged")
+                 "flagged", "notified")
 
     def __init__(self, sim: Simulator, recording: bool, tracking: bool) -> None:
         self.sim = sim
@@ -434,6 +438,8 @@ class World:
         #: Per thread: how many chunks it has published (writer) or released (reader), in
         #: program order (a function of its history, so not part of the state key).
         self.flagged = [0] * count
+        #: Per thread: how many notifications it has sent (program order).
+        self.notified = [0] * count
 
     def copy(self) -> World:
         other = World.__new__(World)
@@ -452,6 +458,7 @@ class World:
         other.recording = self.recording
         other.received = list(self.received)
         other.flagged = list(self.flagged)
+        other.notified = list(self.notified)
         return other
 
     def state_key(self, *, with_current: bool) -> bytes:
@@ -606,6 +613,9 @@ class World:
             elif kind == "receive":
                 self._receive(index, node.data)
                 nodes[index] = node.next  # type: ignore[assignment]
+            elif kind == "notify":
+                self._notify(index)
+                nodes[index] = node.next  # type: ignore[assignment]
             elif kind == "layout":
                 self.fail("layout", node.clause,
                           f"{sim.specs[index].name}: {node.note}", sim.specs[index].name)
@@ -701,6 +711,34 @@ class World:
                 self.fail("framing", clause,
                           f"{spec.name} published message {count} in chunk {place.chunk} "
                           f"framed against the spec: {message}", spec.name)
+
+    def _notify(self, index: int) -> None:
+        """The writer sends a notification: the chunk it announces must be published (its
+        written flag 1 stored, in program order, since the last notification) and visible
+        (no written flag store still in the writer's store buffer):
+        ring.notify.after-written-flag."""
+        sim = self.sim
+        name = sim.specs[index].name
+        sent = self.notified[index]
+        self.notified[index] = sent + 1
+        if self.recording:
+            self._event(None, index, "notify", 0, 0, b"", "notify socket send")
+        if not sim.check_layout:
+            return
+        pending = [entry for entry in self.buffers[index]
+                   if sim.amap.place(entry.lo).region is Region.WRITTEN_FLAG
+                   and entry.data == b"\x01"]
+        if self.flagged[index] <= sent:
+            self.fail("notify-before-written", "ring.notify.after-written-flag",
+                      f"{name} sends notification {sent + 1} having published "
+                      f"{self.flagged[index]} chunk(s): the written flag of the chunk it "
+                      "announces is not set yet", name)
+        elif pending:
+            self.fail("notify-before-written", "ring.notify.after-written-flag",
+                      f"{name} sends a notification while its store of "
+                      f"{sim.amap.describe(pending[0].lo, pending[0].lo + 1)} = 1 is still in "
+                      "its store buffer (no fence between the written flag and the notify)",
+                      name)
 
     def _straddles(self, index: int, node: Node, chunk: int) -> None:
         """A data store that runs from chunk ``chunk`` past its end: a framing overrun when

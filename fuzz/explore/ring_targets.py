@@ -92,6 +92,7 @@ class ReferenceTarget(RingTarget):
                 memory.yield_()
             write_chunk(memory.write, [payload], base=writer.chunk_offset())
             writer.commit()
+            memory.notify()
 
     def run_reader(self, context: ThreadContext) -> None:
         memory = context.memory

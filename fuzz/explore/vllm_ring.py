@@ -134,7 +134,7 @@ class _SpinCondition:
         return None
 
     def notify(self) -> None:
-        return None
+        self._memory.notify()  # its notify socket send, an ordered event
 
     def cancel(self) -> None:
         return None

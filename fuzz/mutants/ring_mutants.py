@@ -222,6 +222,40 @@ class OneByteBufferCount(_FramingQueue):
 # --- waiting and release ---------------------------------------------------------------------
 
 
+class NotifiesBeforeWritten(MessageQueue):
+    """Sends the notification after filling the chunk but before setting its written flag.
+
+    A reader blocked on the notify socket wakes, finds written == 0, drains the (conflated)
+    notification and blocks again: the message waits for the reader's recheck, seconds
+    instead of milliseconds after an idle period (clause ring.notify.after-written-flag;
+    vLLM notifies at shm_broadcast.py:975, after acquire_write's written flag and fence).
+    Between the notification and the flag it does 50 ms of other work (as a writer that
+    notifies before an overflow send would), so a woken reader always checks the flag inside
+    that window; with a window of microseconds the reader would win the race only sometimes,
+    and the cross-process check would catch it only then (the ``ring.memory`` order check
+    and the explorer catch it always).
+    """
+
+    notify_before_written = True
+    #: Seconds between the notification and the written flag.
+    window_s = 0.05
+
+    def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
+        if self.n_remote_reader > 0 or self.n_local_reader == 0:
+            return super().enqueue_buffers(buffers, timeout)
+        writer = self._writer
+        assert writer is not None and self.layout is not None
+        if overflow_total(buffers) >= self.layout.max_chunk_bytes:
+            return super().enqueue_buffers(buffers, timeout)
+        self._claim_chunk(timeout)
+        write_chunk(writer.memory.write, buffers, base=writer.chunk_offset())
+        self._notify()  # type: ignore[misc]
+        time.sleep(self.window_s)
+        writer.commit()
+        return None
+
+
+
 class NoRecheckAfterNotification(MessageQueue):
     """A reader that, finding the ring empty, blocks on the notify socket until a ping comes,
     never rechecking the flags on a timer.
@@ -321,13 +355,18 @@ class MutantRing(ReferenceRing):
                       max_chunks: int) -> Any:
         writer = self.writer_cls(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks))
         frame = getattr(self.queue_cls, "chunk_writer", write_chunk)
+        notify_first = getattr(self.queue_cls, "notify_before_written", False)
 
         class _Writer:
             def write(self, buffers: list[bytes]) -> bool:
                 if writer.try_acquire() is None:
                     return False
                 frame(memory.write, buffers, writer.chunk_offset())
+                if notify_first:
+                    memory.notify()
                 writer.commit()
+                if not notify_first:
+                    memory.notify()
                 return True
 
         return _Writer()
