@@ -30,10 +30,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from enginewire.fuzz.explore.execution import ThreadContext
-from enginewire.fuzz.explore.ring_targets import RingTarget
+from enginewire.fuzz.explore.ring_targets import MemoryRingTarget, RingTarget
 from enginewire.fuzz.explore.schedule import RingConfig
-from enginewire.reference.errors import RingError
-from enginewire.reference.ring.framing import framed_size
 from enginewire.reference.ring.layout import RingLayout
 
 #: The three pairings of :func:`cross_explore`, in the order they run.
@@ -43,52 +41,6 @@ PAIRING_TITLES = {
     "readers": "the reference writer with its readers",
     "own": "its own writer and readers",
 }
-
-
-class MemoryRingTarget(RingTarget):
-    """A ring surface with ``memory_writer``/``memory_reader`` (capability ``ring.memory``).
-
-    The writer sends each message as one buffer (``write([payload])``, yielding while it
-    returns False); each reader calls ``read()`` (yielding while it returns None) and must get
-    that one buffer back. Chunks are the spec's: ``framed_size`` of one message, so every
-    chunk the writer publishes must hold exactly the spec's framing of its message.
-    """
-
-    framing = "buffers"
-
-    def __init__(self, ring: Any, name: str) -> None:
-        for attribute in ("memory_writer", "memory_reader"):
-            if not callable(getattr(ring, attribute, None)):
-                raise ValueError(f"{name}: its ring surface has no {attribute}() (capability "
-                                 "ring.memory), so the explorer cannot run it")
-        self.ring = ring
-        self.name = name
-
-    def layout(self, config: RingConfig) -> RingLayout:
-        return RingLayout(config.readers, framed_size([config.payload(0)]), config.chunks)
-
-    def run_writer(self, context: ThreadContext) -> None:
-        layout, memory = context.layout, context.memory
-        writer = self.ring.memory_writer(memory, n_reader=layout.n_reader,
-                                         max_chunk_bytes=layout.max_chunk_bytes,
-                                         max_chunks=layout.max_chunks)
-        for payload in context.payloads:
-            while not writer.write([payload]):
-                memory.yield_()
-
-    def run_reader(self, context: ThreadContext) -> None:
-        layout, memory = context.layout, context.memory
-        reader = self.ring.memory_reader(memory, n_reader=layout.n_reader,
-                                         max_chunk_bytes=layout.max_chunk_bytes,
-                                         max_chunks=layout.max_chunks, rank=context.rank)
-        for _ in context.payloads:
-            while (buffers := reader.read()) is None:
-                memory.yield_()
-            if len(buffers) != 1:
-                raise RingError("ring.framing.buffer-count",
-                                "the reader returned another number of buffers than the "
-                                "writer sent", expected=1, got=len(buffers))
-            context.received(bytes(buffers[0]))
 
 
 class PairedTarget(RingTarget):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from typing import Any
 
 from enginewire.fuzz.explore.execution import READER, WRITER, ThreadContext, ThreadSpec
 from enginewire.fuzz.explore.schedule import RingConfig
@@ -111,3 +112,49 @@ class ReferenceTarget(RingTarget):
                 context.received(bytes(decoded.buffers[0]))
             finally:
                 reader.release()
+
+
+class MemoryRingTarget(RingTarget):
+    """A ring surface with ``memory_writer``/``memory_reader`` (capability ``ring.memory``).
+
+    The writer sends each message as one buffer (``write([payload])``, yielding while it
+    returns False); each reader calls ``read()`` (yielding while it returns None) and must get
+    that one buffer back. Chunks are the spec's: ``framed_size`` of one message, so every
+    chunk the writer publishes must hold exactly the spec's framing of its message.
+    """
+
+    framing = "buffers"
+
+    def __init__(self, ring: Any, name: str) -> None:
+        for attribute in ("memory_writer", "memory_reader"):
+            if not callable(getattr(ring, attribute, None)):
+                raise ValueError(f"{name}: its ring surface has no {attribute}() (capability "
+                                 "ring.memory), so the explorer cannot run it")
+        self.ring = ring
+        self.name = name
+
+    def layout(self, config: RingConfig) -> RingLayout:
+        return RingLayout(config.readers, framed_size([config.payload(0)]), config.chunks)
+
+    def run_writer(self, context: ThreadContext) -> None:
+        layout, memory = context.layout, context.memory
+        writer = self.ring.memory_writer(memory, n_reader=layout.n_reader,
+                                         max_chunk_bytes=layout.max_chunk_bytes,
+                                         max_chunks=layout.max_chunks)
+        for payload in context.payloads:
+            while not writer.write([payload]):
+                memory.yield_()
+
+    def run_reader(self, context: ThreadContext) -> None:
+        layout, memory = context.layout, context.memory
+        reader = self.ring.memory_reader(memory, n_reader=layout.n_reader,
+                                         max_chunk_bytes=layout.max_chunk_bytes,
+                                         max_chunks=layout.max_chunks, rank=context.rank)
+        for _ in context.payloads:
+            while (buffers := reader.read()) is None:
+                memory.yield_()
+            if len(buffers) != 1:
+                raise RingError("ring.framing.buffer-count",
+                                "the reader returned another number of buffers than the "
+                                "writer sent", expected=1, got=len(buffers))
+            context.received(bytes(buffers[0]))
