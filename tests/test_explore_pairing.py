@@ -24,6 +24,7 @@ from enginewire.fuzz.explore import (
     explore,
     resolve_target,
 )
+from enginewire.fuzz.mutants import MUTANTS
 from enginewire.fuzz.mutants.ring_mutants import MutantRing
 from enginewire.reference.errors import RingError
 from enginewire.reference.ring.framing import decode_chunk, write_chunk
@@ -200,3 +201,13 @@ def test_write_chunk_and_decode_agree_for_the_reference() -> None:
                 [b"ab"], base=0)
     assert [bytes(b) for b in decode_chunk(chunk).buffers] == [b"ab"]
     assert isinstance(ReferenceTarget().framing, str)
+
+
+def test_a_reader_body_that_raises_must_still_release_the_chunk() -> None:
+    config = RingConfig(readers=1, chunks=1, messages=2)
+    honest = MemoryRingTarget(MutantRing(), "raising-body", body_raises=0)
+    assert explore(honest, config).verdict == "pass"
+    broken = MUTANTS["no-release-on-error"].explorer_target()
+    assert broken.body_raises == 0
+    result = explore(broken, config, keep_going=True)
+    assert result.findings, result.summary()

@@ -171,13 +171,16 @@ class ReferenceRing:
         reader = RingReader(memory, layout, rank)
 
         class _Reader:
-            def read(self) -> list[bytes] | None:
+            def read(self, consume: Any = None) -> list[bytes] | None:
                 if reader.try_acquire() is None:
                     return None
                 try:
                     chunk = memory.read(reader.chunk_offset(), max_chunk_bytes)
                     decoded = decode_chunk(chunk)
-                    return [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
+                    got = [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
+                    if consume is not None:
+                        consume(got)  # may raise: the chunk is released all the same
+                    return got
                 finally:
                     reader.release()
 

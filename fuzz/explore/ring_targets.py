@@ -125,13 +125,17 @@ class MemoryRingTarget(RingTarget):
 
     framing = "buffers"
 
-    def __init__(self, ring: Any, name: str) -> None:
+    def __init__(self, ring: Any, name: str, *, body_raises: int | None = None) -> None:
         for attribute in ("memory_writer", "memory_reader"):
             if not callable(getattr(ring, attribute, None)):
                 raise ValueError(f"{name}: its ring surface has no {attribute}() (capability "
                                  "ring.memory), so the explorer cannot run it")
         self.ring = ring
         self.name = name
+        #: Each reader's body raises while it holds message ``body_raises`` (its reader's
+        #: ``read(consume=...)`` calls ``consume(buffers)`` before releasing the chunk): the
+        #: reader must still release it (ring.reader.release-on-error). None: never.
+        self.body_raises = body_raises
 
     def layout(self, config: RingConfig) -> RingLayout:
         return RingLayout(config.readers, framed_size([config.payload(0)]), config.chunks)
@@ -150,7 +154,10 @@ class MemoryRingTarget(RingTarget):
         reader = self.ring.memory_reader(memory, n_reader=layout.n_reader,
                                          max_chunk_bytes=layout.max_chunk_bytes,
                                          max_chunks=layout.max_chunks, rank=context.rank)
-        for _ in context.payloads:
+        for number in range(len(context.payloads)):
+            if number == self.body_raises:
+                self._read_raising(reader, context)
+                continue
             while (buffers := reader.read()) is None:
                 memory.yield_()
             if len(buffers) != 1:
@@ -158,3 +165,28 @@ class MemoryRingTarget(RingTarget):
                                 "the reader returned another number of buffers than the "
                                 "writer sent", expected=1, got=len(buffers))
             context.received(bytes(buffers[0]))
+
+    @staticmethod
+    def _read_raising(reader: Any, context: ThreadContext) -> None:
+        """Read one message with a body that raises while the chunk is held."""
+
+        def consume(buffers: list[bytes]) -> None:
+            context.received(bytes(buffers[0]))
+            raise _BodyRaised
+
+        while True:
+            try:
+                buffers = reader.read(consume=consume)
+            except _BodyRaised:
+                return
+            if buffers is None:
+                context.memory.yield_()
+                continue
+            # The reader swallowed the body's exception; the message still counts.
+            if buffers:
+                context.received(bytes(buffers[0]))
+            return
+
+
+class _BodyRaised(Exception):
+    """What a reader body raises on purpose while it holds a chunk (MemoryRingTarget)."""

@@ -55,6 +55,8 @@ class Mutant:
     #: The explorer runs the surface's ``ring.memory`` ends (its writer frames chunks as the
     #: mutant does) rather than flag-protocol classes.
     explorer_memory: bool = False
+    #: The explorer's readers raise while they hold this message (None: never).
+    explorer_body_raises: int | None = None
 
     def __call__(self) -> Target:
         return Target(name=f"mutant:{self.name}", description=self.broken,
@@ -67,11 +69,11 @@ class Mutant:
     def explorer_target(self) -> Any:
         """The explorer's ring target running this mutant's writer and reader classes (or its
         surface's ``ring.memory`` ends, for ``explorer_memory``)."""
-        from enginewire.fuzz.explore.pairing import MemoryRingTarget
-        from enginewire.fuzz.explore.ring_targets import ReferenceTarget
+        from enginewire.fuzz.explore.ring_targets import MemoryRingTarget, ReferenceTarget
 
         if self.explorer_memory:
-            return MemoryRingTarget(self.make_surface(), f"mutant:{self.name}")
+            return MemoryRingTarget(self.make_surface(), f"mutant:{self.name}",
+                                    body_raises=self.explorer_body_raises)
         from enginewire.reference.ring.protocol import RingReader, RingWriter
 
         return ReferenceTarget(writer_cls=self.writer_cls or RingWriter,
@@ -169,7 +171,8 @@ _CATALOGUE = [
     Mutant("no-release-on-error", "the read flag is not set when decoding raises",
            "vLLM issue 45224 (read slot released in finally)",
            "ring", _ring(queue_cls=ring.NoReleaseOnError),
-           ("ring/reader/release-on-error",)),
+           ("ring/reader/release-on-error",),
+           explorer_memory=True, explorer_body_raises=0, explorer_config=(1, 1, 2)),
     # --- peers ---------------------------------------------------------------------------
     Mutant("identity-big-endian", "the engine's routing identity is big-endian",
            "vLLM issue 23247 (identity confusion on reconnect); core.py to_bytes(2, 'little')",

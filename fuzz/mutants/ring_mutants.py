@@ -277,6 +277,9 @@ class NoReleaseOnError(MessageQueue):
     (clause ring.reader.release-on-error).
     """
 
+    #: Its ``ring.memory`` reader leaves the chunk held when the body raises, too.
+    release_on_error = False
+
     def dequeue(self, timeout: float | None = None) -> Any:
         if not self.is_local_reader or self._pending_overflow:
             return super().dequeue(timeout)
@@ -376,14 +379,22 @@ class MutantRing(ReferenceRing):
         reader = self.reader_cls(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks),
                                  rank)
 
+        release_on_error = getattr(self.queue_cls, "release_on_error", True)
+
         class _Reader:
-            def read(self) -> list[bytes] | None:
+            def read(self, consume: Any = None) -> list[bytes] | None:
                 if reader.try_acquire() is None:
                     return None
-                try:
-                    decoded = decode_chunk(memory.read(reader.chunk_offset(), max_chunk_bytes))
-                    return [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
-                finally:
-                    reader.release()
+                decoded = decode_chunk(memory.read(reader.chunk_offset(), max_chunk_bytes))
+                got = [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
+                if consume is not None:
+                    try:
+                        consume(got)
+                    except BaseException:
+                        if release_on_error:
+                            reader.release()
+                        raise
+                reader.release()
+                return got
 
         return _Reader()

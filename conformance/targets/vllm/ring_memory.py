@@ -214,16 +214,24 @@ class _PassThroughPickle:
                     raise ValueError("the vLLM ring memory adapter carries extra buffers "
                                      "out of band only (vLLM: from 1 MiB)")
 
-    @staticmethod
-    def loads(data: Any, buffers: Any = ()) -> list[bytes]:
-        return [bytes(data), *(bytes(b) for b in buffers)]
+    def __init__(self, consume: Callable[[list[bytes]], None] | None = None) -> None:
+        self.consume = consume
+
+    def loads(self, data: Any, buffers: Any = ()) -> list[bytes]:
+        """The buffers; ``consume(buffers)`` runs here, inside vLLM's ``acquire_read`` block
+        (while the chunk is held), where vLLM unpickles."""
+        got = [bytes(data), *(bytes(b) for b in buffers)]
+        if self.consume is not None:
+            self.consume(got)
+        return got
 
 
 class VllmMemoryRing:
     """``memory_writer``/``memory_reader`` of the ``vllm`` target (capability ``ring.memory``):
     vLLM's ``enqueue``/``dequeue`` over the suite's memory. ``write`` returns False (and has
     stored nothing) where vLLM's ``acquire_write`` would yield for a free chunk; ``read``
-    returns None where ``acquire_read`` would wait."""
+    returns None where ``acquire_read`` would wait; ``read(consume)`` calls ``consume(buffers)``
+    where vLLM unpickles, inside ``acquire_read``, so a body that raises is vLLM's own case."""
 
     def memory_writer(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int) -> Any:
@@ -232,7 +240,7 @@ class VllmMemoryRing:
 
         class _Writer:
             def write(self, buffers: list[bytes]) -> bool:
-                with patched(memory.fence, _not_ready, _PassThroughPickle):
+                with patched(memory.fence, _not_ready, _PassThroughPickle()):
                     try:
                         queue.enqueue(_Frames(list(buffers)), timeout=None)
                     except _NotReady:
@@ -247,8 +255,8 @@ class VllmMemoryRing:
         queue = message_queue(memory, layout, writer=False, rank=rank, on_wait=_not_ready)
 
         class _Reader:
-            def read(self) -> list[bytes] | None:
-                with patched(memory.fence, _not_ready, _PassThroughPickle):
+            def read(self, consume: Any = None) -> list[bytes] | None:
+                with patched(memory.fence, _not_ready, _PassThroughPickle(consume)):
                     try:
                         return list(queue.dequeue(timeout=None, indefinite=True))
                     except _NotReady:
