@@ -211,3 +211,12 @@ def test_a_reader_body_that_raises_must_still_release_the_chunk() -> None:
     assert broken.body_raises == 0
     result = explore(broken, config, keep_going=True)
     assert result.findings, result.summary()
+
+
+def test_a_message_at_the_overflow_boundary_must_overflow() -> None:
+    config = RingConfig(readers=1, chunks=2, messages=2)
+    honest = MemoryRingTarget(MutantRing(), "boundary", overflow_boundary=True)
+    assert explore(honest, config).verdict == "pass"
+    broken = explore(MUTANTS["overflow-off-by-one"].explorer_target(), config)
+    assert [(f.violation.kind, f.violation.clause) for f in broken.findings] == [
+        ("framing", "ring.framing.within-chunk")]

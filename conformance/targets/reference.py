@@ -147,7 +147,7 @@ class ReferenceRing:
     def memory_writer(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int) -> Any:
         from enginewire.reference.ring import RingLayout, RingWriter
-        from enginewire.reference.ring.framing import write_chunk
+        from enginewire.reference.ring.framing import overflow_total, write_chunk
 
         writer = RingWriter(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks))
 
@@ -155,7 +155,10 @@ class ReferenceRing:
             def write(self, buffers: list[bytes]) -> bool:
                 if writer.try_acquire() is None:
                     return False
-                write_chunk(memory.write, buffers, base=writer.chunk_offset())
+                if overflow_total(buffers) >= max_chunk_bytes:
+                    memory.store(writer.chunk_offset(), 1)  # the rest goes over the XPUB
+                else:
+                    write_chunk(memory.write, buffers, base=writer.chunk_offset())
                 writer.commit()
                 # After the written flag and its fence (ring.notify.after-written-flag).
                 memory.notify()

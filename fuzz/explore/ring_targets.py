@@ -125,7 +125,8 @@ class MemoryRingTarget(RingTarget):
 
     framing = "buffers"
 
-    def __init__(self, ring: Any, name: str, *, body_raises: int | None = None) -> None:
+    def __init__(self, ring: Any, name: str, *, body_raises: int | None = None,
+                 overflow_boundary: bool = False) -> None:
         for attribute in ("memory_writer", "memory_reader"):
             if not callable(getattr(ring, attribute, None)):
                 raise ValueError(f"{name}: its ring surface has no {attribute}() (capability "
@@ -136,9 +137,16 @@ class MemoryRingTarget(RingTarget):
         #: ``read(consume=...)`` calls ``consume(buffers)`` before releasing the chunk): the
         #: reader must still release it (ring.reader.release-on-error). None: never.
         self.body_raises = body_raises
+        #: Chunks one byte smaller than a message's framing: every message sits at the
+        #: overflow boundary (ring.framing.overflow-condition: 6 + len(main) >= max_chunk_bytes)
+        #: and must overflow. Its bytes travel over the XPUB socket, outside the explorer: a
+        #: reader that finds the overflow marker (``read()`` returns ``[]``) counts the
+        #: message due as received.
+        self.overflow_boundary = overflow_boundary
 
     def layout(self, config: RingConfig) -> RingLayout:
-        return RingLayout(config.readers, framed_size([config.payload(0)]), config.chunks)
+        chunk_bytes = framed_size([config.payload(0)]) - (1 if self.overflow_boundary else 0)
+        return RingLayout(config.readers, chunk_bytes, config.chunks)
 
     def run_writer(self, context: ThreadContext) -> None:
         layout, memory = context.layout, context.memory
@@ -160,6 +168,8 @@ class MemoryRingTarget(RingTarget):
                 continue
             while (buffers := reader.read()) is None:
                 memory.yield_()
+            if not buffers and self.overflow_boundary:
+                buffers = [context.payloads[number]]  # the overflow marker: over the XPUB
             if len(buffers) != 1:
                 raise RingError("ring.framing.buffer-count",
                                 "the reader returned another number of buffers than the "

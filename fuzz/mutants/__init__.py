@@ -57,6 +57,8 @@ class Mutant:
     explorer_memory: bool = False
     #: The explorer's readers raise while they hold this message (None: never).
     explorer_body_raises: int | None = None
+    #: The explorer sends every message at the overflow boundary.
+    explorer_boundary: bool = False
 
     def __call__(self) -> Target:
         return Target(name=f"mutant:{self.name}", description=self.broken,
@@ -73,7 +75,8 @@ class Mutant:
 
         if self.explorer_memory:
             return MemoryRingTarget(self.make_surface(), f"mutant:{self.name}",
-                                    body_raises=self.explorer_body_raises)
+                                    body_raises=self.explorer_body_raises,
+                                    overflow_boundary=self.explorer_boundary)
         from enginewire.reference.ring.protocol import RingReader, RingWriter
 
         return ReferenceTarget(writer_cls=self.writer_cls or RingWriter,
@@ -149,7 +152,8 @@ _CATALOGUE = [
     # --- ring: framing and waiting -------------------------------------------------------
     Mutant("overflow-off-by-one", "the overflow test is > where vLLM has >=",
            "shm_broadcast.py enqueue (total_bytes + len >= max_chunk_bytes)",
-           "ring", _ring(queue_cls=ring.OverflowOffByOne), FRAMING_CHECKS),
+           "ring", _ring(queue_cls=ring.OverflowOffByOne), FRAMING_CHECKS,
+           explorer_memory=True, explorer_boundary=True),
     Mutant("length-prefix-little-endian", "buffer count and lengths written little-endian",
            "shm_broadcast.py enqueue (to_bytes(4, 'big'))",
            "ring", _ring(queue_cls=ring.LittleEndianLengths), FRAMING_CHECKS,

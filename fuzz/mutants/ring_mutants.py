@@ -359,12 +359,21 @@ class MutantRing(ReferenceRing):
         writer = self.writer_cls(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks))
         frame = getattr(self.queue_cls, "chunk_writer", write_chunk)
         notify_first = getattr(self.queue_cls, "notify_before_written", False)
+        queue_overflows = getattr(self.queue_cls, "overflows", None)
+
+        def overflows(buffers: Sequence[Buffer], limit: int) -> bool:
+            if queue_overflows is not None:
+                return bool(queue_overflows(None, buffers, limit))
+            return overflow_total(buffers) >= limit
 
         class _Writer:
             def write(self, buffers: list[bytes]) -> bool:
                 if writer.try_acquire() is None:
                     return False
-                frame(memory.write, buffers, writer.chunk_offset())
+                if overflows(buffers, max_chunk_bytes):
+                    memory.store(writer.chunk_offset(), 1)  # the rest goes over the XPUB
+                else:
+                    frame(memory.write, buffers, writer.chunk_offset())
                 if notify_first:
                     memory.notify()
                 writer.commit()
