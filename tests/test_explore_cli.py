@@ -89,3 +89,13 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "readers must be a positive integer" in err
     with pytest.raises(SystemExit):
         run(capsys, "--preemptions", "1", "--random", "5")
+
+
+def test_a_search_cut_short_at_its_state_limit_is_inconclusive_never_a_pass(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "--readers", "2", "--chunks", "2", "--messages", "2",
+                       "--max-states", "50")
+    assert code == 3
+    assert "no violation" not in out
+    assert re.search(r"inconclusive at \d+ states \(coverage reached: \d+ states, \d+ "
+                     r"transitions, \d+ execution ends", out)

@@ -73,16 +73,31 @@ def test_every_mutant_is_killed(matrix: dict[str, Any]) -> None:
     assert f"{len(MUTANTS)} of {len(MUTANTS)} mutants killed" in matrix["stdout"]
 
 
-def test_explorer_alone_kills_the_ordering_mutants(matrix: dict[str, Any]) -> None:
+def test_ordering_mutants_are_killed_by_the_explorer_and_the_memory_checks_only(
+        matrix: dict[str, Any]) -> None:
+    """On x86 the real-memory ring checks cannot see a flag order or a fence; the explorer and
+    the ring/memory checks (the order of the ring code's own accesses) do, independently."""
     rows = {row["name"]: row for row in matrix["mutants"]}
     for name, clause in (("flag-order", "ring.writer.read-flags-cleared-before-written"),
                          ("missing-fence", "ring.writer.fence-before-written")):
         columns = rows[name]["columns"]
-        assert columns["conformance"]["ran"] and not columns["conformance"]["kills"], name
+        kills = columns["conformance"]["kills"]
+        assert kills and all(k.startswith("ring/memory/") for k in kills), (name, kills)
         assert not columns["fuzz"]["ran"]
         assert columns["explorer"]["kills"], name
         assert clause in columns["explorer"]["details"][0]
         assert f"explorer kills {name}" in matrix["stdout"]
+
+
+#: Mutants the bounded run kills with one check only (a gap of the suite, not a goal): the
+#: test fails when one of them gains a second kill (remove it here) or another one loses one.
+KILLED_ONCE = {"negative-buffer-index", "untyped-decode-errors", "lost-notification"}
+
+
+def test_every_other_mutant_is_killed_by_at_least_two_independent_checks(
+        matrix: dict[str, Any]) -> None:
+    thin = {row["name"] for row in matrix["mutants"] if row["kills"] < 2}
+    assert thin == KILLED_ONCE, {row["name"]: row["kills"] for row in matrix["mutants"]}
 
 
 def test_codec_mutants_are_killed_by_the_checks_made_for_them(matrix: dict[str, Any]) -> None:

@@ -997,3 +997,84 @@ def _order_reader_loads(ring: RingSurface, ctx: CheckContext) -> None:
     if own < 0 or written < 0 or own > written:
         raise CheckFailure("expected the load of read flag 1 before the load of the written flag",
                            Reproduction(received=[repr(e).encode() for e in log]))
+
+
+@check("ring/memory/notify-after-written-flag", clauses=["ring.notify.after-written-flag"],
+       surface="ring", requires=["ring.memory"])
+def _order_notify(ring: Any, ctx: Any) -> None:
+    """The writer's notification (``memory.notify()``, its notify socket send) comes after
+    written = 1 and a fence after it. A writer that never calls ``memory.notify()`` leaves
+    its notification out of the log, and the order cannot be seen: that fails too, since
+    the ``ring.memory`` contract makes the notification an event of the log."""
+    log, geometry = _write_trace(ring)
+    row = geometry.row(0)
+    written_one = _after(log, 0, lambda e: e[:3] == ("store", row, 1))
+    notify = _after(log, 0, lambda e: e[0] == "notify")
+    trace = Reproduction(received=[repr(e).encode() for e in log])
+    if notify < 0:
+        raise CheckFailure("the writer logged no notification: call memory.notify() where the "
+                           "notify socket send is", trace)
+    if written_one < 0 or notify < written_one:
+        raise CheckFailure(f"the notification (log entry {notify}) comes before written = 1 "
+                           f"(log entry {written_one}): a reader it wakes finds the chunk "
+                           "unwritten and waits for its recheck", trace)
+    if _after(log[:notify], written_one + 1, lambda e: e[0] == "fence") < 0:
+        raise CheckFailure("no fence between written = 1 and the notification: the flag may "
+                           "not be visible when the notification wakes a reader", trace)
+
+
+#: The recheck period of the suite's blocked reader in the notification latency check.
+NOTIFY_RECHECK_S = 2.0
+
+
+@check("ring/writer/notify-wakes-idle-reader",
+       clauses=["ring.notify.prompt-delivery", "ring.notify.after-written-flag"],
+       surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
+def _notify_latency(ring: Any, ctx: Any) -> None:
+    """A lone message after an idle period reaches a reader blocked on the notify socket by
+    its notification, not by its recheck.
+
+    The suite's reader blocks on the notify socket with a recheck period R of 2 s and takes
+    what it finds readable; 0.3 s later the target's writer enqueues one message. Two
+    outcomes, orders of magnitude apart: the notification wakes the reader and the message
+    arrives within milliseconds, or it does not (no notification, or one sent before the
+    written flag: the reader wakes, finds nothing, drains it and blocks again) and the reader
+    finds the message at a recheck. In the second case the reader blocks again only after the
+    enqueue began, so the latency is at least R. The check fails at latency >= R / 2: twice
+    the spec's bound (ring.notify.prompt-delivery: R / 4), hundreds of times what a
+    notification takes, and half of what a missed one costs at the least. A correct writer
+    fails only if the machine stalls the reader for a whole second; no threshold sits near
+    either outcome, which is why it does not flake.
+    """
+    writer = _target_writer(ring, ctx, 1)
+    reader = _suite_readers(ctx, writer.handle, [0])[0]
+    _ready(ctx, writer, [reader])
+    writer.enqueue("warm-up", ctx.wait(5.0))
+    if reader.dequeue(timeout=ctx.wait(5.0)) != "warm-up":
+        raise CheckFailure("the warm-up message did not arrive")
+    while reader.notify.poll(0):
+        reader.notify.recv()
+
+    def blocked_reader() -> float:
+        deadline = time.monotonic() + 3 * NOTIFY_RECHECK_S + 2.0
+        while not reader.readable(reader.index):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the lone message never became readable")
+            if reader.notify.poll(int(NOTIFY_RECHECK_S * 1000)):
+                reader.notify.recv()
+        arrived = time.monotonic()
+        reader.read_buffers(1.0)
+        return arrived
+
+    waiting = Background(blocked_reader, "the blocked reader")
+    time.sleep(0.3)
+    started = time.monotonic()
+    writer.enqueue("lone", ctx.wait(5.0))
+    arrived = waiting.result(ctx.wait(3 * NOTIFY_RECHECK_S + 5.0), "the blocked reader")
+    latency = arrived - started
+    if latency >= NOTIFY_RECHECK_S / 2:
+        raise CheckFailure(
+            f"a lone message after an idle period reached the blocked reader after "
+            f"{latency:.2f} s, at its recheck (every {NOTIFY_RECHECK_S:g} s), not by the "
+            f"notification (spec bound: {NOTIFY_RECHECK_S / 4:g} s): no notification, or one "
+            "sent before the written flag")

@@ -437,3 +437,7 @@ class RecordingMemory:
 
     def yield_(self) -> None:
         self.log.append(("yield", -1, None))
+
+    def notify(self) -> None:
+        """The writer's notification (its notify socket send), an ordered event of the log."""
+        self.log.append(("notify", -1, None))

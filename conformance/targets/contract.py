@@ -33,9 +33,13 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     (capabilities ``ring.writer`` and ``ring.reader``). Optional (capability ``ring.memory``):
     ``memory_writer(memory, n_reader=, max_chunk_bytes=, max_chunks=)`` with ``write(buffers)
     -> bool`` (False: no free chunk) and ``memory_reader(memory, ..., rank=)`` with ``read() ->
-    buffers | None``, the flag protocol over a memory the suite provides (``load(offset)``,
+    buffers | None`` (optionally ``read(consume=)``: call ``consume(buffers)`` while the chunk
+    is held, releasing it also when that raises, then re-raise), the flag protocol over a
+    memory the suite provides (``load(offset)``,
     ``store(offset, value)``, ``read(offset, length)``, ``write(offset, data)``, ``fence()``,
-    ``yield_()``), so the suite can log the order of every store and fence. Optional (capability
+    ``yield_()``, ``notify()``), so the suite can log the order of every store and fence; the
+    writer calls ``memory.notify()`` where it sends its notification (the notify socket send),
+    so the notification is an ordered event of that log too. Optional (capability
     ``ring.remote``): ``create_remote_writer(n_reader=, n_local_reader=, max_chunk_bytes=,
     max_chunks=, connect_ip=)``, a writer with readers on other nodes, whose handle carries
     ``remote_subscribe_address``. Optional, for ``enginewire bench`` only: a reader's

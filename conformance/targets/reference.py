@@ -149,7 +149,7 @@ class ReferenceRing:
     def memory_writer(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int) -> Any:
         from enginewire.reference.ring import RingLayout, RingWriter
-        from enginewire.reference.ring.framing import write_chunk
+        from enginewire.reference.ring.framing import overflow_total, write_chunk
 
         writer = RingWriter(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks))
 
@@ -157,8 +157,13 @@ class ReferenceRing:
             def write(self, buffers: list[bytes]) -> bool:
                 if writer.try_acquire() is None:
                     return False
-                write_chunk(memory.write, buffers, base=writer.chunk_offset())
+                if overflow_total(buffers) >= max_chunk_bytes:
+                    memory.store(writer.chunk_offset(), 1)  # the rest goes over the XPUB
+                else:
+                    write_chunk(memory.write, buffers, base=writer.chunk_offset())
                 writer.commit()
+                # After the written flag and its fence (ring.notify.after-written-flag).
+                memory.notify()
                 return True
 
         return _Writer()
@@ -171,13 +176,16 @@ class ReferenceRing:
         reader = RingReader(memory, layout, rank)
 
         class _Reader:
-            def read(self) -> list[bytes] | None:
+            def read(self, consume: Any = None) -> list[bytes] | None:
                 if reader.try_acquire() is None:
                     return None
                 try:
                     chunk = memory.read(reader.chunk_offset(), max_chunk_bytes)
                     decoded = decode_chunk(chunk)
-                    return [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
+                    got = [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
+                    if consume is not None:
+                        consume(got)  # may raise: the chunk is released all the same
+                    return got
                 finally:
                     reader.release()
 

@@ -1,7 +1,9 @@
 """``enginewire explore``: schedule exploration of a shared-memory ring target.
 
-Exit status: 0 when no violation was found, 1 when one was (or a replayed schedule still
-violates), 2 for a usage error (unknown target, malformed or diverging schedule).
+Exit status: 0 when the search ran to its end and found no violation, 1 when it found one (or
+a replayed schedule still violates), 2 for a usage error (unknown target, malformed or
+diverging schedule), 3 (:data:`EXIT_INCONCLUSIVE`) when the search stopped at ``--max-states``
+without finding one: "inconclusive at N states", never a pass.
 See ``docs/explorer.md``.
 """
 
@@ -12,6 +14,8 @@ import sys
 from typing import Any
 
 DEFAULT_MAX_STATES = 2_000_000
+#: Exit status of a search cut short at its state limit with no violation found.
+EXIT_INCONCLUSIVE = 3
 
 
 def register(subparsers: Any) -> None:
@@ -30,7 +34,15 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--target", default="reference",
                         help="reference (default), vllm (acquire_write/acquire_read), "
-                             "vllm-enqueue (enqueue/dequeue) or package.module:attr")
+                             "vllm-enqueue (enqueue/dequeue), WRITER>READERS (one target's "
+                             "writer with another's readers), package.module:attr naming a "
+                             "RingTarget, or any target 'enginewire check --target' takes "
+                             "(mutant:NAME, package.module:attr) whose ring has the "
+                             "ring.memory capability")
+    parser.add_argument("--cross", action="store_true",
+                        help="explore the target three ways: its writer with the reference "
+                             "readers, the reference writer with its readers, its own pair; "
+                             "report which pairing violates what")
     parser.add_argument("--readers", type=int, default=2, metavar="R",
                         help="local readers (default 2)")
     parser.add_argument("--chunks", type=int, default=2, metavar="C",
@@ -58,7 +70,8 @@ def register(subparsers: Any) -> None:
                         help="search on after a violation; report the first of each kind")
     parser.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES, metavar="N",
                         help=f"stop a search after N states (default {DEFAULT_MAX_STATES}; "
-                             "0: no limit)")
+                             "0: no limit); a search stopped there without a violation "
+                             f"is inconclusive (exit status {EXIT_INCONCLUSIVE})")
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
                         help="actions per execution before it counts as not terminating")
     parser.add_argument("--no-shrink", action="store_true", help="print violations unshrunk")
@@ -71,9 +84,9 @@ def register(subparsers: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from enginewire.fuzz.explore.builtin_rings import resolve_target
     from enginewire.fuzz.explore.execution import ExplorerError
     from enginewire.fuzz.explore.explorer import explore, replay
+    from enginewire.fuzz.explore.pairing import resolve_target
     from enginewire.fuzz.explore.schedule import RingConfig, Schedule
     from enginewire.fuzz.explore.trace import format_events
 
@@ -107,6 +120,31 @@ def main(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 0:
             return usage(f"--{name.replace('_', '-')} must not be negative")
+    if args.cross:
+        from enginewire.fuzz.explore.explorer import cross_explore
+        from enginewire.fuzz.explore.pairing import PAIRING_TITLES
+
+        try:
+            cross = cross_explore(target, config, model=args.memory,
+                                  preemptions=args.preemptions, random=args.random,
+                                  seed=args.seed, pct_depth=args.pct_depth, check=args.check,
+                                  max_steps=args.max_steps, max_states=args.max_states or None,
+                                  keep_going=args.keep_going, shrink=not args.no_shrink,
+                                  reduce=not args.no_reduction)
+        except ExplorerError as exc:
+            print(f"enginewire explore: cannot run {target.name}: {exc}", file=sys.stderr)
+            return 2
+        for pairing, result in cross.results.items():
+            print(f"== ({pairing}) {PAIRING_TITLES[pairing]}")
+            for finding in result.findings:
+                print(finding.format())
+                print()
+            print(result.summary())
+            print()
+        print(cross.summary())
+        if cross.findings:
+            return 1
+        return EXIT_INCONCLUSIVE if cross.inconclusive else 0
     try:
         result = explore(target, config, model=args.memory, preemptions=args.preemptions,
                          random=args.random, seed=args.seed, pct_depth=args.pct_depth,
@@ -120,4 +158,12 @@ def main(args: argparse.Namespace) -> int:
         print(finding.format())
         print()
     print(result.summary())
-    return 1 if result.findings else 0
+    return exit_status(result)
+
+
+def exit_status(result: Any) -> int:
+    """1 for a violation, :data:`EXIT_INCONCLUSIVE` for a search cut short at its state
+    limit without one, 0 for a search that ran to its end clean."""
+    if result.findings:
+        return 1
+    return EXIT_INCONCLUSIVE if result.inconclusive else 0

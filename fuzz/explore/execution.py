@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from enginewire.fuzz.explore.checks import FlagDiscipline, describe_receipt
-from enginewire.fuzz.explore.model import AddressMap, Footprint, MemoryModel
-from enginewire.reference.errors import ProtocolError
+from enginewire.fuzz.explore.model import AddressMap, Footprint, MemoryModel, Region
+from enginewire.reference.errors import ProtocolError, RingError
+from enginewire.reference.ring.framing import decode_chunk
 from enginewire.reference.ring.layout import RingLayout
 
 WRITER = "writer"
@@ -152,10 +153,12 @@ class ThreadMemory:
     while the explorer records it: loads return the given values in order; the first load
     past them ends the run."""
 
-    __slots__ = ("_feed", "_fed", "_expected", "ops", "_ids", "_stopped", "_since_load")
+    __slots__ = ("_feed", "_fed", "_expected", "ops", "_ids", "_stopped", "_since_load",
+                 "_amap")
 
     def __init__(self, feed: tuple[bytes, ...], expected: Sequence[tuple[str, int, int]],
-                 ids: itertools.count) -> None:
+                 ids: itertools.count, amap: AddressMap | None = None) -> None:
+        self._amap = amap
         self._feed = feed
         self._expected = expected
         self._fed = 0
@@ -174,6 +177,19 @@ class ThreadMemory:
                                     "loading from the ring: a loop the explorer cannot interleave")
             self.ops.append(Node(next(self._ids), kind, lo, hi, data, history=self._feed))
 
+    def _placed(self, method: str, lo: int, hi: int) -> None:
+        """Past the values given, an access the spec's layout does not allow ends the run
+        with a ``layout`` operation naming the clause (see :meth:`AddressMap.misplaced`)."""
+        if self._amap is None or self._fed < len(self._feed) or self._stopped:
+            return
+        found = self._amap.misplaced(method, lo, hi)
+        if found is not None:
+            clause, message = found
+            self.ops.append(Node(next(self._ids), "layout", lo, hi, note=message,
+                                 clause=clause, history=self._feed))
+            self._stopped = True
+            raise _Stop
+
     def _access(self, kind: str, lo: int, hi: int) -> bytes:
         if self._stopped:
             raise _Stop
@@ -189,17 +205,21 @@ class ThreadMemory:
         raise _Stop
 
     def load(self, offset: int) -> int:
+        self._placed("load", offset, offset + 1)
         return self._access("load", offset, offset + 1)[0]
 
     def read(self, offset: int, length: int) -> bytes:
+        self._placed("read", offset, offset + length)
         return self._access("read", offset, offset + length)
 
     def store(self, offset: int, value: int) -> None:
+        self._placed("store", offset, offset + 1)
         self._record("store", offset, offset + 1, bytes((value,)))
 
     def write(self, offset: int, data: Any) -> None:
         raw = bytes(memoryview(data).cast("B"))
         if raw:
+            self._placed("write", offset, offset + len(raw))
             self._record("store", offset, offset + len(raw), raw)
 
     def fence(self) -> None:
@@ -210,6 +230,10 @@ class ThreadMemory:
 
     def yield_(self) -> None:
         self._record("yield")
+
+    def notify(self) -> None:
+        """The writer's notification (its notify socket send): an ordered event."""
+        self._record("notify")
 
     def received(self, payload: Any) -> None:
         self._record("receive", data=bytes(payload))
@@ -229,13 +253,15 @@ class ThreadProgram:
     """The tree of one thread's operations, grown by running its code on demand."""
 
     def __init__(self, spec: ThreadSpec, layout: RingLayout, payloads: list[bytes],
-                 ids: itertools.count) -> None:
+                 ids: itertools.count, check_layout: bool = True) -> None:
         self.spec = spec
         self.layout = layout
         self.payloads = payloads
         self._ids = ids
         self._root: Node | None = None
         self.runs = 0
+        #: Accesses are checked against the spec's layout (AddressMap.misplaced).
+        self._amap = AddressMap(layout) if check_layout else None
 
     def root(self) -> Node:
         if self._root is None:
@@ -259,7 +285,7 @@ class ThreadProgram:
             expected.append((load.kind, load.lo, load.hi))
             load = load.previous
         expected.reverse()
-        memory = ThreadMemory(feed, expected, self._ids)
+        memory = ThreadMemory(feed, expected, self._ids, self._amap)
         context = ThreadContext(memory, self.layout, self.payloads, memory.received,
                                 self.spec.rank)
         previous = getattr(_local, "memory", None)
@@ -310,8 +336,15 @@ class Simulator:
 
     def __init__(self, *, layout: RingLayout, model: MemoryModel, threads: Sequence[ThreadSpec],
                  payloads: Sequence[bytes], check_protocol: bool = True,
-                 max_steps: int = 10_000) -> None:
+                 max_steps: int = 10_000, framing: str | None = None,
+                 check_layout: bool = True) -> None:
         self.layout = layout
+        #: What a published chunk must hold (checked when the writer sets its written flag):
+        #: None (nothing: the target moves raw bytes), ``"valid"`` (the spec's chunk framing)
+        #: or ``"buffers"`` (that framing around exactly the message's payload).
+        self.framing = framing
+        #: Accesses, publish and release indices checked against the spec's ring.
+        self.check_layout = check_layout
         self.amap = AddressMap(layout)
         self.model = model
         self.specs = list(threads)
@@ -321,7 +354,8 @@ class Simulator:
         self.discipline = FlagDiscipline(self.amap)
         self.buffered = model.buffered
         ids = itertools.count()
-        self.programs = [ThreadProgram(spec, layout, self.payloads, ids) for spec in self.specs]
+        self.programs = [ThreadProgram(spec, layout, self.payloads, ids, check_layout)
+                         for spec in self.specs]
         self._footprints: dict[tuple[int, str, int, int], Footprint] = {}
         self._node_actions: dict[int, Action] = {}
 
@@ -382,7 +416,8 @@ class World:
     """
 
     __slots__ = ("sim", "memory", "nodes", "observed", "buffers", "stores", "current",
-                 "preemptions", "step", "keys", "events", "violation", "recording", "received")
+                 "preemptions", "step", "keys", "events", "violation", "recording", "received",
+                 "flagged", "notified")
 
     def __init__(self, sim: Simulator, recording: bool, tracking: bool) -> None:
         self.sim = sim
@@ -400,6 +435,11 @@ class World:
         self.violation: Violation | None = None
         self.recording = recording
         self.received: list[tuple[bytes, ...]] = [() for _ in range(count)]
+        #: Per thread: how many chunks it has published (writer) or released (reader), in
+        #: program order (a function of its history, so not part of the state key).
+        self.flagged = [0] * count
+        #: Per thread: how many notifications it has sent (program order).
+        self.notified = [0] * count
 
     def copy(self) -> World:
         other = World.__new__(World)
@@ -417,6 +457,8 @@ class World:
         other.violation = self.violation
         other.recording = self.recording
         other.received = list(self.received)
+        other.flagged = list(self.flagged)
+        other.notified = list(self.notified)
         return other
 
     def state_key(self, *, with_current: bool) -> bytes:
@@ -469,6 +511,9 @@ class World:
             self.current = index
             node = self.nodes[index]
             if node.kind == "store":
+                self._program_store(index, node)
+                if self.violation is not None:
+                    return
                 self._make_visible(index, node.lo, node.data, pending=(), seq=None)
                 if self.violation is not None:
                     return
@@ -537,6 +582,9 @@ class World:
             elif kind == "store":
                 if not buffered:
                     return
+                self._program_store(index, node)
+                if self.violation is not None:
+                    return
                 seq = self.stores[index] = self.stores[index] + 1
                 self.buffers[index] = self.buffers[index] + (
                     sim.entry(index, seq, node.lo, node.data),)
@@ -565,6 +613,13 @@ class World:
             elif kind == "receive":
                 self._receive(index, node.data)
                 nodes[index] = node.next  # type: ignore[assignment]
+            elif kind == "notify":
+                self._notify(index)
+                nodes[index] = node.next  # type: ignore[assignment]
+            elif kind == "layout":
+                self.fail("layout", node.clause,
+                          f"{sim.specs[index].name}: {node.note}", sim.specs[index].name)
+                return
             elif kind == "raise":
                 spec = sim.specs[index]
                 self.fail("exception", node.clause, f"{spec.name} raised {node.note}",
@@ -606,6 +661,111 @@ class World:
             self._event(None, index, "receive", 0, 0, payload, note)
         if kind is not None:
             self.fail(kind, None, f"{name} received {note}", name)
+
+    # --- program order ------------------------------------------------------------------
+
+    def _program_store(self, index: int, node: Node) -> None:
+        """Checks on a store in the thread's program order (before it is visible to anyone):
+        the chunk each end publishes or releases against the spec's index arithmetic
+        (ring.writer.advance-modulo, ring.reader.advance-modulo: both ends start at 0 and
+        advance modulo max_chunks), and the framing of a chunk the writer publishes."""
+        sim = self.sim
+        if not sim.check_layout:
+            return
+        place = sim.amap.place(node.lo)
+        if place.region is Region.DATA:
+            last = sim.amap.place(node.hi - 1)
+            if last.region is not Region.DATA or last.chunk != place.chunk:
+                self._straddles(index, node, place.chunk)
+            return
+        if node.hi - node.lo != 1 or node.data != b"\x01":
+            return
+        spec = sim.specs[index]
+        if spec.role == WRITER:
+            if place.region is not Region.WRITTEN_FLAG:
+                return
+            clause, what = "ring.writer.advance-modulo", "published"
+        else:
+            if place.region is not Region.READ_FLAG or place.index != spec.rank:
+                return
+            clause, what = "ring.reader.advance-modulo", "released"
+        if self._view(index, node.lo, node.hi) == node.data:
+            return  # already 1 as this thread sees it: not a new publish or release
+        count = self.flagged[index]
+        self.flagged[index] = count + 1
+        due = count % sim.layout.max_chunks
+        if place.chunk != due:
+            self.fail("index", clause,
+                      f"{spec.name} {what} message {count} in chunk {place.chunk}; the spec's "
+                      f"arithmetic puts message {count} of a {sim.layout.max_chunks}-chunk ring "
+                      f"in chunk {due} (both ends start at 0 and advance modulo max_chunks)",
+                      spec.name)
+            return
+        if spec.role == WRITER and sim.framing is not None and count < len(sim.payloads):
+            lo = sim.layout.chunk_offset(place.chunk)
+            chunk = self._view(index, lo, lo + sim.layout.max_chunk_bytes)
+            problem = framing_problem(chunk, sim.payloads[count] if sim.framing == "buffers"
+                                      else None)
+            if problem is not None:
+                clause, message = problem
+                self.fail("framing", clause,
+                          f"{spec.name} published message {count} in chunk {place.chunk} "
+                          f"framed against the spec: {message}", spec.name)
+
+    def _notify(self, index: int) -> None:
+        """The writer sends a notification: the chunk it announces must be published (its
+        written flag 1 stored, in program order, since the last notification) and visible
+        (no written flag store still in the writer's store buffer):
+        ring.notify.after-written-flag."""
+        sim = self.sim
+        name = sim.specs[index].name
+        sent = self.notified[index]
+        self.notified[index] = sent + 1
+        if self.recording:
+            self._event(None, index, "notify", 0, 0, b"", "notify socket send")
+        if not sim.check_layout:
+            return
+        pending = [entry for entry in self.buffers[index]
+                   if sim.amap.place(entry.lo).region is Region.WRITTEN_FLAG
+                   and entry.data == b"\x01"]
+        if self.flagged[index] <= sent:
+            self.fail("notify-before-written", "ring.notify.after-written-flag",
+                      f"{name} sends notification {sent + 1} having published "
+                      f"{self.flagged[index]} chunk(s): the written flag of the chunk it "
+                      "announces is not set yet", name)
+        elif pending:
+            self.fail("notify-before-written", "ring.notify.after-written-flag",
+                      f"{name} sends a notification while its store of "
+                      f"{sim.amap.describe(pending[0].lo, pending[0].lo + 1)} = 1 is still in "
+                      "its store buffer (no fence between the written flag and the notify)",
+                      name)
+
+    def _straddles(self, index: int, node: Node, chunk: int) -> None:
+        """A data store that runs from chunk ``chunk`` past its end: a framing overrun when
+        the spec's header at the chunk's start (as this thread sees it) says its buffers run
+        past the chunk (ring.framing.within-chunk), else a write at offsets the spec's layout
+        does not give this chunk (ring.layout.data-region)."""
+        sim = self.sim
+        layout = sim.layout
+        lo = layout.chunk_offset(chunk)
+        view = self._view(index, lo, lo + layout.max_chunk_bytes)
+        overrun = False
+        try:
+            decode_chunk(view)
+        except RingError as exc:
+            overrun = exc.clause == "ring.framing.within-chunk"
+        name = sim.specs[index].name
+        where = sim.amap.describe(node.lo, node.hi)
+        if overrun or node.lo == lo:
+            self.fail("framing", "ring.framing.within-chunk",
+                      f"{name} writes past the end of chunk {chunk} ({where}): the framing "
+                      "runs past max_chunk_bytes", name)
+        else:
+            self.fail("layout", "ring.layout.data-region",
+                      f"{name} writes {where}, across the spec's chunk boundary at offset "
+                      f"{lo + layout.max_chunk_bytes}, with no spec chunk header at chunk "
+                      f"{chunk}'s start (offset {lo}) announcing it: its chunks are not where "
+                      "the spec's layout puts them", name)
 
     # --- memory -------------------------------------------------------------------------
 
@@ -674,6 +834,34 @@ class World:
                note: str = "") -> None:
         self.events.append(Event(step, self.sim.specs[index].name, kind, lo, hi, bytes(value),
                                  note))
+
+
+def framing_problem(chunk: bytes, payload: bytes | None) -> tuple[str, str] | None:
+    """The framing clause a published in-ring chunk breaks, with what it holds, or None.
+
+    Every count and length prefix is compared with what the spec says it must be, and
+    bounds-checked against the chunk (``decode_chunk`` of the reference, whose errors name
+    their clause). With ``payload``, the chunk must hold exactly that one buffer.
+    """
+    if payload is not None and chunk[:1] == b"\x00":
+        count = int.from_bytes(chunk[1:3], "big")
+        if count != 1:
+            swapped = int.from_bytes(chunk[1:3], "little")
+            hint = " (1 written little-endian)" if swapped == 1 else ""
+            return ("ring.framing.buffer-count",
+                    f"bytes 1-2 hold the buffer count {count}{hint}; the message is 1 buffer")
+        length = int.from_bytes(chunk[3:7], "big")
+        if length != len(payload):
+            swapped = int.from_bytes(chunk[3:7], "little")
+            hint = " (written little-endian)" if swapped == len(payload) else ""
+            return ("ring.framing.length-prefix",
+                    f"bytes 3-6 hold the length {length}{hint}; the buffer is {len(payload)} "
+                    "bytes")
+    try:
+        decode_chunk(chunk)
+    except RingError as exc:
+        return (exc.clause, str(exc))
+    return None
 
 
 def _own_bytes(buffer: tuple[_Entry, ...], lo: int, hi: int) -> bytes | None:

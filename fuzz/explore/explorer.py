@@ -17,8 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from enginewire.fuzz.explore.builtin_rings import resolve_target
 from enginewire.fuzz.explore.execution import (
     Event,
     ExplorerError,
@@ -30,7 +30,8 @@ from enginewire.fuzz.explore.execution import (
     run_forward,
 )
 from enginewire.fuzz.explore.model import AddressMap, MemoryModel
-from enginewire.fuzz.explore.ring_targets import RingTarget
+from enginewire.fuzz.explore.pairing import PAIRING_TITLES, PAIRINGS, PairedTarget, resolve_target
+from enginewire.fuzz.explore.ring_targets import ReferenceTarget, RingTarget
 from enginewire.fuzz.explore.schedule import RingConfig, Schedule
 from enginewire.fuzz.explore.search import PctStrategy, ReplayStrategy, search
 from enginewire.fuzz.explore.shrink import shortest_schedule
@@ -101,10 +102,27 @@ class ExploreResult:
     limited: bool = False
     #: The trace of the last execution (replay mode only).
     events: list[Event] = field(default_factory=list)
+    #: The most actions of one execution the search reached (search only).
+    depth: int = 0
 
     @property
     def ok(self) -> bool:
+        """No violation found (which proves nothing when the search was cut short: see
+        :attr:`verdict`)."""
         return not self.findings
+
+    @property
+    def inconclusive(self) -> bool:
+        """The search stopped at its state limit without a violation: no verdict."""
+        return self.limited and not self.findings
+
+    @property
+    def verdict(self) -> str:
+        """``violation``, ``inconclusive`` (cut short at the state limit, nothing found: never a
+        pass) or ``pass``."""
+        if self.findings:
+            return "violation"
+        return "inconclusive" if self.inconclusive else "pass"
 
     def summary(self) -> str:
         if self.complete:
@@ -126,9 +144,16 @@ class ExploreResult:
         counts = (f"{self.states} states, {self.transitions} transitions, "
                   f"{self.executions} execution ends" if self.mode in ("exhaustive", "bounded")
                   else f"{self.executions} executions")
-        verdict = ("no violation" if self.ok else
-                   f"{len(self.findings)} violation(s): "
-                   + ", ".join(f.violation.kind for f in self.findings))
+        if self.findings:
+            verdict = (f"{len(self.findings)} violation(s): "
+                       + ", ".join(f.violation.kind for f in self.findings))
+        elif self.limited:
+            verdict = (f"inconclusive at {self.states} states (coverage reached: "
+                       f"{self.states} states, {self.transitions} transitions, "
+                       f"{self.executions} execution ends, executions explored to a depth of "
+                       f"{self.depth} actions; raise --max-states to search on)")
+        else:
+            verdict = "no violation"
         return (f"{self.target} {self.model.value} {self.config.spell()}: {scope} ({counts}, "
                 f"{self.code_runs} code runs) in {self.elapsed:.1f} s: {verdict}")
 
@@ -150,7 +175,8 @@ class _Session:
         self.sim = Simulator(layout=target.layout(config), model=model,
                              threads=target.threads(config), payloads=config.payloads(),
                              check_protocol=check == "all",
-                             max_steps=max_steps or default_max_steps(config))
+                             max_steps=max_steps or default_max_steps(config),
+                             framing=target.framing, check_layout=target.spec_layout)
 
     def lenient(self, keys: Sequence[str]) -> Outcome:
         return run_forward(self.sim, ReplayStrategy(keys, strict=False))
@@ -224,7 +250,7 @@ def explore(target: RingTarget | str, config: RingConfig | None = None, *,
                     if not keep_going:
                         complete = offset == random - 1
                         break
-            states = transitions = 0
+            states = transitions = depth = 0
         else:
             mode, bound = ("exhaustive", None) if preemptions is None else ("bounded",
                                                                             preemptions)
@@ -243,11 +269,11 @@ def explore(target: RingTarget | str, config: RingConfig | None = None, *,
                            reduce=reduce)
             findings = [session.finding(outcome, shrink=shrink, bound=bound) for outcome in found]
             executions, states, transitions = stats.ends, stats.states, stats.transitions
-            complete, limited = stats.complete, stats.limited
+            complete, limited, depth = stats.complete, stats.limited, stats.depth
         runs = sim.runs
     return ExploreResult(target.name, model, config, mode, bound, executions, states,
                          transitions, runs, complete, time.monotonic() - started, findings,
-                         limited=limited)
+                         limited=limited, depth=depth)
 
 
 def replay(schedule: Schedule | str, target: RingTarget | None = None, *,
@@ -273,3 +299,49 @@ def replay(schedule: Schedule | str, target: RingTarget | None = None, *,
     return ExploreResult(target.name, schedule.model, schedule.config, "replay", None, 1, 0,
                          outcome.steps, sim.runs, True, time.monotonic() - started, findings,
                          events=outcome.events)
+
+
+@dataclass
+class CrossResult:
+    """The result of each pairing (``writer``, ``readers``, ``own``) of one target."""
+
+    target: str
+    results: dict[str, Any]
+
+    @property
+    def findings(self) -> list[tuple[str, Any]]:
+        return [(pairing, f) for pairing, r in self.results.items() for f in r.findings]
+
+    @property
+    def inconclusive(self) -> bool:
+        return not self.findings and any(r.inconclusive for r in self.results.values())
+
+    def summary(self) -> str:
+        lines = [f"cross pairing of {self.target}:"]
+        for pairing, result in self.results.items():
+            if result.findings:
+                what = "; ".join(f"{f.violation.kind} [{f.violation.clause or 'no clause'}]"
+                                 for f in result.findings)
+            else:
+                what = ("inconclusive" if result.inconclusive else "no violation")
+            lines.append(f"  ({pairing}) {PAIRING_TITLES[pairing]}: {what}")
+        return "\n".join(lines)
+
+
+def cross_explore(target: RingTarget | str, config: RingConfig | None = None, *,
+                  pairings: tuple[str, ...] = PAIRINGS, **options: Any) -> CrossResult:
+    """Explore ``target`` in each of ``pairings`` (see the module docstring); ``options``
+    go to :func:`~enginewire.fuzz.explore.explorer.explore`."""
+    if isinstance(target, str):
+        target = resolve_target(target)
+    reference = ReferenceTarget()
+    made = {"writer": lambda: PairedTarget(target, reference),
+            "readers": lambda: PairedTarget(reference, target),
+            "own": lambda: target}
+    results = {}
+    for pairing in pairings:
+        if pairing not in made:
+            raise ValueError(f"unknown pairing {pairing!r}: expected one of "
+                             f"{', '.join(PAIRINGS)}")
+        results[pairing] = explore(made[pairing](), config, **options)
+    return CrossResult(target.name, results)

@@ -132,6 +132,39 @@ class AddressMap:
             offset = end
         return " + ".join(parts)
 
+    def misplaced(self, kind: str, lo: int, hi: int) -> tuple[str, str] | None:
+        """The layout clause an access breaks, with what happened, or None.
+
+        The ring memory's contract (``RingMemory``): ``load``/``store`` move one flag byte,
+        or byte 0 of a chunk (its overflow marker, ring.framing.overflow-byte); ``read``/
+        ``write`` move chunk data (a ``read`` may also take the flags of one metadata row at
+        once). So under the spec's layout a one-byte access to any other data byte breaks
+        ``ring.layout.metadata-region``, a data write that reaches into the metadata region
+        ``ring.layout.data-region``, and an access outside the segment ``ring.layout.segment``.
+        A write that runs from one chunk into the next is left to the framing check of the
+        published chunk (``ring.framing.within-chunk``).
+        """
+        if lo < 0 or hi > self.size or hi <= lo:
+            return ("ring.layout.segment",
+                    f"{kind} of bytes [{lo}, {hi}) outside the ring's {self.size}-byte segment "
+                    "as the spec lays it out")
+        first = self._places[lo]
+        if kind in ("load", "store"):
+            if first.region is Region.DATA and first.index != 0:
+                return ("ring.layout.metadata-region",
+                        f"a flag {kind} at offset {lo}, which the spec's layout makes "
+                        f"{self.describe(lo, hi)} (flags start at offset {self.metadata_offset})")
+            return None
+        last = self._places[hi - 1]
+        if first.region is Region.DATA and last.region is Region.DATA:
+            return None
+        if kind == "write" or first.chunk != last.chunk:
+            return ("ring.layout.data-region",
+                    f"a data {kind} of bytes [{lo}, {hi}) reaches the metadata region "
+                    f"({self.describe(lo, hi)}); the data region is [0, "
+                    f"{self.metadata_offset})")
+        return None
+
     def check_footprint(self, lo: int, hi: int) -> tuple[Range, ...]:
         """The bytes the flag-discipline check reads when a store to ``[lo, hi)`` becomes
         visible: the whole metadata row of a flag, the written flag of a data chunk."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+from typing import Any
 
 from enginewire.fuzz.explore.execution import READER, WRITER, ThreadContext, ThreadSpec
 from enginewire.fuzz.explore.schedule import RingConfig
@@ -35,6 +36,16 @@ class RingTarget(abc.ABC):
     """A ring implementation the explorer can run; ``name`` appears in schedule strings."""
 
     name: str = "target"
+    #: What a chunk the writer publishes must hold: None (raw bytes, unchecked), ``"valid"``
+    #: (the spec's chunk framing) or ``"buffers"`` (that framing around exactly the
+    #: message's payload); see :func:`~enginewire.fuzz.explore.execution.framing_problem`.
+    framing: str | None = None
+    #: Its accesses follow the spec's layout: flags by ``load``/``store`` in the metadata
+    #: region, data by ``read``/``write`` inside one chunk (a violation is ``layout``, with
+    #: the layout clause), and each end publishes or releases message k in chunk
+    #: k % max_chunks (a violation is ``index``). False only for code that is not a ring
+    #: (litmus tests).
+    spec_layout: bool = True
 
     @abc.abstractmethod
     def layout(self, config: RingConfig) -> RingLayout:
@@ -63,6 +74,8 @@ class RingTarget(abc.ABC):
 class ReferenceTarget(RingTarget):
     """enginewire's reference ring (see the module docstring)."""
 
+    framing = "buffers"
+
     def __init__(self, *, writer_cls: type[RingWriter] = RingWriter,
                  reader_cls: type[RingReader] = RingReader, name: str = "reference") -> None:
         self.writer_cls = writer_cls
@@ -80,6 +93,7 @@ class ReferenceTarget(RingTarget):
                 memory.yield_()
             write_chunk(memory.write, [payload], base=writer.chunk_offset())
             writer.commit()
+            memory.notify()
 
     def run_reader(self, context: ThreadContext) -> None:
         memory = context.memory
@@ -98,3 +112,91 @@ class ReferenceTarget(RingTarget):
                 context.received(bytes(decoded.buffers[0]))
             finally:
                 reader.release()
+
+
+class MemoryRingTarget(RingTarget):
+    """A ring surface with ``memory_writer``/``memory_reader`` (capability ``ring.memory``).
+
+    The writer sends each message as one buffer (``write([payload])``, yielding while it
+    returns False); each reader calls ``read()`` (yielding while it returns None) and must get
+    that one buffer back. Chunks are the spec's: ``framed_size`` of one message, so every
+    chunk the writer publishes must hold exactly the spec's framing of its message.
+    """
+
+    framing = "buffers"
+
+    def __init__(self, ring: Any, name: str, *, body_raises: int | None = None,
+                 overflow_boundary: bool = False) -> None:
+        for attribute in ("memory_writer", "memory_reader"):
+            if not callable(getattr(ring, attribute, None)):
+                raise ValueError(f"{name}: its ring surface has no {attribute}() (capability "
+                                 "ring.memory), so the explorer cannot run it")
+        self.ring = ring
+        self.name = name
+        #: Each reader's body raises while it holds message ``body_raises`` (its reader's
+        #: ``read(consume=...)`` calls ``consume(buffers)`` before releasing the chunk): the
+        #: reader must still release it (ring.reader.release-on-error). None: never.
+        self.body_raises = body_raises
+        #: Chunks one byte smaller than a message's framing: every message sits at the
+        #: overflow boundary (ring.framing.overflow-condition: 6 + len(main) >= max_chunk_bytes)
+        #: and must overflow. Its bytes travel over the XPUB socket, outside the explorer: a
+        #: reader that finds the overflow marker (``read()`` returns ``[]``) counts the
+        #: message due as received.
+        self.overflow_boundary = overflow_boundary
+
+    def layout(self, config: RingConfig) -> RingLayout:
+        chunk_bytes = framed_size([config.payload(0)]) - (1 if self.overflow_boundary else 0)
+        return RingLayout(config.readers, chunk_bytes, config.chunks)
+
+    def run_writer(self, context: ThreadContext) -> None:
+        layout, memory = context.layout, context.memory
+        writer = self.ring.memory_writer(memory, n_reader=layout.n_reader,
+                                         max_chunk_bytes=layout.max_chunk_bytes,
+                                         max_chunks=layout.max_chunks)
+        for payload in context.payloads:
+            while not writer.write([payload]):
+                memory.yield_()
+
+    def run_reader(self, context: ThreadContext) -> None:
+        layout, memory = context.layout, context.memory
+        reader = self.ring.memory_reader(memory, n_reader=layout.n_reader,
+                                         max_chunk_bytes=layout.max_chunk_bytes,
+                                         max_chunks=layout.max_chunks, rank=context.rank)
+        for number in range(len(context.payloads)):
+            if number == self.body_raises:
+                self._read_raising(reader, context)
+                continue
+            while (buffers := reader.read()) is None:
+                memory.yield_()
+            if not buffers and self.overflow_boundary:
+                buffers = [context.payloads[number]]  # the overflow marker: over the XPUB
+            if len(buffers) != 1:
+                raise RingError("ring.framing.buffer-count",
+                                "the reader returned another number of buffers than the "
+                                "writer sent", expected=1, got=len(buffers))
+            context.received(bytes(buffers[0]))
+
+    @staticmethod
+    def _read_raising(reader: Any, context: ThreadContext) -> None:
+        """Read one message with a body that raises while the chunk is held."""
+
+        def consume(buffers: list[bytes]) -> None:
+            context.received(bytes(buffers[0]))
+            raise _BodyRaised
+
+        while True:
+            try:
+                buffers = reader.read(consume=consume)
+            except _BodyRaised:
+                return
+            if buffers is None:
+                context.memory.yield_()
+                continue
+            # The reader swallowed the body's exception; the message still counts.
+            if buffers:
+                context.received(bytes(buffers[0]))
+            return
+
+
+class _BodyRaised(Exception):
+    """What a reader body raises on purpose while it holds a chunk (MemoryRingTarget)."""

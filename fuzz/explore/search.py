@@ -100,9 +100,11 @@ class PctStrategy:
 class SearchStats:
     """``states``: distinct states explored; ``transitions``: actions taken; ``ends``:
     executions that ran to their end (finished or violating); ``revisits``: states reached
-    again; ``complete``: nothing left to explore; ``limited``: stopped at ``max_states``."""
+    again; ``complete``: nothing left to explore; ``limited``: stopped at ``max_states``;
+    ``depth``: the most actions of one execution the search reached."""
 
     states: int = 0
+    depth: int = 0
     transitions: int = 0
     ends: int = 0
     revisits: int = 0
@@ -213,6 +215,8 @@ def search(sim: Simulator, *, bound: int | None,
         more = expand(child, child_sleep)
         if more:
             stack.append([child, more, 0, child_sleep])
+            if len(stack) > stats.depth:
+                stats.depth = len(stack)
         if max_states is not None and stats.states >= max_states:
             stats.limited = True
             break

@@ -52,6 +52,13 @@ class Mutant:
     explorer_model: str = "sc"
     #: The explorer's ring: (readers, chunks, messages).
     explorer_config: tuple[int, int, int] = (1, 2, 2)
+    #: The explorer runs the surface's ``ring.memory`` ends (its writer frames chunks as the
+    #: mutant does) rather than flag-protocol classes.
+    explorer_memory: bool = False
+    #: The explorer's readers raise while they hold this message (None: never).
+    explorer_body_raises: int | None = None
+    #: The explorer sends every message at the overflow boundary.
+    explorer_boundary: bool = False
 
     def __call__(self) -> Target:
         return Target(name=f"mutant:{self.name}", description=self.broken,
@@ -59,11 +66,17 @@ class Mutant:
 
     @property
     def explorable(self) -> bool:
-        return self.writer_cls is not None or self.reader_cls is not None
+        return self.writer_cls is not None or self.reader_cls is not None or self.explorer_memory
 
     def explorer_target(self) -> Any:
-        """The explorer's ring target running this mutant's writer and reader classes."""
-        from enginewire.fuzz.explore.ring_targets import ReferenceTarget
+        """The explorer's ring target running this mutant's writer and reader classes (or its
+        surface's ``ring.memory`` ends, for ``explorer_memory``)."""
+        from enginewire.fuzz.explore.ring_targets import MemoryRingTarget, ReferenceTarget
+
+        if self.explorer_memory:
+            return MemoryRingTarget(self.make_surface(), f"mutant:{self.name}",
+                                    body_raises=self.explorer_body_raises,
+                                    overflow_boundary=self.explorer_boundary)
         from enginewire.reference.ring.protocol import RingReader, RingWriter
 
         return ReferenceTarget(writer_cls=self.writer_cls or RingWriter,
@@ -78,6 +91,9 @@ CODEC_CHECKS = ("codec/*",)
 #: ``ring/memory/*`` ones: on x86 they cannot see a missing fence or a reordered flag store,
 #: which is why the explorer is the check for those two mutants.
 REAL_MEMORY_RING_CHECKS = ("ring/writer/*", "ring/reader/*", "ring/pair/*")
+#: Those and the ``ring/memory/*`` checks, which log the order of every store and fence of the
+#: target's own ring code: they see the flag order and the fences the real-memory ones cannot.
+RING_CHECKS = (*REAL_MEMORY_RING_CHECKS, "ring/memory/*")
 FRAMING_CHECKS = ("ring/writer/chunk-framing", "ring/writer/exact-fit-stays-in-ring",
                   "ring/writer/one-byte-*", "ring/writer/overflow-message")
 
@@ -118,11 +134,11 @@ _CATALOGUE = [
     # --- ring: flag protocol -------------------------------------------------------------
     Mutant("flag-order", "the written flag is set before the read flags are cleared",
            "vLLM issues 27858, 29389 (weak ordering)",
-           "ring", _ring(writer_cls=ring.WrittenBeforeReadFlagsCleared), REAL_MEMORY_RING_CHECKS,
+           "ring", _ring(writer_cls=ring.WrittenBeforeReadFlagsCleared), RING_CHECKS,
            writer_cls=ring.WrittenBeforeReadFlagsCleared, explorer_model="sc"),
     Mutant("missing-fence", "no fence between the chunk's data and the written flag",
            "vLLM PR 30407 (fences)",
-           "ring", _ring(writer_cls=ring.NoFenceBeforeWritten), REAL_MEMORY_RING_CHECKS,
+           "ring", _ring(writer_cls=ring.NoFenceBeforeWritten), RING_CHECKS,
            writer_cls=ring.NoFenceBeforeWritten, explorer_model="weak"),
     Mutant("reuses-partly-read-chunk", "the writer reuses a chunk only some readers have read",
            "vLLM issue 27858; shm_broadcast.py acquire_write (read_count == n_reader)",
@@ -136,21 +152,31 @@ _CATALOGUE = [
     # --- ring: framing and waiting -------------------------------------------------------
     Mutant("overflow-off-by-one", "the overflow test is > where vLLM has >=",
            "shm_broadcast.py enqueue (total_bytes + len >= max_chunk_bytes)",
-           "ring", _ring(queue_cls=ring.OverflowOffByOne), FRAMING_CHECKS),
+           "ring", _ring(queue_cls=ring.OverflowOffByOne), FRAMING_CHECKS,
+           explorer_memory=True, explorer_boundary=True),
     Mutant("length-prefix-little-endian", "buffer count and lengths written little-endian",
            "shm_broadcast.py enqueue (to_bytes(4, 'big'))",
-           "ring", _ring(queue_cls=ring.LittleEndianLengths), FRAMING_CHECKS),
+           "ring", _ring(queue_cls=ring.LittleEndianLengths), FRAMING_CHECKS,
+           explorer_memory=True),
     Mutant("buffer-count-one-byte", "the buffer count is one byte instead of two",
            "shm_broadcast.py enqueue (len(buffers).to_bytes(2, 'big'))",
-           "ring", _ring(queue_cls=ring.OneByteBufferCount), FRAMING_CHECKS),
+           "ring", _ring(queue_cls=ring.OneByteBufferCount), FRAMING_CHECKS,
+           explorer_memory=True),
     Mutant("lost-notification", "a waiting reader trusts notifications and never rechecks",
            "vLLM issue 45224 (lost notifications)",
            "ring", _ring(queue_cls=ring.NoRecheckAfterNotification),
            ("ring/reader/finds-write-without-notification",)),
+    Mutant("notify-before-written",
+           "the notification is sent before the written flag is set",
+           "shm_broadcast.py enqueue (notify at line 975, after acquire_write's written flag)",
+           "ring", _ring(queue_cls=ring.NotifiesBeforeWritten),
+           ("ring/memory/notify-after-written-flag", "ring/writer/notify-wakes-idle-reader"),
+           explorer_memory=True),
     Mutant("no-release-on-error", "the read flag is not set when decoding raises",
            "vLLM issue 45224 (read slot released in finally)",
            "ring", _ring(queue_cls=ring.NoReleaseOnError),
-           ("ring/reader/release-on-error",)),
+           ("ring/reader/release-on-error",),
+           explorer_memory=True, explorer_body_raises=0, explorer_config=(1, 1, 2)),
     # --- peers ---------------------------------------------------------------------------
     Mutant("identity-big-endian", "the engine's routing identity is big-endian",
            "vLLM issue 23247 (identity confusion on reconnect); core.py to_bytes(2, 'little')",

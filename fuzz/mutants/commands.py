@@ -28,6 +28,10 @@ def register(subparsers: Any) -> None:
             "printed). Prints the kill matrix; exits 1 if any mutant survives."
         ),
     )
+    parser.add_argument("--catalogue", default=None, metavar="PKG.MOD:ATTR",
+                        help="run your own mutants instead of the built-in catalogue: ATTR is "
+                             "a dict of name -> enginewire.fuzz.mutants.Mutant, an iterable "
+                             "of Mutant, or a function returning either")
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME",
                         help="run only these mutants")
     parser.add_argument("--json", default=None, type=writable_file, metavar="PATH",
@@ -42,6 +46,32 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=main)
 
 
+def load_catalogue(text: str) -> dict[str, Any]:
+    """``package.module:attr`` to a catalogue (name -> :class:`Mutant`); raises ValueError
+    saying what was expected and what came."""
+    import importlib
+
+    from enginewire.fuzz.mutants import Mutant
+
+    module_name, sep, attr = text.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--catalogue {text!r}: expected package.module:attr")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--catalogue {text}: {exc}") from None
+    if callable(found) and not isinstance(found, Mutant):
+        found = found()
+    items = list(found.values()) if isinstance(found, dict) else list(found)
+    bad = [type(item).__name__ for item in items if not isinstance(item, Mutant)]
+    if bad or not items:
+        raise ValueError(f"--catalogue {text}: expected a non-empty dict or iterable of "
+                         f"enginewire.fuzz.mutants.Mutant, got {', '.join(bad) or 'nothing'}")
+    return {mutant.name: mutant for mutant in items}
+
+
 def main(args: argparse.Namespace) -> int:
     from enginewire.fuzz.mutants import MUTANTS
     from enginewire.fuzz.mutants.matrix import (
@@ -52,18 +82,25 @@ def main(args: argparse.Namespace) -> int:
         render_matrix,
     )
 
+    catalogue: dict[str, Any] = MUTANTS
+    if args.catalogue is not None:
+        try:
+            catalogue = load_catalogue(args.catalogue)
+        except ValueError as exc:
+            print(f"enginewire mutants: {exc}", file=sys.stderr)
+            return 2
     if args.list:
-        for mutant in MUTANTS.values():
+        for mutant in catalogue.values():
             print(f"{mutant.name:30} {mutant.surface:7} {mutant.broken} [{mutant.citation}]")
         return 0
     if args.bounded and args.full:
         print("enginewire mutants: --bounded and --full exclude each other", file=sys.stderr)
         return 2
-    names = args.only or list(MUTANTS)
-    unknown = [n for n in names if n not in MUTANTS]
+    names = args.only or list(catalogue)
+    unknown = [n for n in names if n not in catalogue]
     if unknown:
         print(f"enginewire mutants: unknown mutant(s) {', '.join(unknown)}; known: "
-              f"{', '.join(MUTANTS)}", file=sys.stderr)
+              f"{', '.join(catalogue)}", file=sys.stderr)
         return 2
     budget, budget_name = (FULL, "full") if args.full else (BOUNDED, "bounded")
 
@@ -75,7 +112,7 @@ def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
     print(f"enginewire mutants: {len(names)} mutant(s), "
           f"{budget_name} budget", file=sys.stderr)
-    results = kill_matrix([MUTANTS[n] for n in names], budget=budget, progress=progress)
+    results = kill_matrix([catalogue[n] for n in names], budget=budget, progress=progress)
     elapsed = time.monotonic() - started
 
     for result in results:

@@ -79,11 +79,19 @@ class MutantResult:
     def killed(self) -> bool:
         return any(c.killed for c in self.columns.values())
 
+    @property
+    def kills(self) -> int:
+        """How many independent checks kill it: each failing conformance check, the fuzz
+        campaign (one, however many findings) and the explorer (one)."""
+        columns = self.columns
+        return (len(columns["conformance"].kills) + int(columns["fuzz"].killed)
+                + int(columns["explorer"].killed))
+
     def to_builtins(self) -> dict[str, Any]:
         return {
             "name": self.mutant.name, "surface": self.mutant.surface,
             "broken": self.mutant.broken, "citation": self.mutant.citation,
-            "killed": self.killed,
+            "killed": self.killed, "kills": self.kills,
             "columns": {name: {"ran": c.ran, "kills": c.kills, "details": c.details,
                                "seconds": round(c.seconds, 2), "note": c.note}
                         for name, c in self.columns.items()},
@@ -222,10 +230,10 @@ def kill_matrix(mutants: Sequence[Mutant], *, budget: Budget = BOUNDED,
 
 def render_matrix(results: Sequence[MutantResult]) -> str:
     """The kill matrix as a fixed-width table, one row per mutant."""
-    rows: list[tuple[str, ...]] = [("mutant", *COLUMNS, "verdict")]
+    rows: list[tuple[str, ...]] = [("mutant", *COLUMNS, "kills", "verdict")]
     for result in results:
         rows.append((result.mutant.name,
-                     *(result.columns[c].cell() for c in COLUMNS),
+                     *(result.columns[c].cell() for c in COLUMNS), str(result.kills),
                      "killed" if result.killed else "SURVIVED"))
     widths = [min(max(len(r[i]) for r in rows), 48) for i in range(len(rows[0]))]
 

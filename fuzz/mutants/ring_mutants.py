@@ -164,8 +164,12 @@ class _FramingQueue(MessageQueue):
     def overflows(self, buffers: Sequence[Buffer], max_chunk_bytes: int) -> bool:
         return overflow_total(buffers) >= max_chunk_bytes
 
+    #: How the writer frames a chunk: ``chunk_writer(write, buffers, base)`` (the reference's
+    #: ``write_chunk`` unless a subclass replaces it; the ``ring.memory`` writer uses it too).
+    chunk_writer = staticmethod(write_chunk)
+
     def frame(self, write: Any, buffers: Sequence[Buffer], base: int) -> int:
-        return write_chunk(write, buffers, base=base)
+        return self.chunk_writer(write, buffers, base)
 
     def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
         if self.n_remote_reader > 0 or self.n_local_reader == 0:
@@ -205,19 +209,51 @@ class LittleEndianLengths(_FramingQueue):
     ``to_bytes(4, "big")`` say big-endian; clause ring.framing.length-prefix). A
     little-endian host that copies a native ``uint32`` into the chunk does exactly this."""
 
-    def frame(self, write: Any, buffers: Sequence[Buffer], base: int) -> int:
-        return write_chunk_little_endian(write, buffers, base)
+    chunk_writer = staticmethod(write_chunk_little_endian)
 
 
 class OneByteBufferCount(_FramingQueue):
     """Writes the buffer count in one byte instead of two (clause ring.framing.buffer-count):
     every length and buffer after it is shifted by one byte."""
 
-    def frame(self, write: Any, buffers: Sequence[Buffer], base: int) -> int:
-        return write_chunk_one_byte_count(write, buffers, base)
+    chunk_writer = staticmethod(write_chunk_one_byte_count)
 
 
 # --- waiting and release ---------------------------------------------------------------------
+
+
+class NotifiesBeforeWritten(MessageQueue):
+    """Sends the notification after filling the chunk but before setting its written flag.
+
+    A reader blocked on the notify socket wakes, finds written == 0, drains the (conflated)
+    notification and blocks again: the message waits for the reader's recheck, seconds
+    instead of milliseconds after an idle period (clause ring.notify.after-written-flag;
+    vLLM notifies at shm_broadcast.py:975, after acquire_write's written flag and fence).
+    Between the notification and the flag it does 50 ms of other work (as a writer that
+    notifies before an overflow send would), so a woken reader always checks the flag inside
+    that window; with a window of microseconds the reader would win the race only sometimes,
+    and the cross-process check would catch it only then (the ``ring.memory`` order check
+    and the explorer catch it always).
+    """
+
+    notify_before_written = True
+    #: Seconds between the notification and the written flag.
+    window_s = 0.05
+
+    def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
+        if self.n_remote_reader > 0 or self.n_local_reader == 0:
+            return super().enqueue_buffers(buffers, timeout)
+        writer = self._writer
+        assert writer is not None and self.layout is not None
+        if overflow_total(buffers) >= self.layout.max_chunk_bytes:
+            return super().enqueue_buffers(buffers, timeout)
+        self._claim_chunk(timeout)
+        write_chunk(writer.memory.write, buffers, base=writer.chunk_offset())
+        self._notify()  # type: ignore[misc]
+        time.sleep(self.window_s)
+        writer.commit()
+        return None
+
 
 
 class NoRecheckAfterNotification(MessageQueue):
@@ -240,6 +276,9 @@ class NoReleaseOnError(MessageQueue):
     otherwise leaves the slot held forever, the writer blocks on it, and every rank hangs
     (clause ring.reader.release-on-error).
     """
+
+    #: Its ``ring.memory`` reader leaves the chunk held when the body raises, too.
+    release_on_error = False
 
     def dequeue(self, timeout: float | None = None) -> Any:
         if not self.is_local_reader or self._pending_overflow:
@@ -318,13 +357,28 @@ class MutantRing(ReferenceRing):
     def memory_writer(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int) -> Any:
         writer = self.writer_cls(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks))
+        frame = getattr(self.queue_cls, "chunk_writer", write_chunk)
+        notify_first = getattr(self.queue_cls, "notify_before_written", False)
+        queue_overflows = getattr(self.queue_cls, "overflows", None)
+
+        def overflows(buffers: Sequence[Buffer], limit: int) -> bool:
+            if queue_overflows is not None:
+                return bool(queue_overflows(None, buffers, limit))
+            return overflow_total(buffers) >= limit
 
         class _Writer:
             def write(self, buffers: list[bytes]) -> bool:
                 if writer.try_acquire() is None:
                     return False
-                write_chunk(memory.write, buffers, base=writer.chunk_offset())
+                if overflows(buffers, max_chunk_bytes):
+                    memory.store(writer.chunk_offset(), 1)  # the rest goes over the XPUB
+                else:
+                    frame(memory.write, buffers, writer.chunk_offset())
+                if notify_first:
+                    memory.notify()
                 writer.commit()
+                if not notify_first:
+                    memory.notify()
                 return True
 
         return _Writer()
@@ -334,14 +388,22 @@ class MutantRing(ReferenceRing):
         reader = self.reader_cls(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks),
                                  rank)
 
+        release_on_error = getattr(self.queue_cls, "release_on_error", True)
+
         class _Reader:
-            def read(self) -> list[bytes] | None:
+            def read(self, consume: Any = None) -> list[bytes] | None:
                 if reader.try_acquire() is None:
                     return None
-                try:
-                    decoded = decode_chunk(memory.read(reader.chunk_offset(), max_chunk_bytes))
-                    return [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
-                finally:
-                    reader.release()
+                decoded = decode_chunk(memory.read(reader.chunk_offset(), max_chunk_bytes))
+                got = [bytes(b) for b in decoded.buffers] if not decoded.overflow else []
+                if consume is not None:
+                    try:
+                        consume(got)
+                    except BaseException:
+                        if release_on_error:
+                            reader.release()
+                        raise
+                reader.release()
+                return got
 
         return _Reader()

@@ -25,6 +25,7 @@ from typing import Any
 
 from enginewire.conformance.oracle.values import build, import_class
 from enginewire.conformance.targets.contract import RingHandle, Target
+from enginewire.conformance.targets.vllm.ring_memory import VllmMemoryRing
 from enginewire.spec import load
 
 #: Message kinds on the input channel: kind -> (type byte, payload type).
@@ -423,7 +424,11 @@ class VllmExecutor:
             _close_queue(queue)
 
 
-class VllmRing:
+class VllmRing(VllmMemoryRing):
+    """vLLM's ring: its ``MessageQueue`` over real shared memory and sockets, its executor and
+    workers, and its ring steps over the suite's memory (``ring.memory``, from
+    :class:`~.ring_memory.VllmMemoryRing`)."""
+
     #: vLLM implements the shared-memory tensor arena (ring.payload.tensor-arena).
     tensor_arena = True
 
@@ -487,7 +492,8 @@ def vllm_target() -> Target:
         frontend=frontends,
         description="vLLM 0.33.0's own code: MsgpackEncoder/MsgpackDecoder (codec); "
                     "MessageQueue, MultiprocExecutor.collective_rpc and WorkerProc's busy loop "
-                    "(ring); EngineCoreProc launched by CoreEngineProcManager, with its "
+                    "(ring; MessageQueue.enqueue/dequeue also over the suite's logged memory, "
+                    "ring.memory); EngineCoreProc launched by CoreEngineProcManager, with its "
                     "MultiprocExecutor and worker processes, only the worker a stand-in "
                     "(engine); AsyncMPClient given client_addresses, so without a handshake "
                     "channel (frontend)",
