@@ -1,7 +1,7 @@
 """``enginewire tap``: watch a front end and its engine cores talk, decode and check every frame.
 
-Layered above :mod:`enginewire.spec`, :mod:`enginewire.reference` and
-:mod:`enginewire.conformance`: it may import those three (and itself), nothing else of
+Layer: above ``enginewire.bench``. This package may import ``enginewire.spec``,
+``enginewire.reference`` and ``enginewire.conformance`` (and itself), nothing else of
 enginewire; nothing but the command line (``enginewire/cli.py``) imports it.
 
 - :mod:`.releases`: the one place that turns a release into a codec, and the hook that names the
