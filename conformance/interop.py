@@ -861,6 +861,8 @@ def register(subparsers: Any) -> None:
 def main(args: argparse.Namespace) -> int:
     timeout = STEP_TIMEOUT * args.timeout_scale
     transports = args.transport or list(TRANSPORTS)
+    # vLLM logs every engine start at INFO on stdout, around the table; its errors still show.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
     def progress(cell: Cell) -> None:
         print(f"{cell.kind} {cell.left} x {cell.right} ({cell.transport}): "

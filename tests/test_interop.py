@@ -23,7 +23,9 @@ from enginewire.conformance.interop import (
     run_engine_cell,
     run_ring_cell,
 )
+from enginewire.conformance.targets.reference import ReferenceFrontendClient
 from enginewire.reference.engine import ReferenceEngine
+from enginewire.reference.frontend import ReferenceFrontend
 from enginewire.reference.ring.framing import needs_overflow
 from enginewire.reference.ring.payload import PickleCodec
 
@@ -180,3 +182,64 @@ def test_full_matrix_with_vllm() -> None:
     matrix = interop.Matrix(cells, ["reference", "vllm"])
     assert len(cells) == 4 * 2 + 4
     assert matrix.ok, interop.render_table(matrix)
+
+
+class _NoHandshakeClient(ReferenceFrontendClient):
+    """The reference front end without a handshake channel, as vLLM's client given
+    ``client_addresses``: it only waits for the ready responses."""
+
+    def __init__(self, launch: Any, codec: Any) -> None:
+        self.codec = codec
+        self.frontend = ReferenceFrontend(launch.engine_count, handshake=False,
+                                          input_address=launch.input_address,
+                                          output_address=launch.output_address)
+
+
+class _NoHandshakeFrontends:
+    handshake = False
+
+    def __init__(self, codec: Any) -> None:
+        self.codec = codec
+
+    def start_frontend(self, launch: Any) -> _NoHandshakeClient:
+        return _NoHandshakeClient(launch, self.codec)
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_front_end_without_handshake_is_paired_through_the_launcher(
+        reference: Implementation, transport: str) -> None:
+    no_handshake = Implementation("reference-no-handshake",
+                                  frontend=_NoHandshakeFrontends(reference.frontend.codec))
+    cell = run_engine_cell(no_handshake, reference, transport, TIMEOUT)
+    assert cell.status == "passed", cell.exchanges
+    assert cell.exchanges[0].name == "ready-response"
+
+
+class _SilentEngine(ReferenceEngine):
+    """A broken engine: it never says HELLO (it stops before starting)."""
+
+    def run(self) -> int:
+        return 0
+
+
+def test_engine_that_never_says_hello_fails_at_start_up(reference: Implementation) -> None:
+    no_handshake = Implementation("reference-no-handshake",
+                                  frontend=_NoHandshakeFrontends(reference.frontend.codec))
+    cell = run_engine_cell(no_handshake, reference_implementation(_SilentEngine), "ipc", 1.0)
+    failure = cell.first_failure
+    assert failure is not None and failure.name == "ready-response"
+    assert "no HELLO/READY within 1 s" in failure.detail and failure.side == "engine"
+    cell = run_engine_cell(reference, reference_implementation(_SilentEngine), "tcp", 1.0)
+    failure = cell.first_failure
+    assert failure is not None and failure.name == "handshake"
+
+
+def test_an_implementation_that_cannot_load_fails_the_run(monkeypatch: Any,
+                                                            capsys: Any) -> None:
+    def broken() -> Implementation:
+        raise ImportError("no such package")
+
+    monkeypatch.setitem(interop.IMPLEMENTATIONS, "vllm", broken)
+    status = cli_main(["interop", "--peers", "reference,vllm", "--only", "ring"])
+    assert status == 1
+    assert "vllm: not run (ImportError: no such package)" in capsys.readouterr().out
