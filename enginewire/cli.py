@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "enginewire.reference.commands",
     "enginewire.reference.ring.commands",
     "enginewire.conformance.commands",
+    "enginewire.conformance.interop",
     "enginewire.fuzz.commands",
     "enginewire.fuzz.soak",
     "enginewire.fuzz.explore.commands",

@@ -297,17 +297,20 @@ logging.getLogger("enginewire.executor").addHandler(_ENGINE_LOG)
 
 
 class ReferenceEnginePeer:
-    """A reference engine running on a thread of this process."""
+    """A reference engine running on a thread of this process: ``engine_class`` (a
+    ``ReferenceEngine`` or a subclass) with the launch's options and ``options`` (other
+    ``EngineOptions`` fields, e.g. ``step_delay``)."""
 
-    def __init__(self, launch: Any) -> None:
+    def __init__(self, launch: Any, engine_class: type | None = None,
+                 **options: Any) -> None:
         import threading
 
         from enginewire.reference.engine import EngineOptions, ReferenceEngine
 
-        self.engine = ReferenceEngine(EngineOptions(
+        self.engine = (engine_class or ReferenceEngine)(EngineOptions(
             handshake_address=launch.handshake_address, rank=launch.engine_index,
             local=launch.local, headless=launch.headless, dp_size=launch.dp_size,
-            handshake_timeout=launch.init_timeout,
+            handshake_timeout=launch.init_timeout, **options,
         ))
         self.status: int | None = None
         self.error: BaseException | None = None
@@ -330,8 +333,15 @@ class ReferenceEnginePeer:
 
 
 class ReferenceEngines:
+    """Reference engines on threads; ``engine_class`` and ``options`` as
+    :class:`ReferenceEnginePeer`'s (default: ``ReferenceEngine`` with default options)."""
+
+    def __init__(self, engine_class: type | None = None, **options: Any) -> None:
+        self.engine_class = engine_class
+        self.options = options
+
     def start_engine(self, launch: Any) -> ReferenceEnginePeer:
-        return ReferenceEnginePeer(launch)
+        return ReferenceEnginePeer(launch, self.engine_class, **self.options)
 
     def die(self, peer: ReferenceEnginePeer) -> None:
         peer.engine.request_death()
