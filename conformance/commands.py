@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from enginewire.cliargs import positive_float, writable_file
+from enginewire.cliargs import positive_float, text_file_problem, writable_file
 from enginewire.conformance.framework.registry import SURFACES
 
 
@@ -177,18 +177,7 @@ def _expected_file_problem(path_text: str, update: bool) -> str | None:
         if update and path.parent.is_dir():
             return None
         return f"{path_text} does not exist"
-    if not path.is_file():
-        return f"{path_text} is not a file"
-    try:
-        data = path.read_bytes()
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"{path_text} is not UTF-8 text"
-    except OSError as exc:
-        return f"{path_text}: {exc.strerror}"
-    if b"\x00" in data:
-        return f"{path_text} is a binary file"
-    return None
+    return text_file_problem(path_text)
 
 
 def _command_line(args: argparse.Namespace) -> str:

@@ -88,23 +88,31 @@ def writable_dir(text: str) -> str:
     return text
 
 
-def text_file(text: str) -> str:
-    """An existing UTF-8 text file."""
+def text_file_problem(text: str) -> str | None:
+    """Why ``text`` is not an existing UTF-8 text file (None: it is one)."""
     path = Path(text)
     if not path.exists():
-        raise argparse.ArgumentTypeError(f"{text} does not exist")
+        return f"{text} does not exist"
     if not path.is_file():
-        raise argparse.ArgumentTypeError(f"{text} is not a file")
+        return f"{text} is not a file"
     try:
         with path.open("rb") as stream:
             head = stream.read(1 << 16)
         head.decode("utf-8")
     except UnicodeDecodeError:
-        raise argparse.ArgumentTypeError(f"{text} is not UTF-8 text") from None
+        return f"{text} is not UTF-8 text"
     except OSError as exc:
-        raise argparse.ArgumentTypeError(f"{text}: {exc.strerror}") from None
+        return f"{text}: {exc.strerror}"
     if b"\x00" in head:
-        raise argparse.ArgumentTypeError(f"{text} is a binary file")
+        return f"{text} is a binary file"
+    return None
+
+
+def text_file(text: str) -> str:
+    """An existing UTF-8 text file (an argparse type)."""
+    problem = text_file_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -58,11 +58,11 @@ from .protocol import RingReader, RingWriter
 from .shm import ShmMemory, ShmSegment
 from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin
 
-#: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait);
-#: ``timeout=None`` waits forever, and still notices a dead peer.
-DEFAULT_TIMEOUT_S = 60.0
-
 _CONSTANTS = load().surface("ring").constants
+#: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait,
+#: ring.constants default_timeout_s); ``timeout=None`` waits forever, and still notices a dead
+#: peer.
+DEFAULT_TIMEOUT_S: float = float(_CONSTANTS["default_timeout_s"])
 #: vLLM's ``MessageQueue`` defaults (ring.constants).
 MAX_CHUNK_BYTES_DEFAULT: int = _CONSTANTS["max_chunk_bytes_default"]
 MAX_CHUNKS_DEFAULT: int = _CONSTANTS["max_chunks_default"]

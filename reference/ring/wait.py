@@ -39,7 +39,8 @@ from ..errors import ProtocolTimeout
 READER_RECHECK_INTERVAL_S: float = (
     load().surface("ring").constants["reader_recheck_interval_ms"] / 1000)
 #: A waiting end checks this often that the processes it waits for still run.
-LIVENESS_CHECK_INTERVAL_S = 0.5
+LIVENESS_CHECK_INTERVAL_S: float = (
+    load().surface("ring").constants["liveness_check_ms"] / 1000)
 
 
 @dataclass(frozen=True)
