@@ -404,9 +404,9 @@ EXECUTOR_RPC_CHECKS = ["ring/worker/named-method", "ring/worker/pickled-callable
 
 
 def _verdicts(patterns: list[str]) -> dict[str, Any]:
-    from enginewire.conformance.targets.reference import reference_target
     from enginewire.conformance.framework.registry import all_checks, select
     from enginewire.conformance.framework.runner import run
+    from enginewire.conformance.targets.reference import reference_target
     from enginewire.spec import load
 
     checks = select(all_checks(), patterns=patterns)

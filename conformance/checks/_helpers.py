@@ -10,6 +10,7 @@ from typing import Any
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction
 from enginewire.conformance.oracle.values import complete, differences, neutral
 from enginewire.conformance.oracle.wire import compare_wire, expected_wire, raw_decode
+from enginewire.conformance.targets.contract import is_rejection
 
 
 def as_bytes(frames: Sequence[Any]) -> list[bytes]:
@@ -65,6 +66,7 @@ def expect_rejection(
     try:
         value = codec.decode(kind, list(frames))
     except Exception as exc:  # noqa: BLE001
+        require_rejection(exc, f"{why}: decode({kind!r})", sent=frames, **notes)
         named = getattr(exc, "clause", None)
         if named is not None and named not in accepted:
             raise CheckFailure(
@@ -76,6 +78,26 @@ def expect_rejection(
         f"{why}: decode({kind!r}) accepted the frames",
         Reproduction(sent=frames, received=neutral(value), notes=notes),
     )
+
+
+def require_rejection(exc: BaseException, what: str, *, sent: Sequence[bytes] | None = None,
+                      **notes: Any) -> None:
+    """``exc`` counts as refusing invalid input only when it is the contract's rejection
+    (``contract.is_rejection``); a ``NotImplementedError`` is re-raised: the runner reports
+    the check NOT IMPLEMENTED, never passed."""
+    if not is_rejection(exc):
+        raise exc
+
+
+def expect_encode_refused(codec: Any, kind: str, value: Any, what: str) -> None:
+    """``codec.encode(kind, value)`` must refuse ``value`` with a contract rejection."""
+    try:
+        frames = codec.encode(kind, value)
+    except Exception as exc:  # noqa: BLE001 - refusing is the expected behaviour
+        require_rejection(exc, f"encode({kind!r}) of {what}", value=repr(value)[:200])
+        return
+    raise CheckFailure(f"the encoder accepted {what}",
+                       Reproduction(received=list(frames), notes={"value": repr(value)[:200]}))
 
 
 def expect_wire(

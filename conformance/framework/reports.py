@@ -13,14 +13,14 @@ JSON report (``--json PATH``), format ``enginewire-conformance/1``; keys are onl
       "expected_file": null,              # the expected-failure list applied, if any
       "unknown_expected": [],             # listed IDs no selected check has
       "summary": {"passed": N, "failed": M, "skipped": S, "not_implemented": X,
-                  "not_applicable": A, "not_run": R, "expected_failure": E, "unexpected_failure": U,
-                  "unexpected_pass": P, "changed_failure": C},
+                  "not_applicable": A, "spec_only": O, "not_run": R, "expected_failure": E,
+                  "unexpected_failure": U, "unexpected_pass": P, "changed_failure": C},
       "surfaces": {"codec": {same keys as summary}, ...},
       "results": [
         {"id": "codec/tensor/inline-threshold-exact", "surface": "codec",
          "clauses": ["tensors.inline-below-threshold"], "level": "MUST",
          "description": "...",
-         "status": "passed|failed|skipped|not_implemented|not_applicable|not_run",
+         "status": "passed|failed|skipped|not_implemented|not_applicable|spec_only|not_run",
          "expectation": "|expected_failure|unexpected_failure|unexpected_pass|changed_failure",
          "message": "...", "expected_message": null,
          "reproduction": {"sent_hex": [...], "received": ..., "notes": {...}} | null,
@@ -54,6 +54,7 @@ from enginewire.conformance.framework.outcomes import (
     NOT_RUN,
     PASSED,
     SKIPPED,
+    SPEC_ONLY,
     UNEXPECTED_FAILURE,
     UNEXPECTED_PASS,
     CheckResult,
@@ -176,6 +177,8 @@ def _headline(result: CheckResult) -> str:
         return f"not implemented: {result.message}"
     if result.status == NOT_APPLICABLE:
         return f"not applicable: {result.message}"
+    if result.status == SPEC_ONLY:
+        return f"spec only: {result.message}"
     return result.first_line
 
 
@@ -200,7 +203,7 @@ table{border-collapse:collapse;width:100%}
 td,th{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
 th{background:#f4f4f4}
 .passed{color:#17632a}.failed{color:#a11}
-.skipped,.not_run,.not_implemented,.not_applicable{color:#777}
+.skipped,.not_run,.not_implemented,.not_applicable,.spec_only{color:#777}
 .expected_failure{color:#a60}
 pre{background:#f8f8f8;padding:.5em;white-space:pre-wrap;word-break:break-all;margin:.3em 0}
 code{font-size:.92em}.summary td{border:none;padding:.1em .8em .1em 0}
@@ -211,7 +214,7 @@ def render_html(run: RunResult) -> str:
     esc = html.escape
     totals = run.counts()
     rows = []
-    for key in (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, NOT_RUN,
+    for key in (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, SPEC_ONLY, NOT_RUN,
                 EXPECTED_FAILURE,
                 UNEXPECTED_FAILURE, UNEXPECTED_PASS, CHANGED_FAILURE):
         rows.append(f"<tr><td>{esc(key.replace('_', ' '))}</td><td>{totals[key]}</td></tr>")
@@ -296,16 +299,18 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
     lines += [
         f"{len(run.results)} checks{strict}: {totals[PASSED]} passed, {totals[FAILED]} failed, "
         f"{totals[NOT_IMPLEMENTED]} not implemented, {totals[NOT_APPLICABLE]} not applicable, "
+        f"{totals[SPEC_ONLY]} spec only, "
         f"{totals[SKIPPED]} skipped, {totals[NOT_RUN]} not run. A clause *passes* when every "
-        "check naming it passed; NOT IMPLEMENTED and NOT APPLICABLE checks decide nothing.",
+        "check naming it passed; NOT IMPLEMENTED and NOT APPLICABLE checks decide nothing, "
+        "SPEC ONLY checks never call the target and count as nobody's pass.",
         "",
-        "| surface | passed | failed | not implemented | not applicable | skipped |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| surface | passed | failed | not implemented | not applicable | spec only | skipped |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for surface in run.surfaces():
         c = run.counts(surface)
         lines.append(f"| {surface} | {c[PASSED]} | {c[FAILED]} | {c[NOT_IMPLEMENTED]} | "
-                     f"{c[NOT_APPLICABLE]} | {c[SKIPPED]} |")
+                     f"{c[NOT_APPLICABLE]} | {c[SPEC_ONLY]} | {c[SKIPPED]} |")
     for level_group, title in ((("MUST",), "MUST"), (("SHOULD", "MAY"), "SHOULD and MAY")):
         picked = [r for r in run.results if r.level in level_group]
         if not picked:
@@ -338,7 +343,7 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
                     continue
                 lines += _markdown_failure(result, spec)
             others = [r for r in results if r.status in (NOT_IMPLEMENTED, NOT_APPLICABLE,
-                                                         SKIPPED)]
+                                                         SPEC_ONLY, SKIPPED)]
             if others:
                 lines += ["<details><summary>Checks not decided</summary>", ""]
                 lines += [f"- `{r.check.id}`: {r.status.replace('_', ' ')}: {r.message}"
@@ -408,7 +413,8 @@ def render_terminal(run: RunResult, *, verbose: bool = False) -> str:
         c = run.counts(surface)
         extra = [f"{c[k]} {label}" for k, label in (
             (SKIPPED, "skipped"), (NOT_IMPLEMENTED, "not implemented"),
-            (NOT_APPLICABLE, "not applicable"), (NOT_RUN, "not run")) if c[k]]
+            (NOT_APPLICABLE, "not applicable"), (SPEC_ONLY, "spec only"),
+            (NOT_RUN, "not run")) if c[k]]
         lines.append(f"  {surface:<9} {c[PASSED]:>4} passed, {c[FAILED]:>3} failed"
                      + (f"  ({', '.join(extra)})" if extra else ""))
     failing = [r for r in run.results if r.status == FAILED or r.unexpected]
@@ -442,7 +448,7 @@ def render_terminal(run: RunResult, *, verbose: bool = False) -> str:
                 lines.append(f"    ! {text}")
     if verbose:
         others = [r for r in run.results
-                  if r.status in (SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE)]
+                  if r.status in (SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, SPEC_ONLY)]
         if others:
             lines.append("")
         for result in others:
@@ -461,7 +467,7 @@ def render_terminal(run: RunResult, *, verbose: bool = False) -> str:
     lines.append("")
     lines.append(
         f"{strict_note}{totals[SKIPPED]} skipped, {totals[NOT_IMPLEMENTED]} not implemented, "
-        f"{totals[NOT_APPLICABLE]} not applicable, "
+        f"{totals[NOT_APPLICABLE]} not applicable, {totals[SPEC_ONLY]} spec only, "
         f"{totals[EXPECTED_FAILURE]} expected failures, {totals[UNEXPECTED_PASS]} unexpected "
         f"passes, {totals[CHANGED_FAILURE]} changed failures"
     )
