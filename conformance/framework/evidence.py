@@ -11,9 +11,10 @@ The runner opens an :class:`Evidence` record per check and hands a codec check a
   whatever it made of the exception (a check that catches "any error" as a rejection can no
   longer pass on it).
 
-Targets outside the codec surface report their own gaps with :func:`note_not_implemented`
-(the external programs' ``"unsupported"`` answer does); the runner also finds a
-``NotImplementedError`` anywhere in the cause chain of a check's failure.
+Targets outside the codec surface report their gaps by raising ``NotImplementedError`` (the
+external programs' ``"unsupported"`` answer becomes ``contract.Unsupported``, one); the
+runner finds it anywhere in the cause chain of a check's verdict, and a layer above may note
+one with :func:`note_not_implemented`.
 See ``targets.contract`` ("Rejections are evidence only...", "Roles").
 """
 

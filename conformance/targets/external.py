@@ -59,7 +59,6 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from enginewire.conformance.framework.evidence import note_not_implemented
 from enginewire.conformance.targets.contract import RingHandle, TargetError, Unsupported
 
 SURFACE_PREFIXES = ("codec=", "ring=", "engine=", "frontend=")
@@ -223,9 +222,8 @@ class LineRpc:
         if kind == "dead":
             raise ConnectionError(message)
         if kind == "unsupported":
-            note_not_implemented(f"{op} {fields.get('kind', '')}".strip()
-                                 + f" (the program answered unsupported: {message})")
-            raise Unsupported(message)
+            raise Unsupported(f"{op} {fields.get('kind', '')}".strip()
+                              + f": the program answered unsupported: {message}")
         raise CommandFailed(message, answer.get("clause"))
 
     def close(self) -> None:
@@ -322,9 +320,8 @@ class CommandCodec:
         except Exception as exc:  # noqa: BLE001 - the value has no tagged-JSON form
             # The suite cannot hand this value to the program at all: refusing it here would
             # be the suite's rejection, not the program's.
-            note_not_implemented(f"encode {kind} (the tagged JSON cannot carry the value: "
-                                 f"{type(exc).__name__}: {exc})")
-            raise Unsupported(f"the line protocol cannot carry this value: {exc}") from exc
+            raise Unsupported(f"encode {kind}: the tagged JSON cannot carry the value "
+                              f"({type(exc).__name__}: {exc})") from exc
         answer = self.rpc.call("encode", kind=kind, value=tagged, threshold=self.threshold)
         return [bytes.fromhex(f) for f in answer["frames"]]
 
