@@ -98,3 +98,47 @@ def test_type_problems_positions(spec: Any) -> None:
     assert type_problems([0.5], "EngineCoreOutputs", spec)[0].got == "float"
     assert type_problems([0, [], None, 3], "EngineCoreOutputs", spec) == []  # int as float
     assert type_problems([0, None], "EngineCoreOutputs", spec)[0].got == "null"
+
+
+def _ready_response_without_required(raw: Any) -> Any:
+    raw.pop("max_model_len", None)
+    raw["vllm_version"] = "0.0.1"  # a value vLLM reads past
+    return raw
+
+
+def test_ready_response_headline_is_what_vllm_rejects(spec: Any) -> None:
+    checks = select(all_checks(), patterns=["engine/handshake/ready-response-map"])
+    target = Target("broken", engine=MutantEngines(
+        _rewriting(("ready_response",), _ready_response_without_required)))
+    [verdict] = run(checks, target, spec).results
+    assert verdict.status == FAILED
+    assert "`$.max_model_len` (EngineCoreReadyResponse.max_model_len): required field missing" \
+        in verdict.first_line
+
+
+def test_struct_diff_names_the_first_position_that_differs(spec: Any) -> None:
+    from enginewire.conformance.checks._helpers import expect_wire
+    from enginewire.conformance.framework.registry import CheckFailure
+    from enginewire.conformance.targets.reference import ReferenceCodec
+
+    value = {"engine_index": 0,
+             "outputs": [{"request_id": "r", "new_token_ids": [1], "finish_reason": 1}]}
+    frames = [bytes(f) for f in ReferenceCodec().encode("EngineCoreOutputs", value)]
+    raw = msgspec.msgpack.decode(frames[0])
+    del raw[1][0][4]  # a layout without pooling_output: every later field one place early
+    with pytest.raises(CheckFailure) as info:
+        expect_wire([msgspec.msgpack.encode(raw)], value, "EngineCoreOutputs", spec)
+    message = info.value.message
+    assert message.startswith(
+        "EngineCoreOutputs: the encoding differs from the spec: vLLM 0.33.0 rejects it: "
+        "`$[1][0][4]` (EngineCoreOutput.pooling_output): expected `tensor | none`, got `int`")
+    notes = info.value.reproduction.notes
+    assert any("$[1][0]: expected an array of 19, got 18" in d for d in notes["differences"])
+    assert any(d.startswith("$[1][0][4]: expected None") for d in notes["differences"])
+    # A longer array than the struct's is read past by vLLM: marked, and last.
+    raw = msgspec.msgpack.decode(frames[0])
+    raw[1][0].append(None)
+    with pytest.raises(CheckFailure) as info:
+        expect_wire([msgspec.msgpack.encode(raw)], value, "EngineCoreOutputs", spec)
+    assert "rejects" not in info.value.message
+    assert "(tolerated by vLLM)" in info.value.message

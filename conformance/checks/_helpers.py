@@ -3,11 +3,13 @@ reading socket options, running a blocking call on a thread."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction
+from enginewire.conformance.oracle.strict import layout_releases, type_problems
 from enginewire.conformance.oracle.values import complete, differences, neutral
 from enginewire.conformance.oracle.wire import compare_wire, expected_wire, raw_decode
 from enginewire.conformance.targets.contract import is_rejection
@@ -114,20 +116,44 @@ def expect_wire(
             f"{what or type_text}: frame 0 is not valid msgpack: {exc}",
             Reproduction(sent=None, received=frames),
         ) from exc
-    problems = compare_wire(form.value, actual, strict_omit=strict_omit)
+    diffs = compare_wire(form.value, actual, strict_omit=strict_omit)
     if len(frames) - 1 != len(form.oob):
-        problems.append(f"expected {len(form.oob)} out-of-band frames, got {len(frames) - 1}")
+        diffs.append(f"expected {len(form.oob)} out-of-band frames, got "
+                           f"{len(frames) - 1}")
     else:
         for index, (want, got) in enumerate(zip(form.oob, frames[1:], strict=True), start=1):
             if bytes(want) != bytes(got):
-                problems.append(f"out-of-band frame {index}: bytes differ")
+                diffs.append(f"out-of-band frame {index}: bytes differ")
+    rejected = [f"vLLM 0.33.0 rejects it: {p}" for p in type_problems(actual, type_text, spec)]
+    tolerated = [f"{d} (tolerated by vLLM)" for d in diffs if _tolerated(d)]
+    misread = [d for d in diffs if not _tolerated(d)]
+    # Headline in the order vLLM fails: what its typed decoder rejects (missing required
+    # fields, type errors, position by position), then what it reads as another value, then
+    # what it tolerates.
+    problems = rejected + misread + tolerated
     if problems:
+        notes: dict[str, Any] = {"threshold": threshold}
+        if rejected:
+            notes["rejected by vLLM"] = rejected[:20]
+        notes["differences"] = (misread + tolerated)[:20]
+        releases = layout_releases(actual, type_text, spec)
+        if releases is not None:
+            notes["layout matches releases"] = releases
         raise CheckFailure(
             f"{what or type_text}: the encoding differs from the spec: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-            Reproduction(received=frames, notes={"differences": problems[:20],
-                                                 "threshold": threshold}),
+            Reproduction(received=frames, notes=notes),
         )
+
+
+def _tolerated(difference: str) -> bool:
+    """Whether vLLM's decoder reads past this difference unchanged: an unknown map key, a
+    default written although it may be omitted, an array longer than its struct (the extra
+    trailing elements are ignored)."""
+    if "not expected on the wire" in difference or "holds its default" in difference:
+        return True
+    match = re.search(r"expected an array of (\d+), got (\d+)", difference)
+    return bool(match) and int(match.group(2)) > int(match.group(1))
 
 
 def expect_value(

@@ -282,3 +282,13 @@ def handshake_problems(raw: Any, message: str, spec: Any) -> list[TypeProblem]:
             continue
         _check(raw[key.name], parse_type(key.type), spec, f"$.{key.name}", where, out)
     return out
+
+
+def layout_releases(raw: Any, type_expr: str, spec: Any) -> list[str] | None:
+    """The vLLM releases whose layout of ``type_expr`` the observed ``raw`` fits, or None
+    while the spec carries no per-release history (hook: a spec with ``layout_history``, a
+    callable ``(raw, type_expr) -> list[str]``, answers)."""
+    history = getattr(spec, "layout_history", None)
+    if history is None:
+        return None
+    return list(history(raw, type_expr))
