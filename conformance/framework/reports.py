@@ -37,7 +37,6 @@ dashboard agrees with the exit status.
 
 from __future__ import annotations
 
-import html
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -55,7 +54,6 @@ from enginewire.conformance.framework.outcomes import (
     PASSED,
     SKIPPED,
     SPEC_ONLY,
-    UNEXPECTED_FAILURE,
     UNEXPECTED_PASS,
     CheckResult,
     RunResult,
@@ -194,65 +192,14 @@ def _failure_text(result: CheckResult) -> str:
     return "\n".join(parts)
 
 
-# --- HTML --------------------------------------------------------------------------------
-
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.5em}
-table{border-collapse:collapse;width:100%}
-td,th{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
-th{background:#f4f4f4}
-.passed{color:#17632a}.failed{color:#a11}
-.skipped,.not_run,.not_implemented,.not_applicable,.spec_only{color:#777}
-.expected_failure{color:#a60}
-pre{background:#f8f8f8;padding:.5em;white-space:pre-wrap;word-break:break-all;margin:.3em 0}
-code{font-size:.92em}.summary td{border:none;padding:.1em .8em .1em 0}
-"""
+# --- HTML ---------------------------------------------------------------------------------
 
 
 def render_html(run: RunResult) -> str:
-    esc = html.escape
-    totals = run.counts()
-    rows = []
-    for key in (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, SPEC_ONLY, NOT_RUN,
-                EXPECTED_FAILURE,
-                UNEXPECTED_FAILURE, UNEXPECTED_PASS, CHANGED_FAILURE):
-        rows.append(f"<tr><td>{esc(key.replace('_', ' '))}</td><td>{totals[key]}</td></tr>")
-    verdict = "PASSED" if run.ok else "FAILED"
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>enginewire check {esc(run.target)}: {verdict}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>enginewire conformance: <span class='{'passed' if run.ok else 'failed'}'>"
-        f"{verdict}</span></h1>",
-        f"<p>Target <code>{esc(run.target)}</code>, spec for vLLM {esc(run.spec_version)}, "
-        f"{'strict' if run.strict else 'MUST checks only'}, started {esc(run.started)}, "
-        f"{run.duration_s:.1f} s.</p>",
-        f"<table class='summary'>{''.join(rows)}</table>",
-    ]
-    for surface in run.surfaces():
-        counts = run.counts(surface)
-        parts.append(f"<h2 id='{surface}'>{surface}: {counts[PASSED]} passed, "
-                     f"{counts[FAILED]} failed</h2>")
-        parts.append("<table><tr><th>check</th><th>clauses</th><th>level</th>"
-                     "<th>result</th></tr>")
-        for result in (r for r in run.results if r.check.surface == surface):
-            status = result.expectation if result.expectation else result.status
-            detail = ""
-            if result.status == FAILED or result.unexpected:
-                detail = f"<pre>{esc(_failure_text(result))}</pre>"
-            elif result.message:
-                detail = f"<div>{esc(result.message)}</div>"
-            parts.append(
-                f"<tr><td><code>{esc(result.check.id)}</code><div>"
-                f"{esc(result.check.description)}</div></td>"
-                f"<td>{'<br>'.join(f'<code>{esc(c)}</code>' for c in result.check.clauses)}</td>"
-                f"<td>{esc(result.level)}</td>"
-                f"<td class='{esc(status)}'>{esc(status.replace('_', ' '))}{detail}</td></tr>"
-            )
-        parts.append("</table>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    """The self-contained HTML page (:mod:`.html_report`)."""
+    from enginewire.conformance.framework.html_report import render_html as render
+
+    return render(run)
 
 
 def write_html(run: RunResult, path: str | Path) -> None:
