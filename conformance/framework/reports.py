@@ -283,8 +283,9 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
                       f"Passes ({len(passed)}): {_md_code_list(passed)}.", "",
                       f"Fails ({len(failed)}): {_md_code_list(failed)}.", ""]
             if undecided:
-                lines += [f"Not checked ({len(undecided)}, their checks were not implemented, spec only, "
-                          f"not applicable or skipped): {_md_code_list(undecided)}.", ""]
+                lines += [f"Not checked ({len(undecided)}, their checks were not implemented, "
+                          "spec only, not applicable or skipped): "
+                          f"{_md_code_list(undecided)}.", ""]
             spec_only = [r.check.id for r in results if r.status == SPEC_ONLY]
             if spec_only:
                 lines += [f"Spec only ({len(spec_only)}, passed without consulting the target, "
