@@ -142,3 +142,36 @@ def test_struct_diff_names_the_first_position_that_differs(spec: Any) -> None:
         expect_wire([msgspec.msgpack.encode(raw)], value, "EngineCoreOutputs", spec)
     assert "rejects" not in info.value.message
     assert "(tolerated by vLLM)" in info.value.message
+
+
+def test_frontend_sending_what_vllm_rejects_fails(spec: Any) -> None:
+    from enginewire.conformance.targets.reference import ReferenceCodec, ReferenceFrontends
+    from enginewire.reference.frontend import ReferenceFrontend
+
+    class ArrivalAsText(ReferenceFrontend):
+        """Sends EngineCoreRequest.arrival_time as a str (0.33.0: a float)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            send = self.connection.send
+
+            def rewritten(kind: str, value: Any, **options: Any) -> list[Any]:
+                frames = list(send(kind, value, **options))
+                if kind == "add":
+                    raw = msgspec.msgpack.decode(bytes(memoryview(frames[2]).cast("B")))
+                    raw[ARRIVAL] = "now"
+                    frames[2] = msgspec.msgpack.encode(raw)
+                return frames
+
+            self.connection.send = rewritten  # type: ignore[method-assign]
+
+    class Frontends(ReferenceFrontends):
+        def frontend_class(self) -> Any:
+            return ArrivalAsText
+
+    ARRIVAL = [f.name for f in spec.structs["EngineCoreRequest"].fields].index("arrival_time")
+    checks = select(all_checks(), patterns=["frontend/requests/add-frames"])
+    [verdict] = run(checks, Target("broken", frontend=Frontends(ReferenceCodec())), spec).results
+    assert verdict.status == FAILED
+    assert (f"`$[{ARRIVAL}]` (EngineCoreRequest.arrival_time): expected `float`, got `str`"
+            in verdict.message)
