@@ -10,7 +10,7 @@ from typing import Any
 from enginewire.cli import main
 from enginewire.conformance.checks.codec_golden import register_vectors
 from enginewire.conformance.framework.outcomes import FAILED, PASSED
-from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.registry import all_checks, select, unregister
 from enginewire.conformance.framework.runner import run
 from enginewire.conformance.targets.contract import Target
 from enginewire.conformance.targets.reference import ReferenceCodec
@@ -43,6 +43,13 @@ def test_recorded_vectors_join_the_golden_checks(tmp_path: Path) -> None:
     assert recorded["expect"] == "reject" and recorded["value"] is None
     assert json.loads((folder / "old_abort.json").read_text())["value"] == ["req-1", "req-2"]
     ids = register_vectors(folder)
+    try:
+        _check_recorded(ids)
+    finally:
+        unregister(ids)
+
+
+def _check_recorded(ids: list[str]) -> None:
     assert ids == ["codec/vectors/captured/abort-int/reject",
                    "codec/vectors/captured/abort-now/encode",
                    "codec/vectors/captured/abort-now/decode",
@@ -59,7 +66,11 @@ def test_recorded_vectors_join_the_golden_checks(tmp_path: Path) -> None:
 def test_check_command_takes_vectors(tmp_path: Path, capsys: Any) -> None:
     folder = tmp_path / "mine"
     _write(folder, "--kind", "abort", "--name", "a", "--release", "0.30.0", *ABORT)
-    assert main(["check", "--vectors", str(folder), "-k", "codec/vectors/mine/*",
-                 "--no-progress"]) == 0
+    try:
+        assert main(["check", "--vectors", str(folder), "-k", "codec/vectors/mine/*",
+                     "--no-progress"]) == 0
+    finally:
+        unregister(["codec/vectors/mine/a/decode"])
+    assert not select(all_checks(), patterns=["codec/vectors/*"])
     assert capsys.readouterr().out.strip().endswith("1 passed, 0 failed")
     assert main(["check", "--vectors", str(tmp_path / "absent"), "--no-progress"]) == 2
