@@ -68,7 +68,66 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show tracebacks, skips and not-implemented reasons")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--vectors", action="append", default=[], metavar="DIR",
+                        help="add the recorded frames under DIR (golden format, see "
+                             "'enginewire vectors write') to the golden checks; may repeat")
     parser.set_defaults(handler=main)
+
+    vectors = subparsers.add_parser(
+        "vectors",
+        help="write recorded frames as vectors for 'enginewire check --vectors'",
+        description="Write frames captured elsewhere (hex, one frame per argument) as one "
+                    "vector of the golden format: the kind, the release the frames claim, "
+                    "and whether they must decode (the value is read back with the "
+                    "reference decoder) or be rejected.",
+    )
+    vsub = vectors.add_subparsers(dest="vectors_command", required=True)
+    write = vsub.add_parser("write", help="write one vector file")
+    write.add_argument("frames", nargs="+", metavar="HEX", help="the frames, in order, as hex")
+    write.add_argument("--kind", required=True,
+                       help="a message kind (add, outputs, ...) or a struct name")
+    write.add_argument("--name", required=True, help="the vector's name (its file name)")
+    write.add_argument("--release", required=True,
+                       help="the vLLM release the frames come from (e.g. 0.31.0)")
+    write.add_argument("--expect", choices=("decode", "reject"), default="decode")
+    write.add_argument("--clause", default=None,
+                       help="for --expect reject: the clause a refusal must cite")
+    write.add_argument("--description", default="recorded frames")
+    write.add_argument("--threshold", type=int, default=None,
+                       help="the writer's inline threshold (default: the spec's)")
+    write.add_argument("--out", required=True, metavar="DIR", help="the vector directory")
+    write.set_defaults(handler=write_vector_main)
+
+
+def write_vector_main(args: argparse.Namespace) -> int:
+    """``enginewire vectors write``: one vector file from captured frames."""
+    from pathlib import Path
+
+    from enginewire.conformance.oracle.golden import GoldenVector, write_vector
+    from enginewire.conformance.oracle.values import neutral
+    from enginewire.conformance.targets.reference import ReferenceCodec
+    from enginewire.spec import load
+
+    try:
+        frames = tuple(bytes.fromhex(text) for text in args.frames)
+    except ValueError as exc:
+        print(f"enginewire vectors write: a frame is not hex: {exc}", file=sys.stderr)
+        return 2
+    spec = load()
+    threshold = args.threshold or int(spec.surface("tensors").threshold_default)
+    value = None
+    if args.expect == "decode":
+        try:
+            value = neutral(ReferenceCodec(threshold).decode(args.kind, list(frames)))
+        except Exception as exc:  # noqa: BLE001 - told to the user
+            print(f"enginewire vectors write: the reference decoder refuses these frames as "
+                  f"{args.kind}: {exc} (record them with --expect reject)", file=sys.stderr)
+            return 1
+    vector = GoldenVector(name=args.name, kind=args.kind, threshold=threshold,
+                          description=args.description, vllm_version=args.release,
+                          value=value, frames=frames, expect=args.expect, clause=args.clause)
+    print(write_vector(vector, Path(args.out)))
+    return 0
 
 
 def main(args: argparse.Namespace) -> int:
@@ -91,6 +150,14 @@ def main(args: argparse.Namespace) -> int:
     except UnknownVersionError as exc:
         print(f"enginewire check: {exc}", file=sys.stderr)
         return 2
+    for directory in getattr(args, "vectors", []):
+        from enginewire.conformance.checks.codec_golden import register_vectors
+
+        try:
+            register_vectors(directory)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"enginewire check: {exc}", file=sys.stderr)
+            return 2
     checks = select(all_checks(), surfaces=args.surface, patterns=args.select)
 
     if args.list:

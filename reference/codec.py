@@ -175,6 +175,33 @@ class _Position:
 
     declared: TypeExpr | None
     owner: StructSpec | None = None
+    #: The field of ``owner`` the position is.
+    field: str | None = None
+
+    @property
+    def where(self) -> str:
+        """``Struct.field`` of the position, or ""."""
+        return f"{self.owner.name}.{self.field}" if self.owner and self.field else ""
+
+
+class _HookError(ValueError):
+    """A ProtocolError out of a msgspec hook, wrapped so that msgspec adds its ``$``-path
+    (it does for a ValueError out of ``dec_hook``); unwrapped again with the path."""
+
+    def __init__(self, error: ProtocolError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _with_path(error: ProtocolError, path: str, where: str) -> ProtocolError:
+    """``error`` again, its message led by ``path`` and ``Struct.field`` as the suite's
+    reports write them (`` `$[1][0][12]` (EngineCoreOutput.routed_experts): ...``)."""
+    place = f"`{path}`" + (f" ({where})" if where else "")
+    again = type(error)(error.clause, f"{place}: {error.message}", expected=error.expected,
+                        got=error.got)
+    again.path = path  # type: ignore[attr-defined]
+    again.field = where  # type: ignore[attr-defined]
+    return again
 
 
 def _single(expr: TypeExpr) -> TypeExpr | None:
@@ -509,8 +536,19 @@ class Codec:
             value = decoder.decode(_buffer(frames[0]))
         except msgspec.ValidationError as exc:
             text = str(exc)
+            path_match = _AT_PATH.search(text)
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, _HookError):
+                if path_match is None:
+                    raise cause.error from None
+                raise _with_path(cause.error, path_match.group(2),
+                                 self._where(payload, text)) from None
+            where = self._where(payload, text)
+            if path_match is not None:
+                text = (f"`{path_match.group(2)}`" + (f" ({where})" if where else "")
+                        + f": {text[: path_match.start()]}")
             raise PayloadError(
-                self._validation_clause(payload, text), f"{kind}: {text}", expected=payload
+                self._validation_clause(payload, str(exc)), f"{kind}: {text}", expected=payload
             ) from None
         except msgspec.DecodeError as exc:
             raise PayloadError(
@@ -571,10 +609,18 @@ class Codec:
             return ARRAY_TYPE
         return PAYLOAD_TYPE
 
+    def _where(self, payload: str, message: str) -> str:
+        """``Struct.field`` at the path of msgspec ``message`` inside a ``payload``, or ""."""
+        _, steps, key = _split_path(message)
+        if not steps:
+            return ""
+        return self._position(parse_type(payload), steps, key).where
+
     def _position(self, expr: TypeExpr, steps: list[str | int], key: bool) -> _Position:
         """What the spec declares at ``steps`` inside a value of type ``expr`` (or at the key
         of the map there, with ``key``)."""
         owner: StructSpec | None = None
+        field: str | None = None
         child = _Child(self.spec.structs)
         for step in steps:
             resolved = _single(expr)
@@ -584,12 +630,15 @@ class Codec:
             if found is None:
                 return _Position(None)
             expr, owner = found
+            field = None
+            if owner is not None:
+                field = owner.fields[step].name if isinstance(step, int) else str(step)
         if key:
             resolved = _single(expr)
             if resolved is None or kind_of(resolved) != "mapping":
                 return _Position(None)
             return _Position(resolved.args[0])
-        return _Position(expr, owner)
+        return _Position(expr, owner, field)
 
     def _decoder(self, payload: str) -> msgspec.msgpack.Decoder[Any]:
         found = self._decoders.get(payload)
@@ -678,6 +727,14 @@ class Codec:
         )
 
     def _dec_hook(self, target: Any, raw: Any) -> Any:
+        try:
+            return self._dec_hook_body(target, raw)
+        except _HookError:
+            raise
+        except ProtocolError as exc:
+            raise _HookError(exc) from exc
+
+    def _dec_hook_body(self, target: Any, raw: Any) -> Any:
         state = self._state
         if target is TensorSlot or target is NdarraySlot:
             if state.used is None:

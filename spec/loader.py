@@ -176,7 +176,14 @@ class Spec:
             "vllm_version": self.version,
             "surfaces": {name: _complete(s) for name, s in self.surfaces.items()},
             "structs": {name: _complete(s) for name, s in self.structs.items()},
+            "wire_encoding": _wire_facts(),
         }
+
+
+def _wire_facts() -> dict[str, Any]:
+    from enginewire.spec.wire_facts import wire_facts
+
+    return wire_facts()
 
 
 def _complete(value: Any) -> Any:

@@ -422,7 +422,11 @@ def test_reports_are_written_and_parse(tmp_path: Path, capsys: Any) -> None:
     page = paths["html"].read_text()
     assert page.startswith("<!DOCTYPE html>")
     assert "codec/tensor/inline-threshold-exact" in page
-    assert "<script" not in page and "http" not in page.split("<body>")[1]
+    # Self-contained: inline style and script only, nothing fetched from elsewhere.
+    assert " src=" not in page and "http" not in page.split("<body>")[1]
+    # It leads with what needs action, before the table of every check.
+    assert page.index("Needs action (1)") < page.index("All checks, in suite order")
+    assert "docs/spec/tensors.md#tensors.tensor-inline-below-threshold" in page
 
 
 def test_list_and_coverage_commands(capsys: Any, spec: Any) -> None:

@@ -3,11 +3,13 @@ reading socket options, running a blocking call on a thread."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction
+from enginewire.conformance.oracle.strict import layout_releases, type_problems
 from enginewire.conformance.oracle.values import complete, differences, neutral
 from enginewire.conformance.oracle.wire import (
     THRESHOLD_DEFAULT,
@@ -15,6 +17,7 @@ from enginewire.conformance.oracle.wire import (
     expected_wire,
     raw_decode,
 )
+from enginewire.conformance.targets.contract import is_rejection
 
 
 def as_bytes(frames: Sequence[Any]) -> list[bytes]:
@@ -70,6 +73,7 @@ def expect_rejection(
     try:
         value = codec.decode(kind, list(frames))
     except Exception as exc:  # noqa: BLE001
+        require_rejection(exc, f"{why}: decode({kind!r})", sent=frames, **notes)
         named = getattr(exc, "clause", None)
         if named is not None and named not in accepted:
             raise CheckFailure(
@@ -81,6 +85,26 @@ def expect_rejection(
         f"{why}: decode({kind!r}) accepted the frames",
         Reproduction(sent=frames, received=neutral(value), notes=notes),
     )
+
+
+def require_rejection(exc: BaseException, what: str, *, sent: Sequence[bytes] | None = None,
+                      **notes: Any) -> None:
+    """``exc`` counts as refusing invalid input only when it is the contract's rejection
+    (``contract.is_rejection``); a ``NotImplementedError`` is re-raised: the runner reports
+    the check NOT IMPLEMENTED, never passed."""
+    if not is_rejection(exc):
+        raise exc
+
+
+def expect_encode_refused(codec: Any, kind: str, value: Any, what: str) -> None:
+    """``codec.encode(kind, value)`` must refuse ``value`` with a contract rejection."""
+    try:
+        frames = codec.encode(kind, value)
+    except Exception as exc:  # noqa: BLE001 - refusing is the expected behaviour
+        require_rejection(exc, f"encode({kind!r}) of {what}", value=repr(value)[:200])
+        return
+    raise CheckFailure(f"the encoder accepted {what}",
+                       Reproduction(received=list(frames), notes={"value": repr(value)[:200]}))
 
 
 def expect_wire(
@@ -98,20 +122,44 @@ def expect_wire(
             f"{what or type_text}: frame 0 is not valid msgpack: {exc}",
             Reproduction(sent=None, received=frames),
         ) from exc
-    problems = compare_wire(form.value, actual, strict_omit=strict_omit)
+    diffs = compare_wire(form.value, actual, strict_omit=strict_omit)
     if len(frames) - 1 != len(form.oob):
-        problems.append(f"expected {len(form.oob)} out-of-band frames, got {len(frames) - 1}")
+        diffs.append(f"expected {len(form.oob)} out-of-band frames, got "
+                           f"{len(frames) - 1}")
     else:
         for index, (want, got) in enumerate(zip(form.oob, frames[1:], strict=True), start=1):
             if bytes(want) != bytes(got):
-                problems.append(f"out-of-band frame {index}: bytes differ")
+                diffs.append(f"out-of-band frame {index}: bytes differ")
+    rejected = [f"vLLM 0.33.0 rejects it: {p}" for p in type_problems(actual, type_text, spec)]
+    tolerated = [f"{d} (tolerated by vLLM)" for d in diffs if _tolerated(d)]
+    misread = [d for d in diffs if not _tolerated(d)]
+    # Headline in the order vLLM fails: what its typed decoder rejects (missing required
+    # fields, type errors, position by position), then what it reads as another value, then
+    # what it tolerates.
+    problems = rejected + misread + tolerated
     if problems:
+        notes: dict[str, Any] = {"threshold": threshold}
+        if rejected:
+            notes["rejected by vLLM"] = rejected[:20]
+        notes["differences"] = (misread + tolerated)[:20]
+        releases = layout_releases(actual, type_text, spec)
+        if releases is not None:
+            notes["layout matches releases"] = releases
         raise CheckFailure(
             f"{what or type_text}: the encoding differs from the spec: {problems[0]}"
             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-            Reproduction(received=frames, notes={"differences": problems[:20],
-                                                 "threshold": threshold}),
+            Reproduction(received=frames, notes=notes),
         )
+
+
+def _tolerated(difference: str) -> bool:
+    """Whether vLLM's decoder reads past this difference unchanged: an unknown map key, a
+    default written although it may be omitted, an array longer than its struct (the extra
+    trailing elements are ignored)."""
+    if "not expected on the wire" in difference or "holds its default" in difference:
+        return True
+    match = re.search(r"expected an array of (\d+), got (\d+)", difference)
+    return bool(match) and int(match.group(2)) > int(match.group(1))
 
 
 def expect_value(

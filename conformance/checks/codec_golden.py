@@ -13,9 +13,15 @@ A vector written with a threshold other than the spec's default needs the target
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
-from enginewire.conformance.checks._helpers import as_bytes, require_reference_version
+from enginewire.conformance.checks._helpers import (
+    as_bytes,
+    expect_rejection,
+    require_reference_version,
+)
 from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction, check
 from enginewire.conformance.oracle.golden import payload_type
@@ -77,10 +83,34 @@ def _configured(codec: Any, ctx: Any, threshold: int) -> Any:
     return codec.with_threshold(threshold)
 
 
-def _register(vector: Any, spec: Any) -> None:
-    clauses = _clauses(spec, vector.kind, vector.value)
-    base = f"codec/golden/{vector.name.replace('_', '-').lower()}"
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", text.replace("_", "-").lower()).strip("-") or "x"
 
+
+def _register(vector: Any, spec: Any, prefix: str = "codec/golden") -> list[str]:
+    """Register the checks of one vector under ``prefix``; their IDs."""
+    base = f"{prefix}/{_slug(vector.name)}"
+    if vector.expect == "reject":
+        clause = vector.clause or "frames.payload-matches-type"
+
+        @check(f"{base}/reject", clauses=[clause], surface="codec",
+               description=f"vector {vector.name} (vLLM {vector.vllm_version}): "
+                           f"{vector.description} (must be rejected)")
+        def _reject(codec: Any, ctx: Any) -> None:
+            expect_rejection(codec, vector.kind, list(vector.frames), clause,
+                             f"vector {vector.name}", vector=str(vector.path or vector.name))
+
+        return [f"{base}/reject"]
+    clauses = _clauses(spec, vector.kind, vector.value)
+    registered = [f"{base}/decode"]
+    if vector.vllm_version == spec.version:
+        registered.insert(0, f"{base}/encode")
+        _register_encode(vector, base, clauses)
+    _register_decode(vector, base, clauses)
+    return registered
+
+
+def _register_encode(vector: Any, base: str, clauses: list[str]) -> None:
     @check(f"{base}/encode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (encode, byte-exact)")
     def _encode(codec: CodecSurface, ctx: CheckContext) -> None:
@@ -109,6 +139,9 @@ def _register(vector: Any, spec: Any) -> None:
                              notes={"problems": problems, "threshold": vector.threshold}),
             )
 
+
+
+def _register_decode(vector: Any, base: str, clauses: list[str]) -> None:
     @check(f"{base}/decode", clauses=clauses, surface="codec",
            description=f"golden {vector.name}: {vector.description} (decode)")
     def _decode(codec: CodecSurface, ctx: CheckContext) -> None:
@@ -174,3 +207,23 @@ def _register_all() -> None:
 
 
 _register_all()
+
+
+def register_vectors(directory: str | Path) -> list[str]:
+    """Add the vectors under ``directory`` (the golden format, ``expect`` and release
+    included) to the golden checks, as ``codec/vectors/<directory name>/<vector>/...``;
+    returns the new check IDs (``enginewire check --vectors DIR``)."""
+    from enginewire.conformance.oracle.golden import load_vectors
+    from enginewire.spec import load
+
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--vectors {directory}: no such directory")
+    vectors = load_vectors(folder)
+    if not vectors:
+        raise FileNotFoundError(f"--vectors {directory}: no *.json vectors there")
+    spec = load()
+    ids: list[str] = []
+    for vector in vectors:
+        ids += _register(vector, spec, f"codec/vectors/{_slug(folder.name)}")
+    return ids

@@ -18,10 +18,12 @@ import msgspec
 from enginewire.conformance.checks._helpers import (
     decode,
     encode,
+    expect_encode_refused,
     expect_rejection,
     expect_value,
     expect_wire,
     field_value,
+    require_rejection,
 )
 from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import (
@@ -193,6 +195,117 @@ def _register_threshold_checks() -> None:
 
 
 _register_threshold_checks()
+
+
+# --- placement by bytes, not elements: multi-byte dtypes at the default threshold ------------
+
+
+def _float32(n: int) -> Any:
+    import torch
+
+    return torch.arange(n, dtype=torch.float32) / 8
+
+
+def _float32_array(n: int) -> Any:
+    import numpy as np
+
+    return (np.arange(n) / 8).astype("<f4")
+
+
+def _register_multibyte_checks() -> None:
+    """A float32 tensor of threshold/4 elements is exactly threshold bytes: out of band. A
+    codec that counts elements instead of bytes keeps it inline and fails here."""
+    for family, field, make, clause in (
+        ("tensor", "pooling_output", _float32, "tensors.tensor-inline-below-threshold"),
+        ("ndarray", "routed_experts", _float32_array, "tensors.ndarray-inline-below-threshold"),
+    ):
+        for label, delta, inline in (("minus-one", -1, True), ("exact", 0, False)):
+
+            def run(codec: Any, ctx: Any, *, _delta: int = delta, _inline: bool = inline,
+                    _field: str = field, _make: Any = make) -> None:
+                threshold = _threshold(ctx.spec)
+                value = _make(threshold // 4 + _delta)
+                frames = encode(codec, OUTPUT, _output(**{_field: value}))
+                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                                  threshold=threshold,
+                                  rule="inline iff nbytes < threshold, bytes not elements")
+
+            check(
+                f"codec/{family}/float32-threshold-{label}",
+                clauses=[clause],
+                surface="codec",
+                description=f"a float32 {family} of threshold/4{delta:+d} elements goes "
+                            f"{'inline' if inline else 'out of band'} (bytes, not elements)",
+            )(run)
+
+    for label, delta, inline in (("minus-one", -1, True), ("exact", 0, False)):
+
+        def run_request(codec: Any, ctx: Any, *, _delta: int = delta,
+                        _inline: bool = inline) -> None:
+            threshold = _threshold(ctx.spec)
+            value = _float32(threshold // 4 + _delta).reshape(1, -1)
+            request = {**minimal_request("req-f32"), "prompt_embeds": value}
+            frames = encode(codec, "EngineCoreRequest", request)
+            entry = raw_decode(frames[0])
+            entry = entry[_index(ctx.spec, "EngineCoreRequest", "prompt_embeds")] if isinstance(
+                entry, list) else None
+            data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
+            notes = {"nbytes": 4 * value.numel(), "threshold": threshold}
+            went_inline = isinstance(data, Ext) and data.code == RAW_VIEW
+            went_oob = isinstance(data, int) and not isinstance(data, bool) and data == 1
+            if (_inline and not went_inline) or (not _inline and not went_oob):
+                raise CheckFailure(
+                    f"prompt_embeds of {4 * value.numel()} bytes ({value.numel()} float32) "
+                    f"with threshold {threshold} must go "
+                    f"{'inline' if _inline else 'out of band'}, got {show(data)}"[:300],
+                    Reproduction(received=frames, notes=notes))
+            if not _inline and (len(frames) != 2 or frames[1] != tensor_value(value).data):
+                raise CheckFailure("the out-of-band frame must hold exactly the tensor's bytes",
+                                   Reproduction(received=frames, notes=notes))
+
+        check(
+            f"codec/tensor/request-float32-threshold-{label}",
+            clauses=["tensors.tensor-inline-below-threshold"],
+            surface="codec",
+            description=f"a request's float32 prompt_embeds of threshold/4{delta:+d} elements "
+                        f"goes {'inline' if inline else 'out of band'}",
+        )(run_request)
+
+
+_register_multibyte_checks()
+
+
+@check("codec/tensor/with-threshold-default-identical",
+       clauses=["tensors.threshold-configurable"], surface="codec",
+       requires=["codec.threshold"])
+def _with_threshold_default(codec: Any, ctx: Any) -> None:
+    """with_threshold(default) is the same implementation and encodes exactly as the codec."""
+    threshold = _threshold(ctx.spec)
+    configured = codec.with_threshold(threshold)
+    own = getattr(codec, "inner", codec)
+    other = getattr(configured, "inner", configured)
+    reference = ("enginewire.reference", "enginewire.conformance.targets.reference")
+    if type(other).__module__.startswith(reference) and not type(own).__module__.startswith(
+            reference):
+        raise CheckFailure(
+            f"with_threshold returned a {type(other).__module__}.{type(other).__name__}, a "
+            f"reference codec, not the target's own {type(own).__name__}: the threshold "
+            "checks would test the reference")
+    values = [
+        (OUTPUT, _output(pooling_output=_float32(threshold // 4))),
+        (OUTPUT, _output(routed_experts=_float32_array(threshold // 4 - 1))),
+        (OUTPUT, _output(pooling_output=_uint8(threshold - 1))),
+        ("EngineCoreRequest", {**minimal_request("req-w"),
+                               "prompt_embeds": _float32(threshold // 4).reshape(1, -1)}),
+    ]
+    for kind, value in values:
+        mine = encode(codec, kind, value)
+        theirs = encode(configured, kind, value)
+        if mine != theirs:
+            raise CheckFailure(
+                f"{kind}: with_threshold({threshold}) encodes differently from the codec "
+                "itself (the default threshold)",
+                Reproduction(received=theirs, notes={"codec": [f.hex()[:120] for f in mine]}))
 
 
 @check("codec/tensor/zero-dim-by-size", clauses=["tensors.tensor-inline-below-threshold"],
@@ -676,16 +789,8 @@ def _object_array(codec: CodecSurface, ctx: CheckContext) -> None:
     import numpy as np
 
     value = np.array([object(), object()], dtype=object)
-    _expect_encode_refused(codec, OUTPUT, _output(routed_experts=value), "an object ndarray")
+    expect_encode_refused(codec, OUTPUT, _output(routed_experts=value), "an object ndarray")
 
-
-def _expect_encode_refused(codec: Any, kind: str, value: Any, what: str) -> None:
-    try:
-        frames = codec.encode(kind, value)
-    except Exception:  # noqa: BLE001 - refusing is the expected behaviour
-        return
-    raise CheckFailure(f"the encoder accepted {what}",
-                       Reproduction(received=list(frames), notes={"value": repr(value)[:200]}))
 
 
 # --- structs beyond layout -----------------------------------------------------------------
@@ -882,7 +987,7 @@ def _utility_type_info(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/no-implicit-pickle", clauses=["structs.no-implicit-pickle"], surface="codec")
 def _no_pickle(codec: CodecSurface, ctx: CheckContext) -> None:
     """An encoder fails on a value the spec does not describe (a Fraction in utility args)."""
-    _expect_encode_refused(codec, "utility", [0, 1, "m", [fractions.Fraction(1, 3)]],
+    expect_encode_refused(codec, "utility", [0, 1, "m", [fractions.Fraction(1, 3)]],
                            "a fractions.Fraction in utility args")
 
 
@@ -1072,7 +1177,8 @@ def _untyped_oob(codec: CodecSurface, ctx: CheckContext) -> None:
     """A utility call whose args hold a large tensor is refused, not sent with a buffer."""
     try:
         frames = codec.encode("utility", [0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]])
-    except Exception:  # noqa: BLE001 - refusing is conformant
+    except Exception as exc:  # noqa: BLE001 - refusing is conformant
+        require_rejection(exc, "encode('utility') with a large tensor argument")
         return
     frames = list(frames)
     if len(frames) > 2:

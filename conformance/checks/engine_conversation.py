@@ -18,6 +18,7 @@ from enginewire.conformance.checks._helpers import check_high_water_marks, requi
 from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.oracle.samples import minimal_request
+from enginewire.conformance.oracle.strict import handshake_problems
 from enginewire.conformance.peers.zmq_peers import (
     ENGINE_CORE_DEAD,
     TYPE_BYTES,
@@ -108,6 +109,13 @@ def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
     except msgspec.DecodeError as exc:
         raise CheckFailure(f"HELLO payload is not msgpack: {exc}",
                            Reproduction(received=frames)) from exc
+    problems = handshake_problems(hello, "HELLO", ctx.spec)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise CheckFailure(f"[handshake.message-keys] HELLO that vLLM 0.33.0 rejects: "
+                           f"{problems[0]}{more}",
+                           Reproduction(received=frames,
+                                        notes={"problems": [str(p) for p in problems]}))
     if not isinstance(hello, dict) or hello.get("status") != "HELLO" or not isinstance(
             hello.get("local"), bool) or not isinstance(hello.get("headless"), bool):
         raise CheckFailure(f"HELLO must be {{status: 'HELLO', local: bool, headless: bool}}, "

@@ -21,7 +21,10 @@ NOT_RUN = "not_run"
 #: The check needs a part of the protocol the target leaves out by design (``targets.MODES``,
 #: e.g. the handshake channel of a front end given its engines' addresses): never a pass.
 NOT_APPLICABLE = "not_applicable"
-STATUSES = (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, NOT_RUN)
+#: The check passed without calling the target (a fact of the spec, such as its own
+#: append-only history): never counted as the target's pass.
+SPEC_ONLY = "spec_only"
+STATUSES = (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, SPEC_ONLY, NOT_RUN)
 
 #: ``CheckResult.expectation`` values (see :mod:`enginewire.conformance.framework.expected`).
 EXPECTED_FAILURE = "expected_failure"

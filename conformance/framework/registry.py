@@ -216,6 +216,12 @@ def register(item: Check) -> Check:
     return item
 
 
+def unregister(check_ids: Iterable[str]) -> None:
+    """Remove checks registered at run time (``--vectors``), e.g. when a test is done."""
+    for check_id in check_ids:
+        _REGISTRY.pop(check_id, None)
+
+
 def load_checks() -> None:
     """Import every module of :mod:`enginewire.conformance.checks` (each registers its checks)."""
     global _LOADED

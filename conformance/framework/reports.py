@@ -13,14 +13,14 @@ JSON report (``--json PATH``), format ``enginewire-conformance/1``; keys are onl
       "expected_file": null,              # the expected-failure list applied, if any
       "unknown_expected": [],             # listed IDs no selected check has
       "summary": {"passed": N, "failed": M, "skipped": S, "not_implemented": X,
-                  "not_applicable": A, "not_run": R, "expected_failure": E, "unexpected_failure": U,
-                  "unexpected_pass": P, "changed_failure": C},
+                  "not_applicable": A, "spec_only": O, "not_run": R, "expected_failure": E,
+                  "unexpected_failure": U, "unexpected_pass": P, "changed_failure": C},
       "surfaces": {"codec": {same keys as summary}, ...},
       "results": [
         {"id": "codec/tensor/inline-threshold-exact", "surface": "codec",
          "clauses": ["tensors.inline-below-threshold"], "level": "MUST",
          "description": "...",
-         "status": "passed|failed|skipped|not_implemented|not_applicable|not_run",
+         "status": "passed|failed|skipped|not_implemented|not_applicable|spec_only|not_run",
          "expectation": "|expected_failure|unexpected_failure|unexpected_pass|changed_failure",
          "message": "...", "expected_message": null,
          "reproduction": {"sent_hex": [...], "received": ..., "notes": {...}} | null,
@@ -37,7 +37,6 @@ dashboard agrees with the exit status.
 
 from __future__ import annotations
 
-import html
 import json
 import sys
 import xml.etree.ElementTree as ET
@@ -54,7 +53,7 @@ from enginewire.conformance.framework.outcomes import (
     NOT_RUN,
     PASSED,
     SKIPPED,
-    UNEXPECTED_FAILURE,
+    SPEC_ONLY,
     UNEXPECTED_PASS,
     CheckResult,
     RunResult,
@@ -176,6 +175,8 @@ def _headline(result: CheckResult) -> str:
         return f"not implemented: {result.message}"
     if result.status == NOT_APPLICABLE:
         return f"not applicable: {result.message}"
+    if result.status == SPEC_ONLY:
+        return f"spec only: {result.message}"
     return result.first_line
 
 
@@ -191,65 +192,14 @@ def _failure_text(result: CheckResult) -> str:
     return "\n".join(parts)
 
 
-# --- HTML --------------------------------------------------------------------------------
-
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.5em}
-table{border-collapse:collapse;width:100%}
-td,th{border-bottom:1px solid #ddd;padding:.25em .5em;text-align:left;vertical-align:top}
-th{background:#f4f4f4}
-.passed{color:#17632a}.failed{color:#a11}
-.skipped,.not_run,.not_implemented,.not_applicable{color:#777}
-.expected_failure{color:#a60}
-pre{background:#f8f8f8;padding:.5em;white-space:pre-wrap;word-break:break-all;margin:.3em 0}
-code{font-size:.92em}.summary td{border:none;padding:.1em .8em .1em 0}
-"""
+# --- HTML ---------------------------------------------------------------------------------
 
 
 def render_html(run: RunResult) -> str:
-    esc = html.escape
-    totals = run.counts()
-    rows = []
-    for key in (PASSED, FAILED, SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, NOT_RUN,
-                EXPECTED_FAILURE,
-                UNEXPECTED_FAILURE, UNEXPECTED_PASS, CHANGED_FAILURE):
-        rows.append(f"<tr><td>{esc(key.replace('_', ' '))}</td><td>{totals[key]}</td></tr>")
-    verdict = "PASSED" if run.ok else "FAILED"
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>enginewire check {esc(run.target)}: {verdict}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>enginewire conformance: <span class='{'passed' if run.ok else 'failed'}'>"
-        f"{verdict}</span></h1>",
-        f"<p>Target <code>{esc(run.target)}</code>, spec for vLLM {esc(run.spec_version)}, "
-        f"{'strict' if run.strict else 'MUST checks only'}, started {esc(run.started)}, "
-        f"{run.duration_s:.1f} s.</p>",
-        f"<table class='summary'>{''.join(rows)}</table>",
-    ]
-    for surface in run.surfaces():
-        counts = run.counts(surface)
-        parts.append(f"<h2 id='{surface}'>{surface}: {counts[PASSED]} passed, "
-                     f"{counts[FAILED]} failed</h2>")
-        parts.append("<table><tr><th>check</th><th>clauses</th><th>level</th>"
-                     "<th>result</th></tr>")
-        for result in (r for r in run.results if r.check.surface == surface):
-            status = result.expectation if result.expectation else result.status
-            detail = ""
-            if result.status == FAILED or result.unexpected:
-                detail = f"<pre>{esc(_failure_text(result))}</pre>"
-            elif result.message:
-                detail = f"<div>{esc(result.message)}</div>"
-            parts.append(
-                f"<tr><td><code>{esc(result.check.id)}</code><div>"
-                f"{esc(result.check.description)}</div></td>"
-                f"<td>{'<br>'.join(f'<code>{esc(c)}</code>' for c in result.check.clauses)}</td>"
-                f"<td>{esc(result.level)}</td>"
-                f"<td class='{esc(status)}'>{esc(status.replace('_', ' '))}{detail}</td></tr>"
-            )
-        parts.append("</table>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
+    """The self-contained HTML page (:mod:`.html_report`)."""
+    from enginewire.conformance.framework.html_report import render_html as render
+
+    return render(run)
 
 
 def write_html(run: RunResult, path: str | Path) -> None:
@@ -296,16 +246,18 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
     lines += [
         f"{len(run.results)} checks{strict}: {totals[PASSED]} passed, {totals[FAILED]} failed, "
         f"{totals[NOT_IMPLEMENTED]} not implemented, {totals[NOT_APPLICABLE]} not applicable, "
+        f"{totals[SPEC_ONLY]} spec only, "
         f"{totals[SKIPPED]} skipped, {totals[NOT_RUN]} not run. A clause *passes* when every "
-        "check naming it passed; NOT IMPLEMENTED and NOT APPLICABLE checks decide nothing.",
+        "check naming it passed; NOT IMPLEMENTED and NOT APPLICABLE checks decide nothing, "
+        "SPEC ONLY checks never call the target and count as nobody's pass.",
         "",
-        "| surface | passed | failed | not implemented | not applicable | skipped |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| surface | passed | failed | not implemented | not applicable | spec only | skipped |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for surface in run.surfaces():
         c = run.counts(surface)
         lines.append(f"| {surface} | {c[PASSED]} | {c[FAILED]} | {c[NOT_IMPLEMENTED]} | "
-                     f"{c[NOT_APPLICABLE]} | {c[SKIPPED]} |")
+                     f"{c[NOT_APPLICABLE]} | {c[SPEC_ONLY]} | {c[SKIPPED]} |")
     for level_group, title in ((("MUST",), "MUST"), (("SHOULD", "MAY"), "SHOULD and MAY")):
         picked = [r for r in run.results if r.level in level_group]
         if not picked:
@@ -332,13 +284,18 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
                       f"Fails ({len(failed)}): {_md_code_list(failed)}.", ""]
             if undecided:
                 lines += [f"Not checked ({len(undecided)}, their checks were not implemented, "
-                          f"not applicable or skipped): {_md_code_list(undecided)}.", ""]
+                          "spec only, not applicable or skipped): "
+                          f"{_md_code_list(undecided)}.", ""]
+            spec_only = [r.check.id for r in results if r.status == SPEC_ONLY]
+            if spec_only:
+                lines += [f"Spec only ({len(spec_only)}, passed without consulting the target, "
+                          f"never counted as its pass): {_md_code_list(spec_only)}.", ""]
             for result in results:
                 if result.status != FAILED:
                     continue
                 lines += _markdown_failure(result, spec)
             others = [r for r in results if r.status in (NOT_IMPLEMENTED, NOT_APPLICABLE,
-                                                         SKIPPED)]
+                                                         SPEC_ONLY, SKIPPED)]
             if others:
                 lines += ["<details><summary>Checks not decided</summary>", ""]
                 lines += [f"- `{r.check.id}`: {r.status.replace('_', ' ')}: {r.message}"
@@ -408,7 +365,8 @@ def render_terminal(run: RunResult, *, verbose: bool = False) -> str:
         c = run.counts(surface)
         extra = [f"{c[k]} {label}" for k, label in (
             (SKIPPED, "skipped"), (NOT_IMPLEMENTED, "not implemented"),
-            (NOT_APPLICABLE, "not applicable"), (NOT_RUN, "not run")) if c[k]]
+            (NOT_APPLICABLE, "not applicable"), (SPEC_ONLY, "spec only"),
+            (NOT_RUN, "not run")) if c[k]]
         lines.append(f"  {surface:<9} {c[PASSED]:>4} passed, {c[FAILED]:>3} failed"
                      + (f"  ({', '.join(extra)})" if extra else ""))
     failing = [r for r in run.results if r.status == FAILED or r.unexpected]
@@ -442,7 +400,7 @@ def render_terminal(run: RunResult, *, verbose: bool = False) -> str:
                 lines.append(f"    ! {text}")
     if verbose:
         others = [r for r in run.results
-                  if r.status in (SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE)]
+                  if r.status in (SKIPPED, NOT_IMPLEMENTED, NOT_APPLICABLE, SPEC_ONLY)]
         if others:
             lines.append("")
         for result in others:
@@ -461,7 +419,7 @@ def render_terminal(run: RunResult, *, verbose: bool = False) -> str:
     lines.append("")
     lines.append(
         f"{strict_note}{totals[SKIPPED]} skipped, {totals[NOT_IMPLEMENTED]} not implemented, "
-        f"{totals[NOT_APPLICABLE]} not applicable, "
+        f"{totals[NOT_APPLICABLE]} not applicable, {totals[SPEC_ONLY]} spec only, "
         f"{totals[EXPECTED_FAILURE]} expected failures, {totals[UNEXPECTED_PASS]} unexpected "
         f"passes, {totals[CHANGED_FAILURE]} changed failures"
     )

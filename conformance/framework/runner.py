@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from enginewire.conformance.framework import evidence as _evidence
 from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.expected import ExpectedFailures
 from enginewire.conformance.framework.outcomes import (
@@ -24,6 +25,7 @@ from enginewire.conformance.framework.outcomes import (
     NOT_RUN,
     PASSED,
     SKIPPED,
+    SPEC_ONLY,
     CheckResult,
     RunResult,
 )
@@ -33,7 +35,7 @@ from enginewire.conformance.framework.registry import (
     CheckSkip,
     NotImplementedSurface,
 )
-from enginewire.conformance.targets.contract import MODES, Target
+from enginewire.conformance.targets.contract import MODES, OutsideRole, Target
 
 ProgressCallback = Callable[[int, int, Check, "CheckResult | None"], None]
 
@@ -77,6 +79,9 @@ def run_check(
     limit = item.timeout * timeout_scale
     ctx = CheckContext(spec=spec, target=target, timeout=limit, strict=strict, options=options,
                        scale=timeout_scale)
+    record = _evidence.begin()
+    if item.surface == "codec":
+        surface = _evidence.GuardedCodec(surface, record, spec)
     verdict: dict[str, Any] = {}
 
     def body() -> None:
@@ -84,7 +89,8 @@ def run_check(
             item.func(surface, ctx)
             verdict.update(status=PASSED)
         except CheckFailure as exc:
-            verdict.update(status=FAILED, message=exc.message, reproduction=exc.reproduction)
+            verdict.update(status=FAILED, message=exc.message, reproduction=exc.reproduction,
+                           cause=exc)
         except CheckSkip as exc:
             verdict.update(status=SKIPPED, message=str(exc))
         except NotImplementedSurface as exc:
@@ -96,6 +102,7 @@ def run_check(
                 status=FAILED,
                 message=f"{type(exc).__name__}{where}: {exc}".strip(),
                 traceback=traceback.format_exc(),
+                cause=exc,
             )
 
     started = time.monotonic()
@@ -122,9 +129,35 @@ def run_check(
             verdict.get("traceback"),
             duration,
         )
+    _evidence.end()
     if ctx.cleanup_errors and result.status == PASSED:
         result.status = FAILED
         result.message = "clean-up failed: " + "; ".join(ctx.cleanup_errors)
+    return _weigh(result, item, record, verdict.get("cause"))
+
+
+def _weigh(result: CheckResult, item: Check, record: _evidence.Evidence,
+           cause: BaseException | None) -> CheckResult:
+    """No verdict without evidence: a check that needed an operation outside the codec's
+    role is NOT APPLICABLE, one the target has no code for NOT IMPLEMENTED (whatever the
+    check made of the ``NotImplementedError``), and a codec check that passed without calling
+    the target SPEC ONLY."""
+    if result.status not in (PASSED, FAILED):
+        return result
+    missing = _evidence.not_implemented_cause(cause)
+    if record.outside_role or isinstance(missing, OutsideRole):
+        what = record.outside_role or [str(missing)]
+        result.status = NOT_APPLICABLE
+        result.message = "outside the codec's role: " + "; ".join(what)
+        result.reproduction = None
+    elif record.not_implemented or missing is not None:
+        what = record.not_implemented or [f"{type(missing).__name__}: {missing}"]
+        result.status = NOT_IMPLEMENTED
+        result.message = "the target does not implement " + "; ".join(what)
+        result.reproduction = None
+    elif result.status == PASSED and item.surface == "codec" and record.calls == 0:
+        result.status = SPEC_ONLY
+        result.message = "passed without consulting the target: a fact of the spec itself"
     return result
 
 

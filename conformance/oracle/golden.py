@@ -10,8 +10,15 @@ Each file ``conformance/data/golden/<name>.json`` holds one vector::
       "threshold": 256,                   # the encoder's inline threshold in bytes
       "description": "...",
       "value": {...},                     # the input, a neutral value as tagged JSON
-      "frames": ["00", "dc0016..."]       # hex of every frame vLLM wrote, in order
+      "frames": ["00", "dc0016..."],      # hex of every frame vLLM wrote, in order
+      "expect": "decode"                  # optional: "decode" (default) or "reject"
     }
+
+``vllm_version`` is the release the frames claim to come from. ``expect: "reject"`` marks
+frames a decoder must refuse (``value`` is then null; an optional ``"clause"`` names the
+clause the refusal must cite, when the decoder names one). Vectors of users' own
+(``enginewire check --vectors DIR``, written by ``enginewire vectors write``) use the same
+format; a vector whose release is not the spec's is checked for decoding only.
 
 ``value`` is the neutral value (:mod:`enginewire.conformance.oracle.values`) of the object vLLM
 encoded, read back from vLLM's object after construction, so it shows exactly what went out.
@@ -63,6 +70,10 @@ class GoldenVector:
     value: Any
     frames: tuple[bytes, ...]
     path: Path | None = None
+    #: "decode" (the frames decode to ``value``) or "reject" (a decoder must refuse them).
+    expect: str = "decode"
+    #: For "reject": the clause a refusal that names one must name.
+    clause: str | None = None
 
 
 # --- tagged JSON --------------------------------------------------------------------------
@@ -225,7 +236,15 @@ def _omitted(field: Any, value: Any) -> bool:
 # --- files ----------------------------------------------------------------------------------
 
 
+EXPECTS = ("decode", "reject")
+
+
 def vector_to_json(vector: GoldenVector) -> dict[str, Any]:
+    extra: dict[str, Any] = {}
+    if vector.expect != "decode":
+        extra["expect"] = vector.expect
+    if vector.clause:
+        extra["clause"] = vector.clause
     return {
         "format": FORMAT,
         "name": vector.name,
@@ -235,6 +254,7 @@ def vector_to_json(vector: GoldenVector) -> dict[str, Any]:
         "description": vector.description,
         "value": to_json(vector.value),
         "frames": [bytes(f).hex() for f in vector.frames],
+        **extra,
     }
 
 
@@ -252,6 +272,9 @@ def load_vectors(directory: Path = GOLDEN_DIR, *, tensors: str = "auto") -> list
         raw = json.loads(path.read_text())
         if raw.get("format") != FORMAT:
             raise ValueError(f"{path.name}: format is not {FORMAT!r}")
+        expect = raw.get("expect", "decode")
+        if expect not in EXPECTS:
+            raise ValueError(f"{path.name}: expect must be one of {EXPECTS}, not {expect!r}")
         vectors.append(
             GoldenVector(
                 name=raw["name"],
@@ -262,6 +285,8 @@ def load_vectors(directory: Path = GOLDEN_DIR, *, tensors: str = "auto") -> list
                 value=from_json(raw["value"], tensors=tensors),
                 frames=tuple(bytes.fromhex(f) for f in raw["frames"]),
                 path=path,
+                expect=expect,
+                clause=raw.get("clause"),
             )
         )
     return vectors

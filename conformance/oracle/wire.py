@@ -244,8 +244,9 @@ def _compare(expected: Any, actual: Any, path: str, found: list[str],
         if len(expected) != len(actual):
             found.append(f"{path}: expected an array of {len(expected)}, got {len(actual)}: "
                          f"{show(actual)}")
-            return
-        for index, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        # Every common position, also when the lengths differ: the first one whose meaning
+        # differs is what a reader needs, not the length alone.
+        for index, (e, a) in enumerate(zip(expected, actual, strict=False)):
             _compare(e, a, f"{path}[{index}]", found, strict_omit)
         return
     if type(expected) is not type(actual):

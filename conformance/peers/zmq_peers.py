@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from enginewire.conformance.oracle.strict import check_wire, handshake_problems
 from enginewire.conformance.oracle.wire import (
     THRESHOLD_DEFAULT,
     expected_wire,
@@ -58,9 +59,15 @@ def encode(value: Any, type_text: str, spec: Any,
     return [msgspec.msgpack.encode(form.value), *form.oob]
 
 
-def decode(frames: Sequence[bytes], type_text: str, spec: Any) -> Any:
-    """Frames ``[msgpack, oob...]`` as a neutral value of ``type_text``."""
-    return from_wire(raw_decode(frames[0]), type_text, spec, [bytes(f) for f in frames[1:]])
+def decode(frames: Sequence[bytes], type_text: str, spec: Any,
+           clause: str = "frames.payload-matches-type") -> Any:
+    """Read what a target sent as vLLM 0.33.0 reads it: frame 0 with the exact typing of
+    ``type_text`` (:mod:`enginewire.conformance.oracle.strict`; a value vLLM's typed decoder
+    rejects raises ``StrictWireError`` naming ``clause``, the ``$``-path and the field), then
+    as a neutral value."""
+    raw = raw_decode(frames[0])
+    check_wire(raw, type_text, spec, clause=clause, what=f"a {type_text} payload")
+    return from_wire(raw, type_text, spec, [bytes(f) for f in frames[1:]])
 
 
 def ready_response_value(rank: int, dp_size: int = 1) -> dict[str, Any]:
@@ -199,7 +206,7 @@ class SuiteFrontend:
         if expect is not None and identity != expect:
             raise HandshakeProblem(f"HELLO came from identity {identity.hex()}, expected "
                                    f"{expect.hex()}", frames)
-        hello = _map(payload, "HELLO", frames)
+        hello = _map(payload, "HELLO", frames, self.spec)
         self.send_init(identity)
         responses = []
         for client, sock in enumerate(self.input_sockets):
@@ -209,7 +216,7 @@ class SuiteFrontend:
         if len(ready_frames) != 2 or ready_frames[0] != identity:
             raise HandshakeProblem("READY must be [identity, payload] from the same identity",
                                    ready_frames)
-        ready = _map(ready_frames[1], "READY", ready_frames)
+        ready = _map(ready_frames[1], "READY", ready_frames, self.spec)
         return Handshake(identity, hello, ready, responses)
 
     # -- requests -------------------------------------------------------------------------
@@ -237,7 +244,7 @@ class SuiteFrontend:
         frames = self.recv_output_frames(timeout, client)
         if frames == [ENGINE_CORE_DEAD]:
             raise ConnectionError("ENGINE_CORE_DEAD")
-        return decode(frames, "EngineCoreOutputs", self.spec)
+        return decode(frames, "EngineCoreOutputs", self.spec, "frames.outputs-payload")
 
     def call(self, identity: bytes, method: str, args: list[Any], timeout: float, *,
              call_id: int = 7, client: int = 0) -> dict[str, Any]:
@@ -270,7 +277,10 @@ class HandshakeProblem(ValueError):
         self.frames = list(frames)
 
 
-def _map(payload: bytes, what: str, frames: Sequence[bytes]) -> dict[str, Any]:
+def _map(payload: bytes, what: str, frames: Sequence[bytes],
+         spec: Any = None) -> dict[str, Any]:
+    """A HELLO or READY map; with ``spec``, its keys as vLLM reads them (a required key
+    missing or of another type raises :class:`HandshakeProblem` with the path)."""
     try:
         value = raw_decode(payload)
     except Exception as exc:  # noqa: BLE001
@@ -278,6 +288,12 @@ def _map(payload: bytes, what: str, frames: Sequence[bytes]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise HandshakeProblem(f"{what} must be a msgpack map, got {type(value).__name__}",
                                frames)
+    if spec is not None:
+        problems = handshake_problems(value, what, spec)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise HandshakeProblem(f"[handshake.message-keys] {what} that vLLM 0.33.0 "
+                                   f"rejects: {problems[0]}{more}", frames)
     return value
 
 

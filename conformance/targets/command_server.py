@@ -52,6 +52,9 @@ class _Server:
             self.answer(seq, {"ok": False, "kind": "timeout", "error": str(exc)})
         except ConnectionError as exc:
             self.answer(seq, {"ok": False, "kind": "dead", "error": str(exc)})
+        except NotImplementedError as exc:
+            self.answer(seq, {"ok": False, "kind": "unsupported",
+                              "error": f"{type(exc).__name__}: {exc}"})
         except Exception as exc:  # noqa: BLE001 - every failure becomes an answer
             self.answer(seq, {"ok": False, "kind": "error",
                               "error": f"{type(exc).__name__}: {exc}",

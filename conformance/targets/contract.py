@@ -18,7 +18,26 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     codec raw, possibly malformed, frames: it must raise an exception for frames the spec
     rejects (ideally one carrying ``.clause``, the violated clause ID; when it carries one, it
     must be the right one). Optional: ``with_threshold(n) -> CodecSurface``, a codec whose
-    inline threshold for tensors is ``n`` bytes (capability ``codec.threshold``).
+    inline threshold for tensors is ``n`` bytes (capability ``codec.threshold``): a new codec
+    of the *same* implementation, never a reference codec, and ``with_threshold(default)``
+    encodes exactly as the codec itself does.
+
+    *Rejections are evidence only in the contract's error kind* (:func:`is_rejection`): any
+    ``Exception`` other than ``NotImplementedError`` refuses the input (best: a ``ValueError``
+    carrying ``.clause``, the reference's ``ProtocolError`` or msgspec's ``ValidationError``).
+    ``NotImplementedError`` says the target has no code for the operation: the check is NOT
+    IMPLEMENTED, never passed or failed, whatever the check did with it. An adapter whose
+    implementation refuses some input with ``NotImplementedError`` (vLLM's decoder does, for
+    an unknown extension code) translates that into a rejection itself.
+
+    *Roles* (attribute ``role``, :data:`CODEC_ROLES`): ``"frontend"`` encodes what a front end
+    sends (``add``, ``abort``, ``utility``, ``init``, ``EngineCoreRequest``, ...) and decodes
+    what the others send; ``"engine"`` encodes what an engine sends (``outputs``,
+    ``utility_reply``, ``hello``, ``ready``, ``ready_response``, ``EngineCoreOutputs``, ...)
+    and decodes what the others send; ``"both"`` (the default) does everything. A check that
+    needs an operation outside the role is NOT APPLICABLE, counted apart. Finer: the
+    attribute ``unsupported`` may list ``"encode:KIND"`` / ``"decode:KIND"`` (or
+    ``"encode:*"``): checks that need those are NOT IMPLEMENTED without calling the codec.
 
 ``ring`` -- the shared-memory broadcast ring (:class:`RingSurface`)
     ``create_writer(n_reader=, max_chunk_bytes=, max_chunks=) -> RingWriter`` creates the
@@ -162,6 +181,28 @@ MODES: dict[str, tuple[str, str]] = {
 
 class TargetError(ValueError):
     """The ``--target`` or ``--target-cmd`` text names nothing the suite can load."""
+
+
+# --- evidence ----------------------------------------------------------------------------
+
+#: ``codec.role`` values: which side's messages the codec encodes (it decodes the others').
+CODEC_ROLES = ("frontend", "engine", "both")
+
+
+class Unsupported(NotImplementedError):
+    """The target has no code for this operation (a declared ``unsupported`` kind, or an
+    external program's ``"kind": "unsupported"`` answer): the check is NOT IMPLEMENTED."""
+
+
+class OutsideRole(NotImplementedError):
+    """The operation lies outside the codec's declared ``role``: the check is NOT
+    APPLICABLE."""
+
+
+def is_rejection(exc: BaseException) -> bool:
+    """Whether ``exc`` is the contract's way of refusing invalid input (see the module doc):
+    an ``Exception`` that is not a ``NotImplementedError``."""
+    return isinstance(exc, Exception) and not isinstance(exc, NotImplementedError)
 
 
 # --- codec -------------------------------------------------------------------------------

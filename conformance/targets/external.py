@@ -23,7 +23,10 @@ any order (a program may serve requests concurrently; a ring program must, becau
 collective ``wait_until_ready`` blocks until the other ends call theirs). An answer is
 ``{"seq": N, "ok": true, ...}`` or ``{"seq": N, "ok": false, "error": TEXT, "kind": KIND,
 "clause": CLAUSE_ID_OR_NULL}`` where KIND is ``"timeout"`` (the suite raises TimeoutError),
-``"dead"`` (ConnectionError) or ``"error"``. Values are neutral values as the tagged JSON of
+``"dead"`` (ConnectionError), ``"error"`` (the program refuses the input: a rejection, raised
+as :class:`CommandFailed`, a ``ValueError``), ``"unsupported"`` (the program has no code for
+this request: the check is NOT IMPLEMENTED, never passed or failed; raised as
+``contract.Unsupported``). Values are neutral values as the tagged JSON of
 :mod:`enginewire.conformance.oracle.golden` (``{"$tensor": {...}}``, ``{"$set": [...]}``, ...);
 frames and buffers are lists of hex strings.
 
@@ -56,7 +59,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from enginewire.conformance.targets.contract import RingHandle, TargetError
+from enginewire.conformance.targets.contract import RingHandle, TargetError, Unsupported
 
 SURFACE_PREFIXES = ("codec=", "ring=", "engine=", "frontend=")
 
@@ -97,8 +100,9 @@ def _argv(template: str, **values: Any) -> list[str]:
                           f"{', '.join(sorted(filled))})") from None
 
 
-class CommandFailed(RuntimeError):
-    """The program answered ``ok: false``; ``clause`` is the clause it names, if any."""
+class CommandFailed(ValueError):
+    """The program refused the input (``"kind": "error"``); ``clause`` is the clause it
+    names, if any. A ``ValueError``: the contract's rejection."""
 
     def __init__(self, message: str, clause: str | None = None) -> None:
         super().__init__(message)
@@ -217,6 +221,9 @@ class LineRpc:
             raise TimeoutError(message)
         if kind == "dead":
             raise ConnectionError(message)
+        if kind == "unsupported":
+            raise Unsupported(f"{op} {fields.get('kind', '')}".strip()
+                              + f": the program answered unsupported: {message}")
         raise CommandFailed(message, answer.get("clause"))
 
     def close(self) -> None:
@@ -307,8 +314,15 @@ class CommandCodec:
     def encode(self, kind: str, value: Any) -> list[bytes]:
         from enginewire.conformance.oracle.golden import to_json
 
-        answer = self.rpc.call("encode", kind=kind, value=to_json(value),
-                               threshold=self.threshold)
+        try:
+            tagged = to_json(value)
+            json.dumps(tagged)
+        except Exception as exc:  # noqa: BLE001 - the value has no tagged-JSON form
+            # The suite cannot hand this value to the program at all: refusing it here would
+            # be the suite's rejection, not the program's.
+            raise Unsupported(f"encode {kind}: the tagged JSON cannot carry the value "
+                              f"({type(exc).__name__}: {exc})") from exc
+        answer = self.rpc.call("encode", kind=kind, value=tagged, threshold=self.threshold)
         return [bytes.fromhex(f) for f in answer["frames"]]
 
     def decode(self, kind: str, frames: Sequence[Any]) -> Any:

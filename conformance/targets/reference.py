@@ -32,23 +32,33 @@ def _optional(module: str) -> Any:
 
 
 class ReferenceCodec:
-    """``enginewire.reference.codec.Codec`` with neutral values in and its classes out."""
+    """``enginewire.reference.codec.Codec`` with neutral values in and its classes out.
+
+    Extension point: override :meth:`make_codec` to test a changed ``Codec`` (a subclass);
+    ``with_threshold`` and ``with_insecure_serialization`` build ``type(self)``, so the
+    change carries over to every configured codec.
+    """
 
     def __init__(self, threshold: int | None = None, insecure: bool = False,
                  version: str | None = None) -> None:
-        from enginewire.reference.codec import Codec
-
-        self.codec = Codec(threshold=threshold, allow_insecure=insecure, version=version)
+        self.version = version
+        self.codec = self.make_codec(threshold, insecure)
         self.threshold = threshold
         self.insecure = insecure
-        self.version = version
         self.spec = self.codec.spec
 
+    def make_codec(self, threshold: int | None, insecure: bool) -> Any:
+        """The inner codec (factory): ``enginewire.reference.codec.Codec`` for this codec's
+        vLLM release."""
+        from enginewire.reference.codec import Codec
+
+        return Codec(threshold=threshold, allow_insecure=insecure, version=self.version)
+
     def with_threshold(self, threshold: int) -> ReferenceCodec:
-        return ReferenceCodec(threshold, self.insecure, self.version)
+        return type(self)(threshold, self.insecure, self.version)
 
     def with_insecure_serialization(self) -> ReferenceCodec:
-        return ReferenceCodec(self.threshold, insecure=True, version=self.version)
+        return type(self)(self.threshold, insecure=True, version=self.version)
 
     def _payload_type(self, kind: str) -> str | None:
         for message in self.spec.surface("frames").messages:
@@ -89,12 +99,14 @@ class _ReferenceRingEnd:
 
 class ReferenceRingWriter(_ReferenceRingEnd):
     def __init__(self, n_reader: int, max_chunk_bytes: int, max_chunks: int,
-                 n_local_reader: int | None = None, connect_ip: str | None = None) -> None:
-        from enginewire.reference.ring import MessageQueue
+                 n_local_reader: int | None = None, connect_ip: str | None = None,
+                 queue_class: Any = None) -> None:
+        if queue_class is None:
+            from enginewire.reference.ring import MessageQueue as queue_class
 
         local = n_reader if n_local_reader is None else n_local_reader
-        super().__init__(MessageQueue(n_reader, local, max_chunk_bytes=max_chunk_bytes,
-                                      max_chunks=max_chunks, connect_ip=connect_ip))
+        super().__init__(queue_class(n_reader, local, max_chunk_bytes=max_chunk_bytes,
+                                     max_chunks=max_chunks, connect_ip=connect_ip))
         self.handle = ring_handle(self.queue.export_handle(), n_reader)
 
 
@@ -117,13 +129,21 @@ class ReferenceRing:
     #: Readers offer ``dequeue_borrowed`` (the queue's zero-copy reads).
     borrowed_reads = True
 
+    def queue_class(self) -> Any:
+        """The ring end class (factory for writers and readers): a subclass of
+        ``enginewire.reference.ring.MessageQueue`` changes one step of both ends."""
+        from enginewire.reference.ring import MessageQueue
+
+        return MessageQueue
+
     def create_writer(self, *, n_reader: int, max_chunk_bytes: int, max_chunks: int) -> Any:
-        return ReferenceRingWriter(n_reader, max_chunk_bytes, max_chunks)
+        return ReferenceRingWriter(n_reader, max_chunk_bytes, max_chunks,
+                                   queue_class=self.queue_class())
 
     def create_remote_writer(self, *, n_reader: int, n_local_reader: int, max_chunk_bytes: int,
                              max_chunks: int, connect_ip: str | None = None) -> Any:
         return ReferenceRingWriter(n_reader, max_chunk_bytes, max_chunks, n_local_reader,
-                                   connect_ip)
+                                   connect_ip, queue_class=self.queue_class())
 
     def zmq_sockets(self, end: _ReferenceRingEnd) -> list[tuple[str, Any]]:
         queue = end.queue
@@ -132,10 +152,8 @@ class ReferenceRing:
         return [(channel, sock) for channel, sock in found if sock is not None]
 
     def attach_reader(self, handle: RingHandle, rank: int) -> Any:
-        from enginewire.reference.ring import MessageQueue
-
         native = _native_handle(handle)
-        return _ReferenceRingEnd(MessageQueue.create_from_handle(
+        return _ReferenceRingEnd(self.queue_class().create_from_handle(
             native, native.local_reader_ranks[rank]))
 
     def start_worker(self, broadcast: RingHandle, rank: int, worker: Any) -> Any:
@@ -146,12 +164,25 @@ class ReferenceRing:
                         max_chunks: int) -> Any:
         return ReferenceExecutorEnd(world_size, max_chunk_bytes, max_chunks)
 
+    def memory_writer_class(self) -> Any:
+        """The sans-IO flag-protocol writer over a memory (factory, ``ring.memory``)."""
+        from enginewire.reference.ring import RingWriter
+
+        return RingWriter
+
+    def memory_reader_class(self) -> Any:
+        """The sans-IO flag-protocol reader over a memory (factory, ``ring.memory``)."""
+        from enginewire.reference.ring import RingReader
+
+        return RingReader
+
     def memory_writer(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int) -> Any:
-        from enginewire.reference.ring import RingLayout, RingWriter
+        from enginewire.reference.ring import RingLayout
         from enginewire.reference.ring.framing import overflow_total, write_chunk
 
-        writer = RingWriter(memory, RingLayout(n_reader, max_chunk_bytes, max_chunks))
+        writer = self.memory_writer_class()(memory, RingLayout(n_reader, max_chunk_bytes,
+                                                               max_chunks))
 
         class _Writer:
             def write(self, buffers: list[bytes]) -> bool:
@@ -170,10 +201,10 @@ class ReferenceRing:
 
     def memory_reader(self, memory: Any, *, n_reader: int, max_chunk_bytes: int,
                       max_chunks: int, rank: int) -> Any:
-        from enginewire.reference.ring import RingLayout, RingReader, decode_chunk
+        from enginewire.reference.ring import RingLayout, decode_chunk
 
         layout = RingLayout(n_reader, max_chunk_bytes, max_chunks)
-        reader = RingReader(memory, layout, rank)
+        reader = self.memory_reader_class()(memory, layout, rank)
 
         class _Reader:
             def read(self, consume: Any = None) -> list[bytes] | None:
@@ -333,15 +364,24 @@ class ReferenceEnginePeer:
 
 
 class ReferenceEngines:
-    """Reference engines on threads; ``engine_class`` and ``options`` as
-    :class:`ReferenceEnginePeer`'s (default: ``ReferenceEngine`` with default options)."""
+    """The reference engine surface: engines on threads of this process, ``engine_class`` and
+    ``options`` as :class:`ReferenceEnginePeer`'s (default: ``ReferenceEngine`` with default
+    options). Extension point: :meth:`engine_class` (a subclass of
+    ``enginewire.reference.engine.ReferenceEngine`` changes one step of the engine)."""
 
     def __init__(self, engine_class: type | None = None, **options: Any) -> None:
-        self.engine_class = engine_class
+        self._engine_class = engine_class
         self.options = options
 
+    def engine_class(self) -> Any:
+        if self._engine_class is not None:
+            return self._engine_class
+        from enginewire.reference.engine import ReferenceEngine
+
+        return ReferenceEngine
+
     def start_engine(self, launch: Any) -> ReferenceEnginePeer:
-        return ReferenceEnginePeer(launch, self.engine_class, **self.options)
+        return ReferenceEnginePeer(launch, self.engine_class(), **self.options)
 
     def die(self, peer: ReferenceEnginePeer) -> None:
         peer.engine.request_death()
@@ -356,11 +396,12 @@ class ReferenceEngines:
 class ReferenceFrontendClient:
     """``enginewire.reference.frontend.ReferenceFrontend`` behind the FrontendClient contract."""
 
-    def __init__(self, launch: Any, codec: ReferenceCodec) -> None:
-        from enginewire.reference.frontend import ReferenceFrontend
+    def __init__(self, launch: Any, codec: ReferenceCodec, frontend_class: Any = None) -> None:
+        if frontend_class is None:
+            from enginewire.reference.frontend import ReferenceFrontend as frontend_class
 
         self.codec = codec
-        self.frontend = ReferenceFrontend(
+        self.frontend = frontend_class(
             launch.engine_count, handshake_address=launch.handshake_address,
             input_address=launch.input_address, output_address=launch.output_address,
         )
@@ -398,8 +439,15 @@ class ReferenceFrontends:
     def __init__(self, codec: ReferenceCodec) -> None:
         self.codec = codec
 
+    def frontend_class(self) -> Any:
+        """The front end it starts (factory): a subclass of
+        ``enginewire.reference.frontend.ReferenceFrontend`` changes one step."""
+        from enginewire.reference.frontend import ReferenceFrontend
+
+        return ReferenceFrontend
+
     def start_frontend(self, launch: Any) -> ReferenceFrontendClient:
-        return ReferenceFrontendClient(launch, self.codec)
+        return ReferenceFrontendClient(launch, self.codec, self.frontend_class())
 
     def zmq_sockets(self, client: ReferenceFrontendClient) -> list[tuple[str, Any]]:
         return [(s.channel, s.socket) for s in client.frontend._sockets]

@@ -118,7 +118,15 @@ class VllmCodec:
 
     def decode(self, kind: str, frames: Sequence[Any]) -> Any:
         with self._environment():
-            return self._decode(kind, frames)
+            try:
+                return self._decode(kind, frames)
+            except NotImplementedError as exc:
+                # vLLM's ext hook refuses an extension code it does not know with
+                # NotImplementedError ("Extension type code 9 is not supported"): that is its
+                # rejection of the frame, not a missing decoder (contract: rejections).
+                if str(exc).startswith("Extension type code"):
+                    raise ValueError(f"vLLM refused the frame: {exc}") from exc
+                raise
 
     def _encode(self, kind: str, value: Any) -> list[Any]:
         import msgspec
