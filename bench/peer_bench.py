@@ -75,11 +75,9 @@ class ReferencePeers:
         from enginewire.reference.frontend import ReferenceFrontend
 
         self.timeout = timeout
-        addresses = {}
-        if transport == "tcp":
-            addresses = {key: "tcp://127.0.0.1:0"
-                         for key in ("handshake_address", "input_address", "output_address")}
-        self.frontend = ReferenceFrontend(1, **addresses)  # type: ignore[arg-type]
+        address = "tcp://127.0.0.1:0" if transport == "tcp" else None  # None: fresh ipc paths
+        self.frontend = ReferenceFrontend(1, handshake_address=address, input_address=address,
+                                          output_address=address)
         self.engine = None
         try:
             self.engine = spawn_engine(
@@ -338,11 +336,9 @@ class TappedPeers(ReferencePeers):
         from enginewire.reference.frontend import ReferenceFrontend
 
         self.timeout = timeout
-        addresses = {}
-        if transport == "tcp":
-            addresses = {key: "tcp://127.0.0.1:0"
-                         for key in ("handshake_address", "input_address", "output_address")}
-        self.frontend = ReferenceFrontend(1, **addresses)
+        address = "tcp://127.0.0.1:0" if transport == "tcp" else None  # None: fresh ipc paths
+        self.frontend = ReferenceFrontend(1, handshake_address=address, input_address=address,
+                                          output_address=address)
         self.engine = None
         self.tap: Any = None
         self.listen = _address(transport)

@@ -35,6 +35,7 @@ bounded poll, and :meth:`close` closes every socket and removes the ipc files it
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -180,7 +181,7 @@ class Tap:
         if found is None:
             router = self._open("input", "frontend", listen or local_address_like(upstream))
             found = self._inputs[upstream] = _Input(router, upstream)
-            self._watch(router, lambda frames, i=found: self._from_engine_input(i, frames))
+            self._watch(router, functools.partial(self._from_engine_input, found))
         return found
 
     def _add_output(self, upstream: str, listen: str | None = None) -> _Output:
@@ -189,7 +190,7 @@ class Tap:
             pull = self._open("output", "frontend", listen or local_address_like(upstream))
             push = self._open("output", "engine", upstream)
             found = self._outputs[upstream] = _Output(pull, push)
-            self._watch(pull, lambda frames, o=found: self._from_engine_output(o, frames))
+            self._watch(pull, functools.partial(self._from_engine_output, found))
         return found
 
     def _add_coordinator(self, channel: str, upstream: str) -> ChannelSocket:
@@ -233,8 +234,7 @@ class Tap:
             assert self.config.upstream_handshake is not None
             dealer = self._hs_dealers[identity] = self._open(
                 "handshake", "engine", self.config.upstream_handshake, identity)
-            self._watch(dealer, lambda fr, ident=identity: self._from_frontend_handshake(
-                ident, fr))
+            self._watch(dealer, functools.partial(self._from_frontend_handshake, identity))
         dealer.socket.send_multipart(frames[1:], copy=False)
         self._observe("handshake", "engine", identity, frames[1:])
 
@@ -265,8 +265,7 @@ class Tap:
         if dealer is None:
             dealer = forward.dealers[identity] = self._open("input", "engine", forward.upstream,
                                                             identity)
-            self._watch(dealer, lambda fr, i=forward, ident=identity: self._from_frontend_input(
-                i, ident, fr))
+            self._watch(dealer, functools.partial(self._from_frontend_input, forward, identity))
         dealer.socket.send_multipart(frames[1:], copy=False)
         self._observe("input", "engine", identity, frames[1:])
 

@@ -22,6 +22,7 @@ divergence is reported from what came.
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
 import subprocess
 import sys
@@ -231,12 +232,13 @@ def replay_against_engine(records: Sequence[Record], launch: Launch, *,
             def send(record: Record) -> None:
                 frames = list(record.frames)
                 if record.channel == "handshake":
-                    assert handshake is not None
+                    assert handshake is not None and record.identity is not None
                     ours = {"input": inputs.address, "output": output.address}
                     frames = [rewrite_init(frames[0], lambda ch, a: ours.get(ch, a))] + \
                         frames[1:]
                     handshake.socket.send_multipart([record.identity, *frames])
                 elif record.channel == "input":
+                    assert record.identity is not None
                     inputs.socket.send_multipart([record.identity, *frames])
 
             return replay.run(send)
@@ -264,7 +266,7 @@ def replay_against_frontend(records: Sequence[Record], launch: Launch, *,
                 if identity not in inputs:
                     inputs[identity] = replay.open(
                         "input", "engine", input_address, identity,
-                        handler=lambda f, i=identity: replay.observe("input", i, f))
+                        handler=functools.partial(replay.observe, "input", identity))
                 if not outputs:
                     outputs.append(replay.open("output", "engine", output_address))
 
@@ -284,7 +286,7 @@ def replay_against_frontend(records: Sequence[Record], launch: Launch, *,
                     if sock is None:
                         sock = handshakes[identity] = replay.open(
                             "handshake", "engine", addresses.handshake, identity,
-                            handler=lambda f, i=identity: on_init(i, f))
+                            handler=functools.partial(on_init, identity))
                     sock.socket.send_multipart(list(record.frames))
                 elif record.channel == "input":
                     assert identity is not None

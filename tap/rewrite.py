@@ -41,8 +41,9 @@ def rewrite_init(payload: bytes, substitute: Substitute) -> bytes:
     inputs, outputs = found
     metadata = msgspec.msgpack.decode(payload)
     addresses = metadata["addresses"]
-    changed = {"inputs": [substitute("input", a) for a in inputs],
-               "outputs": [substitute("output", a) for a in outputs]}
+    changed: dict[str, str | list[str]] = {
+        "inputs": [substitute("input", a) for a in inputs],
+        "outputs": [substitute("output", a) for a in outputs]}
     for key in COORDINATOR_KEYS:
         if isinstance(addresses.get(key), str):
             changed[key] = substitute(key, addresses[key])

@@ -1297,6 +1297,7 @@ def _append_only(codec: CodecSurface, ctx: CheckContext) -> None:
     from enginewire.spec.history.consistency import layout_change
     from enginewire.spec.history.wheels import read_releases
     from enginewire.spec.loader import DATA_DIR, REFERENCE_VLLM_VERSION
+    from enginewire.spec.schema import StructSpec
 
     releases = read_releases(DATA_DIR)
     if REFERENCE_VLLM_VERSION not in releases or releases.index(REFERENCE_VLLM_VERSION) == 0:
@@ -1308,9 +1309,10 @@ def _append_only(codec: CodecSurface, ctx: CheckContext) -> None:
     problems = []
     for item in full.structs.values():
         old = before.structs.get(item.name)
-        if getattr(item, "encoding", None) not in ("array", "tuple") or old is None:
+        if not isinstance(item, StructSpec) or item.encoding not in ("array", "tuple") \
+                or not isinstance(old, StructSpec):
             continue
-        if layout_change(old, item):  # type: ignore[arg-type]
+        if layout_change(old, item):
             problems.append(f"{item.name}: {[f.name for f in old.fields]} at {previous} -> "
                             f"{[f.name for f in item.fields]} at {REFERENCE_VLLM_VERSION}")
     if problems:

@@ -249,7 +249,7 @@ class NotifiesBeforeWritten(MessageQueue):
             return super().enqueue_buffers(buffers, timeout)
         self._claim_chunk(timeout)
         write_chunk(writer.memory.write, buffers, base=writer.chunk_offset())
-        self._notify()  # type: ignore[misc]
+        self._notify()
         time.sleep(self.window_s)
         writer.commit()
         return None

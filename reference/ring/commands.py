@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ring = subparsers.add_parser("ring", help="shared-memory ring utilities")
     actions = ring.add_subparsers(dest="action", metavar="ACTION", required=True)
     clean = actions.add_parser(

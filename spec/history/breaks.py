@@ -108,7 +108,7 @@ def _enum_change(name: str, old: EnumSpec, new: EnumSpec, a: str, b: str) -> Cha
     renamed = [(n, new_by_value[v]) for n, v in old_map.items()
                if v in new_by_value and new_by_value[v] != n and n not in new_map
                and new_by_value[v] in old_map]
-    removed = [n for n in old_map if n not in new_map and (n, None) not in renamed]
+    removed = [n for n in old_map if n not in new_map and n not in dict(renamed)]
     if not (moved or renamed or removed):
         return None
     change = Change(name, a, b, ["renumbered code"] if moved or renamed else ["removal"],

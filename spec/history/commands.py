@@ -18,7 +18,8 @@ from .wheels import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction, spec_sub: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+             spec_sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from ..loader import DATA_DIR
 
     history = spec_sub.add_parser(

@@ -554,7 +554,7 @@ def _same(a: Any, b: Any) -> bool:
         return all(_same(a[k], b[k]) for k in a.keys() & b.keys())
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    return a == b
+    return bool(a == b)
 
 
 # --- reports -----------------------------------------------------------------------------

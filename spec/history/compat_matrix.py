@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, TypedDict
 
 from .compat import SEVERITY, analyse, predict
 
@@ -21,10 +22,19 @@ COLOURS = {"identical": "#1a9850", "compatible": "#a6d96a", "silent": "#fdae61",
            "rejected": "#d73027", "absent": "#bdbdbd"}
 
 
-def compute(releases: list[str], *, confirm: bool) -> dict[str, dict[str, list]]:
+class Matrix(TypedDict):
+    """:func:`compute`'s result."""
+
+    #: message kind -> front-end release -> [verdict per engine release]
+    table: dict[str, dict[str, list[str]]]
+    #: each verdict the encode/decode did not confirm, with its pair of releases
+    details: list[dict[str, Any]]
+
+
+def compute(releases: list[str], *, confirm: bool) -> Matrix:
     """message kind -> front-end release -> [verdict per engine release] (and the details)."""
-    table: dict[str, dict[str, list]] = {kind: {} for kind in DRAWN}
-    details: list[dict] = []
+    table: dict[str, dict[str, list[str]]] = {kind: {} for kind in DRAWN}
+    details: list[dict[str, Any]] = []
     for a in releases:
         for kind in DRAWN:
             table[kind][a] = []
@@ -36,7 +46,7 @@ def compute(releases: list[str], *, confirm: bool) -> dict[str, dict[str, list]]
                 table[kind][a].append(verdict.verdict if verdict else "absent")
             details.extend({"frontend": a, "engine": b, **asdict(v)} for v in verdicts
                            if v.confirmed is False)
-    return {"table": table, "details": details}  # type: ignore[dict-item]
+    return {"table": table, "details": details}
 
 
 def write_matrix(releases: list[str], out: Path, *, confirm: bool = True) -> int:

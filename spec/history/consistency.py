@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Any
 
-from ..loader import DATA_DIR, SpecError, load
+from ..loader import DATA_DIR, Spec, SpecError, load
 from ..schema import StructSpec
 from ..versions import VersionError, VersionRange, parse_version
 from .wheels import read_releases
@@ -48,7 +49,7 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
     return found
 
 
-def _check_defaults(specs: dict) -> list[str]:
+def _check_defaults(specs: dict[str, Spec]) -> list[str]:
     """Every field's default fits its type with the structs of each release it holds for (a
     default object naming a field the nested struct of that release lacks does not)."""
     import json
@@ -72,7 +73,7 @@ def _check_defaults(specs: dict) -> list[str]:
     return out
 
 
-def _check_ranges(file: str, raw: dict, listed: set[tuple[int, int, int]]) -> list[str]:
+def _check_ranges(file: str, raw: dict[str, Any], listed: set[tuple[int, int, int]]) -> list[str]:
     out = []
     try:
         struct_range = VersionRange.parse(raw["versions"])
@@ -120,7 +121,8 @@ def _check_constants(data_dir: Path, releases: list[str]) -> list[str]:
     return out
 
 
-def _check_append_only(data_dir: Path, releases: list[str], specs: dict) -> list[str]:
+def _check_append_only(data_dir: Path, releases: list[str],
+                       specs: dict[str, Spec]) -> list[str]:
     """The changes ``history/changes.toml`` lists are exactly the ones the struct files show
     between consecutive releases (an array struct that changes other than by appending
     defaulted fields is always among them)."""

@@ -356,6 +356,7 @@ def derive_struct(item: SpecStruct, releases: list[ReleaseFacts]) -> StructHisto
             current.append((value["name"], chunk))
     opaque = all(not facts.fields and not facts.members for _, facts in run) or \
         any(facts.kind == "class" for _, facts in run)
+    sequences: list[tuple[str, list[tuple[Any, ...]], list[Any]]]
     if item.kind == "enum":
         sequences = [(v, [(n, val) for n, val in f.members], [None] * len(f.members))
                      for v, f in run]

@@ -244,7 +244,7 @@ class WheelSource:
     def _import_sources(self, filename: str, name: str) -> list[str]:
         """Files that ``filename`` imports ``name`` from."""
         package = filename.rsplit("/", 1)[0].replace("/", ".")
-        out = []
+        out: list[str] = []
         text = self.text(filename)
         if not re.search(rf"\b{re.escape(name)}\b", text):
             return out
@@ -315,8 +315,11 @@ class WheelSource:
             targets = (node.targets if isinstance(node, ast.Assign)
                        else [node.target] if isinstance(node, ast.AnnAssign) else [])
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                assert isinstance(node, (ast.Assign, ast.AnnAssign))
+                if node.value is None:  # ``name: T`` alone: no value
+                    return None
                 try:
-                    return ast.literal_eval(node.value)  # type: ignore[arg-type]
+                    return ast.literal_eval(node.value)
                 except ValueError:
                     return None
         return None

@@ -50,7 +50,7 @@ def _unpack(wheel: Path, into: Path) -> None:
                 archive.extract(member, into)
 
 
-def _run(root: Path, mode: str, name: str, stdin: str = "") -> subprocess.CompletedProcess:
+def _run(root: Path, mode: str, name: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", _SCRIPT, mode, name], input=stdin,
                           capture_output=True, text=True, timeout=300, cwd=root,
                           env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}, check=False)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from ..versions import format_version, parse_version
@@ -83,7 +84,7 @@ def find_wheel(wheel_dir: Path, version: str) -> Path | None:
 
 
 def ensure_wheels(versions: list[str], wheel_dir: Path, *, offline: bool = False,
-                  log=print) -> dict[str, Path]:
+                  log: Callable[[str], object] = print) -> dict[str, Path]:
     """Each version's wheel path, downloading the missing ones unless ``offline``."""
     wheel_dir.mkdir(parents=True, exist_ok=True)
     found: dict[str, Path] = {}

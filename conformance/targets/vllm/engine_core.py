@@ -259,8 +259,9 @@ class VllmEngines:
         with _ENV_LOCK:
             if self.start_method == "fork":
                 # The engine's one bound on the wait for init, a module constant in minutes;
-                # a forked engine inherits the value.
-                core.HANDSHAKE_TIMEOUT_MINS = launch.init_timeout / 60
+                # a forked engine inherits the value. A float is fine: vLLM only scales it
+                # into a poll timeout, which pyzmq truncates to whole milliseconds.
+                core.HANDSHAKE_TIMEOUT_MINS = launch.init_timeout / 60  # type: ignore[assignment]
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = self.start_method
             os.environ[DIE_FILE_ENV] = str(die_file)
             manager = CoreEngineProcManager(

@@ -143,20 +143,24 @@ def message_queue(memory: Any, layout: RingLayout, *, writer: bool, rank: int | 
     """A vLLM ``MessageQueue`` whose ring is ``memory`` laid out as ``layout``."""
     from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
 
+    # The attributes below are duck-typed stand-ins (and None for the remote side it lacks)
+    # for the types vLLM's constructor would set: mypy cannot see that they fit.
     queue = MessageQueue.__new__(MessageQueue)
-    queue.buffer = MemoryRingBuffer(memory, layout, row_view=row_view)
+    queue.buffer = MemoryRingBuffer(memory, layout, row_view=row_view)  # type: ignore[assignment]
     queue.n_local_reader = layout.n_reader
     queue.n_remote_reader = 0
     queue.current_idx = 0
     queue.shutting_down = False
     queue.tensor_arena = None
-    queue.remote_socket = None
-    queue.local_socket = NoOverflowSocket()
-    queue._spin_condition = SpinCondition(memory, on_wait)
+    queue.remote_socket = None  # type: ignore[assignment]
+    queue.local_socket = NoOverflowSocket()  # type: ignore[assignment]
+    queue._spin_condition = SpinCondition(memory, on_wait)  # type: ignore[assignment]
     queue._is_writer = writer
     queue._is_local_reader = not writer
     queue._is_remote_reader = False
-    queue.local_reader_rank = -1 if writer else rank
+    if not writer and rank is None:
+        raise ValueError("message_queue: a reader needs its rank (0..n_reader-1), got None")
+    queue.local_reader_rank = -1 if writer or rank is None else rank
     return queue
 
 
