@@ -8,7 +8,7 @@ from typing import Any
 
 from enginewire.spec import load
 
-_RING = load().surface("ring").constants
+_SPEC = load()
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -41,8 +41,8 @@ class BenchConfig:
     grid: str = "star"
     base_readers: int = 2
     #: vLLM's MessageQueue defaults (ring.constants): every payload of the grid fits in a chunk.
-    base_chunks: int = _RING["max_chunks_default"]
-    chunk_bytes: int = _RING["max_chunk_bytes_default"]
+    base_chunks: int = _SPEC.ring_constant("max_chunks_default", int)
+    chunk_bytes: int = _SPEC.ring_constant("max_chunk_bytes_default", int)
     #: Timed part of one throughput cell, after ``warmup_seconds`` of warm-up (which also
     #: writes every chunk at least once).
     cell_seconds: float = 0.25

@@ -777,7 +777,7 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
                 reduced = {k: v for k, v in case.raw.items() if k != key.name}
                 return (case.with_raw(reduced), "handshake.message-keys",
                         f"{case.kind} without key {key.name!r}", ())
-            if how == "value":
+            if how == "value" and key.value is not None:
                 return (case.with_raw({**case.raw, key.name: key.value.lower() + "?"}),
                         "handshake.message-keys", f"{case.kind} with another {key.name}", ())
             accepted = msgpack_kinds(parse_type(key.type), spec) or frozenset()

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -81,7 +81,7 @@ def machine_table(role: str, spec: Spec | None = None) -> StateMachine:
     spec = spec or load()
     for table in spec.surface("handshake").machines:
         if table.role == role:
-            return cast(StateMachine, table)
+            return table
     raise KeyError(f"the handshake surface has no state machine for role {role!r}")
 
 

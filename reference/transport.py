@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
-from typing import cast
 
 import zmq
 
@@ -27,7 +26,7 @@ def channel_end(channel: str, role: str) -> SocketEnd:
         if found.name == channel:
             for end in found.ends:
                 if end.role == role:
-                    return cast(SocketEnd, end)
+                    return end
             raise KeyError(f"channel {channel!r} has no {role!r} end")
     raise KeyError(f"the transport surface has no channel {channel!r}")
 

@@ -24,7 +24,8 @@ Cross-file rules:
   written).
 
 Every rule a consumer needs is read through :class:`Spec` (``ext_code``,
-``request_type_byte``, ``chunk_states``, ``constraints``, ``tagged_union``), never restated:
+``request_type_byte``, ``chunk_states``, ``ring_constant``, ``constraints``, ``tagged_union``),
+never restated:
 ``tests/test_spec_single_source.py`` scans the consumers for restated values.
 """
 
@@ -36,7 +37,7 @@ import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, cast, overload
 
 import msgspec
 
@@ -46,13 +47,18 @@ from .schema import (
     EnumSpec,
     FieldSpec,
     FramesFile,
+    HandshakeFile,
+    IdentityFile,
     RequestTypesFile,
+    RingFile,
     RingState,
     StructConstraint,
+    StructsFile,
     StructSpec,
     SurfaceHeader,
     TaggedUnion,
     TensorsFile,
+    TransportFile,
 )
 from .types import TypeExpr, TypeSyntaxError, TypeVisitor, parse_type
 from .versions import VersionError, VersionRange, parse_version
@@ -61,6 +67,9 @@ from .versions import VersionError, VersionRange, parse_version
 REFERENCE_VLLM_VERSION = "0.33.0"
 
 DATA_DIR = Path(__file__).parent / "data"
+
+#: The kinds a ring constant has (``[constants]`` of ``ring.toml``).
+_Constant = TypeVar("_Constant", int, float, str)
 
 _CLAUSE_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_-]+)+$")
 _SOURCE = re.compile(r"^vllm/[A-Za-z0-9_/]+\.py:\d+(-\d+)?$")
@@ -112,7 +121,30 @@ class Spec:
         except KeyError:
             raise KeyError(f"no clause {clause_id!r} in the spec") from None
 
-    def surface(self, name: str) -> Any:
+    # ``surfaces`` maps each name of ``SURFACE_SCHEMAS`` to an instance of that name's file
+    # class; ``surface`` reads one with its own type.
+    @overload
+    def surface(self, name: Literal["transport"]) -> TransportFile: ...
+    @overload
+    def surface(self, name: Literal["frames"]) -> FramesFile: ...
+    @overload
+    def surface(self, name: Literal["request_types"]) -> RequestTypesFile: ...
+    @overload
+    def surface(self, name: Literal["identity"]) -> IdentityFile: ...
+    @overload
+    def surface(self, name: Literal["handshake"]) -> HandshakeFile: ...
+    @overload
+    def surface(self, name: Literal["tensors"]) -> TensorsFile: ...
+    @overload
+    def surface(self, name: Literal["ring"]) -> RingFile: ...
+    @overload
+    def surface(self, name: Literal["structs"]) -> StructsFile: ...
+    @overload
+    def surface(self, name: str) -> SurfaceHeader: ...
+
+    def surface(self, name: str) -> SurfaceHeader:
+        """The surface file ``name`` (a key of ``SURFACE_SCHEMAS``), typed as that surface's
+        file class when ``name`` is a literal."""
         return self.surfaces[name]
 
     def struct(self, name: str) -> StructSpec:
@@ -132,7 +164,7 @@ class Spec:
     def ext_code(self, name: str) -> int:
         """The msgpack extension type code named ``name`` in the tensors surface's
         ``ext_codes`` (``pickle``, ``cloudpickle``, ``raw_view``)."""
-        tensors: TensorsFile = self.surfaces["tensors"]  # type: ignore[assignment]
+        tensors = self.surface("tensors")
         for ext in tensors.ext_codes:
             if ext.name == name:
                 return ext.code
@@ -141,7 +173,7 @@ class Spec:
 
     def request_type_byte(self, name: str) -> bytes:
         """The one-byte frame of request type ``name`` (``ADD``, ``ABORT``, ...)."""
-        table: RequestTypesFile = self.surfaces["request_types"]  # type: ignore[assignment]
+        table = self.surface("request_types")
         for request_type in table.types:
             if request_type.name == name:
                 return bytes([request_type.byte])
@@ -151,7 +183,23 @@ class Spec:
     def chunk_states(self) -> list[RingState]:
         """The states of a ring chunk's metadata row, in the order the ring surface lists
         them."""
-        return list(self.surfaces["ring"].states)
+        return list(self.surface("ring").states)
+
+    def ring_constant(self, name: str, kind: type[_Constant]) -> _Constant:
+        """The ring surface's constant ``name`` (its ``[constants]`` table), which must be of
+        ``kind`` (``int``, ``float`` or ``str``; an integer is accepted as a float)."""
+        constants = self.surface("ring").constants
+        try:
+            value = constants[name]
+        except KeyError:
+            raise KeyError(f"no constant {name!r} in the ring surface "
+                           f"(known: {sorted(constants)})") from None
+        if kind is float and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, kind):
+            raise TypeError(f"ring constant {name!r}: expected {kind.__name__}, "
+                            f"got {type(value).__name__} {value!r}")
+        return value
 
     def constraints(self, struct: str, kind: str | None = None) -> list[StructConstraint]:
         """The multi-field rules of ``struct`` (all, or only those of ``kind``)."""
@@ -642,12 +690,12 @@ def _load_cached(version: str, data_dir: str) -> Spec:
     structs = _parsed_structs(data_dir, stamp)
 
     all_ids = set(seen_clauses)
-    for surface in surfaces.values():
-        _check_surface_refs(f"{surface.surface}.toml", surface, all_ids)
+    for header in surfaces.values():
+        _check_surface_refs(f"{header.surface}.toml", header, all_ids)
     for name, parsed in structs.items():
         _check_struct_rules(f"structs/{name}.toml", parsed, structs, all_ids)
     surfaces["frames"] = _fill_type_bytes(
-        surfaces["frames"], surfaces["request_types"]  # type: ignore[arg-type]
+        cast(FramesFile, surfaces["frames"]), cast(RequestTypesFile, surfaces["request_types"])
     )
 
     active_structs = {

@@ -111,6 +111,31 @@ def test_package_spec_lookups() -> None:
                 spec.struct(name)
 
 
+def test_surface_returns_each_surface_file() -> None:
+    spec = load()
+    for name, schema in SURFACE_SCHEMAS.items():
+        assert isinstance(spec.surface(name), schema)
+    with pytest.raises(KeyError):
+        spec.surface("nope")
+
+
+def test_ring_constant_checks_the_kind() -> None:
+    spec = load()
+    constants = spec.surface("ring").constants
+    assert spec.ring_constant("max_chunks_default", int) == constants["max_chunks_default"]
+    assert spec.ring_constant("ready_message", str) == constants["ready_message"]
+    # An integer in the table serves as a float; the value is a float then.
+    as_float = spec.ring_constant("max_chunks_default", float)
+    assert isinstance(as_float, float)
+    assert as_float == constants["max_chunks_default"]
+    with pytest.raises(TypeError, match="'ready_message': expected int, got str"):
+        spec.ring_constant("ready_message", int)
+    with pytest.raises(TypeError, match="expected str, got int"):
+        spec.ring_constant("max_chunks_default", str)
+    with pytest.raises(KeyError, match="no constant 'nope' in the ring surface"):
+        spec.ring_constant("nope", int)
+
+
 def test_spec_check_command_passes() -> None:
     result = run_cli("spec", "check")
     assert result.returncode == 0, result.stderr

@@ -38,13 +38,13 @@ import zmq
 from enginewire.conformance.targets.contract import RingHandle
 from enginewire.spec import load
 
-_CONSTANTS = load().surface("ring").constants
-OOB_MIN_BYTES: int = _CONSTANTS["oob_threshold_bytes"]
+_SPEC = load()
+OOB_MIN_BYTES: int = _SPEC.ring_constant("oob_threshold_bytes", int)
 #: 1 byte overflow flag + 2 bytes count, then 4 bytes per buffer.
-FRAME_HEADER: int = _CONSTANTS["in_ring_header_bytes"]
-LENGTH_PREFIX: int = _CONSTANTS["buffer_length_bytes"]
-READY: bytes = _CONSTANTS["ready_message"].encode()
-NOTIFY = bytes.fromhex(_CONSTANTS["notify_message_hex"])
+FRAME_HEADER: int = _SPEC.ring_constant("in_ring_header_bytes", int)
+LENGTH_PREFIX: int = _SPEC.ring_constant("buffer_length_bytes", int)
+READY: bytes = _SPEC.ring_constant("ready_message", str).encode()
+NOTIFY = bytes.fromhex(_SPEC.ring_constant("notify_message_hex", str))
 POLL_S = 0.0005
 
 _HAS_TRACK = "track" in inspect.signature(shared_memory.SharedMemory.__init__).parameters

@@ -201,7 +201,8 @@ def spec_state_names() -> dict[ChunkState, str]:
     from enginewire.spec import load
 
     by_pattern = {state.pattern: state.name for state in load().surface("ring").states}
-    return {state: by_pattern.get(state.value, state.name.lower().replace("_", "-"))
+    # A ChunkState's value is its pattern (protocol.py builds the enum from the spec).
+    return {state: by_pattern.get(str(state.value), state.name.lower().replace("_", "-"))
             for state in ChunkState}
 
 

@@ -174,10 +174,10 @@ class _FramingQueue(MessageQueue):
     def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
         if self.n_remote_reader > 0 or self.n_local_reader == 0:
             return super().enqueue_buffers(buffers, timeout)
-        writer = self._writer
-        assert writer is not None and self.layout is not None
+        local_socket = self._local_socket
+        assert local_socket is not None and self.layout is not None
         overflow = self.overflows(buffers, self.layout.max_chunk_bytes)
-        self._claim_chunk(timeout)
+        writer, notify = self._claim_chunk(timeout)
         offset = writer.chunk_offset()
         if overflow:
             writer.memory.store(offset, 1)
@@ -185,9 +185,9 @@ class _FramingQueue(MessageQueue):
             self.frame(writer.memory.write, buffers, offset)
         writer.commit()
         if overflow:
-            self._send_multipart(self._local_socket, buffers)
+            self._send_multipart(local_socket, buffers)
         if not writer.readers_behind():
-            self._notify()
+            notify()
         return None
 
 
@@ -243,17 +243,15 @@ class NotifiesBeforeWritten(MessageQueue):
     def enqueue_buffers(self, buffers: Sequence[Buffer], timeout: float | None = None) -> None:
         if self.n_remote_reader > 0 or self.n_local_reader == 0:
             return super().enqueue_buffers(buffers, timeout)
-        writer = self._writer
-        assert writer is not None and self.layout is not None
+        assert self.layout is not None
         if overflow_total(buffers) >= self.layout.max_chunk_bytes:
             return super().enqueue_buffers(buffers, timeout)
-        self._claim_chunk(timeout)
+        writer, notify = self._claim_chunk(timeout)
         write_chunk(writer.memory.write, buffers, base=writer.chunk_offset())
-        self._notify()
+        notify()
         time.sleep(self.window_s)
         writer.commit()
         return None
-
 
 
 class NoRecheckAfterNotification(MessageQueue):
@@ -284,16 +282,16 @@ class NoReleaseOnError(MessageQueue):
         if not self.is_local_reader or self._pending_overflow:
             return super().dequeue(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        chunk = self._acquire_chunk(timeout)
+        reader, chunk = self._acquire_chunk(timeout)
         decoded = decode_chunk(chunk)
         if decoded.overflow:
             self._pending_overflow += 1
-            self._release_chunk()
+            self._release_chunk(reader)
             return self._decode_frames(self._recv_overflow(deadline))
         views = decoded.buffers
         value = self.codec.decode(views[0], [bytearray(v) for v in views[1:]])
         queue_module._release_views(views)
-        self._release_chunk()
+        self._release_chunk(reader)
         return value
 
 

@@ -25,18 +25,18 @@ from enginewire.spec import load
 
 from ..errors import RingError
 
-_CONSTANTS = load().surface("ring").constants
+_SPEC = load()
 
 #: Byte 0 of an in-ring chunk.
 IN_RING = 0
 #: Byte 0 of an overflow chunk.
 OVERFLOW = 1
 #: Overflow byte plus the 2-byte buffer count (ring.constants).
-HEADER_BYTES: int = _CONSTANTS["in_ring_header_bytes"]
+HEADER_BYTES: int = _SPEC.ring_constant("in_ring_header_bytes", int)
 #: Width of the big-endian length in front of every buffer.
-LENGTH_BYTES: int = _CONSTANTS["buffer_length_bytes"]
+LENGTH_BYTES: int = _SPEC.ring_constant("buffer_length_bytes", int)
 #: The base of vLLM's overflow test: 2 count bytes plus the main buffer's 4 length bytes.
-OVERFLOW_BASE: int = _CONSTANTS["overflow_total_base"]
+OVERFLOW_BASE: int = _SPEC.ring_constant("overflow_total_base", int)
 MAX_BUFFERS = 0xFFFF
 MAX_BUFFER_BYTES = 0xFFFFFFFF
 

@@ -41,7 +41,7 @@ from .allowlist import AllowList, guarded_getattr, guarded_import, spec_entries
 from .framing import Buffer
 
 #: PickleBuffers of at least this many bytes travel out of band.
-OOB_THRESHOLD_BYTES: int = load().surface("ring").constants["oob_threshold_bytes"]
+OOB_THRESHOLD_BYTES = load().ring_constant("oob_threshold_bytes", int)
 #: The module holding vLLM's tensor rebuild function.
 VLLM_SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 VLLM_REBUILD_NAME = "_rebuild_tensor"

@@ -58,21 +58,21 @@ from .protocol import RingReader, RingWriter
 from .shm import ShmMemory, ShmSegment
 from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin
 
-_CONSTANTS = load().surface("ring").constants
+_SPEC = load()
 #: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait,
 #: ring.constants default_timeout_s); ``timeout=None`` waits forever, and still notices a dead
 #: peer.
-DEFAULT_TIMEOUT_S: float = float(_CONSTANTS["default_timeout_s"])
+DEFAULT_TIMEOUT_S = _SPEC.ring_constant("default_timeout_s", float)
 #: vLLM's ``MessageQueue`` defaults (ring.constants).
-MAX_CHUNK_BYTES_DEFAULT: int = _CONSTANTS["max_chunk_bytes_default"]
-MAX_CHUNKS_DEFAULT: int = _CONSTANTS["max_chunks_default"]
+MAX_CHUNK_BYTES_DEFAULT = _SPEC.ring_constant("max_chunk_bytes_default", int)
+MAX_CHUNKS_DEFAULT = _SPEC.ring_constant("max_chunks_default", int)
 #: A busy reader drains its notify socket at least this often (libzmq queues a command per
 #: notification until the socket is polled).
-NOTIFY_POLL_INTERVAL_S: float = _CONSTANTS["notify_poll_interval_s"]
-NOTIFY_MESSAGE = bytes.fromhex(_CONSTANTS["notify_message_hex"])
-READY_MESSAGE: bytes = _CONSTANTS["ready_message"].encode()
+NOTIFY_POLL_INTERVAL_S = _SPEC.ring_constant("notify_poll_interval_s", float)
+NOTIFY_MESSAGE = bytes.fromhex(_SPEC.ring_constant("notify_message_hex", str))
+READY_MESSAGE = _SPEC.ring_constant("ready_message", str).encode()
 #: The first byte of an XPUB subscription message (0 unsubscribes).
-SUBSCRIBE_BYTE: int = bytes.fromhex(_CONSTANTS["subscribe_message_hex"])[0]
+SUBSCRIBE_BYTE = bytes.fromhex(_SPEC.ring_constant("subscribe_message_hex", str))[0]
 
 
 def _is_ipv6(host: str) -> bool:
@@ -125,7 +125,7 @@ class Handle:
         try:
             return cls(
                 local_reader_ranks=list(handle.local_reader_ranks),
-                buffer_handle=(tuple(handle.buffer_handle)  # type: ignore[arg-type]
+                buffer_handle=(tuple(handle.buffer_handle)
                                if handle.buffer_handle is not None else None),
                 local_subscribe_addr=handle.local_subscribe_addr,
                 local_notify_addr=handle.local_notify_addr,
@@ -142,8 +142,8 @@ class _Resources:
     """Everything a queue must release, kept apart from the queue so a finalizer can run it."""
 
     def __init__(self) -> None:
-        self.context: zmq.Context | None = None
-        self.sockets: list[zmq.Socket] = []
+        self.context: zmq.Context[Any] | None = None
+        self.sockets: list[zmq.Socket[Any]] = []
         self.segment: ShmSegment | None = None
         self.bound_ipc: list[str] = []
         self.views: list[memoryview] = []
@@ -151,14 +151,14 @@ class _Resources:
         self._lock = threading.Lock()
         self.closed = False
 
-    def socket(self, kind: int) -> zmq.Socket:
+    def socket(self, kind: int) -> zmq.Socket[Any]:
         if self.context is None:
             self.context = zmq.Context()
         sock = self.context.socket(kind)
         self.sockets.append(sock)
         return sock
 
-    def bind_ipc(self, sock: zmq.Socket, base_dir: str | None) -> str:
+    def bind_ipc(self, sock: zmq.Socket[Any], base_dir: str | None) -> str:
         if base_dir is not None:
             ensure_ipc_dir(base_dir)
         address = ipc_address(base_dir)
@@ -196,6 +196,35 @@ class MessageQueue:
     (default ``127.0.0.1``; give the node's address when readers run elsewhere). ``ipc_dir``
     holds the ipc socket files (default: the temp dir).
     """
+
+    # Every attribute, declared once; ``_init_common`` gives each its reader/writer-neutral
+    # value and the constructors fill in those of their end.
+    codec: PayloadCodec
+    wait_policy: WaitPolicy
+    handle: Handle
+    is_writer: bool
+    is_local_reader: bool
+    is_remote_reader: bool
+    local_reader_rank: int
+    n_local_reader: int
+    n_remote_reader: int
+    layout: RingLayout | None
+    _resources: _Resources
+    _finalizer: weakref.finalize[[], MessageQueue]
+    _writer: RingWriter | None
+    _reader: RingReader | None
+    _chunk_bytes: int
+    _chunk_views: list[memoryview]
+    _local_socket: zmq.Socket[Any] | None
+    _notify_socket: zmq.Socket[Any] | None
+    _notify: Callable[[], None] | None
+    _remote_socket: zmq.Socket[Any] | None
+    _cancel_send: zmq.Socket[Any] | None
+    _cancel_recv: zmq.Socket[Any] | None
+    _poller: zmq.Poller | None
+    _shutting_down: bool
+    _pending_overflow: int
+    _last_notify_drain: float
 
     def __init__(
         self,
@@ -254,7 +283,7 @@ class MessageQueue:
                     remote_ipv6 = True
                     host = f"[{host}]"
                 self._remote_socket.bind(f"tcp://{host}:0")
-                endpoint = self._remote_socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+                endpoint = self._remote_socket.getsockopt_string(zmq.LAST_ENDPOINT)
                 remote_subscribe = f"tcp://{host}:{endpoint.rsplit(':', 1)[1]}"
             self.handle = Handle(
                 local_reader_ranks=list(local_reader_ranks),
@@ -280,15 +309,18 @@ class MessageQueue:
         self.local_reader_rank = -1
         self.n_local_reader = 0
         self.n_remote_reader = 0
-        self.layout: RingLayout | None = None
-        self._writer: RingWriter | None = None
-        self._reader: RingReader | None = None
-        self._local_socket: zmq.Socket | None = None
-        self._notify_socket: zmq.Socket | None = None
-        self._notify: Callable[[], None] | None = None
-        self._remote_socket: zmq.Socket | None = None
-        self._cancel_send: zmq.Socket | None = None
-        self._poller: zmq.Poller | None = None
+        self.layout = None
+        self._writer = None
+        self._reader = None
+        self._chunk_bytes = 0
+        self._chunk_views = []
+        self._local_socket = None
+        self._notify_socket = None
+        self._notify = None
+        self._remote_socket = None
+        self._cancel_send = None
+        self._cancel_recv = None
+        self._poller = None
         self._shutting_down = False
         self._pending_overflow = 0
         self._last_notify_drain = time.monotonic()
@@ -392,7 +424,7 @@ class MessageQueue:
                                 "the first message on the subscribe socket must be READY",
                                 expected=READY_MESSAGE, got=message[:32])
 
-    def _recv_ready_part(self, sock: zmq.Socket, deadline: float | None, what: str) -> bytes:
+    def _recv_ready_part(self, sock: zmq.Socket[Any], deadline: float | None, what: str) -> bytes:
         liveness = self._resources.liveness
         step = self.wait_policy.liveness_check_s
         while True:
@@ -464,8 +496,12 @@ class MessageQueue:
         when it is not, and :class:`~enginewire.reference.errors.RingPeerDead` when a local
         reader it waits for died (clause ring.liveness.peer-dead).
         """
+        # One local binding each: the writer, its overflow socket and its notification exist
+        # together (all or none), so one test narrows them all.
         writer = self._writer
-        if writer is None or self._resources.closed:
+        local_socket = self._local_socket
+        notify = self._notify
+        if writer is None or local_socket is None or notify is None or self._resources.closed:
             if not self.is_writer:
                 raise RingError("ring.writer.single-writer", "only the writer end can enqueue")
             if self._resources.closed:
@@ -473,7 +509,7 @@ class MessageQueue:
         else:
             overflow = needs_overflow(buffers, self._chunk_bytes)
             if writer.try_acquire() is None:
-                self._wait_for_chunk(timeout)
+                self._wait_for_chunk(writer, timeout)
             try:
                 if overflow:
                     writer.memory.store(writer.chunk_offset(), 1)
@@ -484,14 +520,16 @@ class MessageQueue:
                 raise
             writer.commit()
             if overflow:
-                self._send_multipart(self._local_socket, buffers)  # type: ignore[arg-type]
+                self._send_multipart(local_socket, buffers)
             if not writer.readers_behind():
-                self._notify()  # type: ignore[misc]
-        if self.n_remote_reader:
-            self._send_multipart(self._remote_socket, buffers)  # type: ignore[arg-type]
+                notify()
+        # The writer has a remote socket exactly when it has remote readers.
+        remote_socket = self._remote_socket
+        if remote_socket is not None:
+            self._send_multipart(remote_socket, buffers)
 
     @staticmethod
-    def _send_multipart(sock: zmq.Socket, buffers: Sequence[Buffer]) -> None:
+    def _send_multipart(sock: zmq.Socket[Any], buffers: Sequence[Buffer]) -> None:
         # zmq sends later, from its I/O thread: mutable buffers are copied now so a caller
         # changing its array after enqueue returns cannot change the message.
         immutable = all(isinstance(b, bytes) for b in buffers)
@@ -505,9 +543,7 @@ class MessageQueue:
         If the body raises, the chunk is abandoned unpublished (written stays 0) and the
         next acquire claims it again.
         """
-        self._claim_chunk(timeout)
-        writer = self._writer
-        assert writer is not None
+        writer, notify = self._claim_chunk(timeout)
         try:
             yield writer.chunk_offset()
         except BaseException:
@@ -515,20 +551,23 @@ class MessageQueue:
             raise
         writer.commit()
         if not writer.readers_behind():
-            self._notify()  # type: ignore[misc]
+            notify()
 
-    def _claim_chunk(self, timeout: float | None) -> None:
-        """Claim the next chunk, waiting for it to be free."""
+    def _claim_chunk(self, timeout: float | None) -> tuple[RingWriter, Callable[[], None]]:
+        """Claim the next chunk, waiting for it to be free; the writer and its notification
+        (which exist together)."""
         writer = self._writer
-        if writer is None:
+        notify = self._notify
+        if writer is None or notify is None:
             raise RingError("ring.writer.single-writer", "only the writer end has the ring")
         if writer.try_acquire() is None:
-            self._wait_for_chunk(timeout)
+            self._wait_for_chunk(writer, timeout)
+        return writer, notify
 
-    def _wait_for_chunk(self, timeout: float | None) -> None:
+    def _wait_for_chunk(self, writer: RingWriter, timeout: float | None) -> None:
         """After one failed claim: wait for the next chunk to be free and claim it."""
         liveness = self._resources.liveness
-        self._wait_for(self._writer.try_acquire, timeout,  # type: ignore[union-attr]
+        self._wait_for(writer.try_acquire, timeout,
                        clause="ring.writer.timeout",
                        what="a free chunk (every local reader done with it)",
                        liveness=None if liveness is None else liveness.check_readers)
@@ -568,7 +607,7 @@ class MessageQueue:
             if not self._pending_overflow:
                 index = reader.try_acquire()
                 if index is None:
-                    index = self._wait_for_readable(timeout)
+                    index = self._wait_for_readable(reader, timeout)
                 chunk = self._chunk_views[index]
                 try:
                     view = single_buffer(chunk)
@@ -588,11 +627,13 @@ class MessageQueue:
                             _release_views(views)
                     self._pending_overflow += 1
                 finally:
-                    self._release_chunk()
+                    self._release_chunk(reader)
             return self._decode_frames(self._recv_overflow(deadline))
-        if self.is_remote_reader:
+        # A reader end has a remote socket exactly when it is a remote reader.
+        remote_socket = self._remote_socket
+        if self.is_remote_reader and remote_socket is not None:
             deadline = None if timeout is None else time.monotonic() + timeout
-            return self._decode_frames(self._recv_frames(self._remote_socket, deadline))
+            return self._decode_frames(self._recv_frames(remote_socket, deadline))
         raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
 
     def dequeue_buffers(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[bytes | bytearray]:
@@ -600,7 +641,7 @@ class MessageQueue:
         if self.is_local_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
             if not self._pending_overflow:
-                chunk = self._acquire_chunk(timeout)
+                reader, chunk = self._acquire_chunk(timeout)
                 try:
                     decoded = decode_chunk(chunk)
                     if not decoded.overflow:
@@ -611,11 +652,11 @@ class MessageQueue:
                             _release_views(views)
                     self._pending_overflow += 1
                 finally:
-                    self._release_chunk()
+                    self._release_chunk(reader)
             frames = self._recv_overflow(deadline)
         elif self.is_remote_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
-            frames = self._recv_frames(self._remote_socket, deadline)
+            frames = self._recv_remote(deadline)
         else:
             raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
         return [frames[0].bytes] + [bytearray(f.buffer) for f in frames[1:]]
@@ -630,7 +671,7 @@ class MessageQueue:
         slot; :meth:`dequeue` returns owned copies instead.
         """
         if self.is_local_reader and not self._pending_overflow:
-            chunk = self._acquire_chunk(timeout)
+            reader, chunk = self._acquire_chunk(timeout)
             deadline = None if timeout is None else time.monotonic() + timeout
             overflow = False
             try:
@@ -646,7 +687,7 @@ class MessageQueue:
                 else:
                     self._pending_overflow += 1
             finally:
-                self._release_chunk()
+                self._release_chunk(reader)
             if not overflow:
                 return
         elif self.is_local_reader or self.is_remote_reader:
@@ -654,7 +695,7 @@ class MessageQueue:
         else:
             raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
         frames = (self._recv_overflow(deadline) if self.is_local_reader
-                  else self._recv_frames(self._remote_socket, deadline))  # type: ignore[arg-type]
+                  else self._recv_remote(deadline))
         yield self.codec.decode(frames[0].buffer, [f.buffer for f in frames[1:]])
 
     def broadcast_object(self, obj: Any = None) -> Any:
@@ -668,35 +709,38 @@ class MessageQueue:
     def acquire_read(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> Iterator[Buffer]:
         """Wait for the next readable chunk and yield its data; release it on exit, also when
         the body raises. Do not keep the view (or slices of it) past the block."""
-        chunk = self._acquire_chunk(timeout)
+        reader, chunk = self._acquire_chunk(timeout)
         view = chunk[:]
         try:
             yield view
         finally:
             _release_view(view)
-            self._release_chunk()
+            self._release_chunk(reader)
 
-    def _acquire_chunk(self, timeout: float | None) -> memoryview:
-        """Wait for the next readable chunk and return a view of all of it (the queue's own:
-        release nothing, keep nothing past :meth:`_release_chunk`)."""
+    def _acquire_chunk(self, timeout: float | None) -> tuple[RingReader, memoryview]:
+        """Wait for the next readable chunk; the reader holding it and a view of all of it
+        (the queue's own: release nothing, keep nothing past :meth:`_release_chunk`)."""
         reader = self._reader
         if reader is None:
             raise RingError("ring.reader.readable-iff", "only a local reader end has the ring")
         index = reader.try_acquire()
-        return self._chunk_views[self._wait_for_readable(timeout) if index is None else index]
+        if index is None:
+            index = self._wait_for_readable(reader, timeout)
+        return reader, self._chunk_views[index]
 
-    def _wait_for_readable(self, timeout: float | None) -> int:
+    def _wait_for_readable(self, reader: RingReader, timeout: float | None) -> int:
         """After one failed acquire: wait for the next chunk to be readable, hold it, return
         its index."""
         liveness = self._resources.liveness
-        return self._wait_for(self._reader.try_acquire, timeout,  # type: ignore[union-attr]
+        return self._wait_for(reader.try_acquire, timeout,
                               clause="ring.reader.timeout", what="a readable chunk",
                               block=self._block_on_notify,
                               liveness=None if liveness is None else liveness.check_writer)
 
-    def _release_chunk(self) -> None:
-        """Release the held chunk and, now and then, drain the notify socket."""
-        self._reader.release()  # type: ignore[union-attr]
+    def _release_chunk(self, reader: RingReader) -> None:
+        """Release the chunk ``reader`` (this end's) holds and, now and then, drain the notify
+        socket."""
+        reader.release()
         now = time.monotonic()
         if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
             self._drain_notify(now)
@@ -712,19 +756,32 @@ class MessageQueue:
         poller = self._poller
         assert poller is not None
         events = dict(poller.poll(max(1, int(seconds * 1000 + 0.999))))
-        if self._cancel_recv in events:
-            self._cancel_recv.recv(zmq.NOBLOCK)
+        cancel_recv = self._cancel_recv
+        if cancel_recv is not None and cancel_recv in events:
+            cancel_recv.recv(zmq.NOBLOCK)
             raise QueueClosed("the queue was shut down")
-        if self._notify_socket in events:
-            self._notify_socket.recv(zmq.NOBLOCK, copy=False)  # type: ignore[union-attr]
+        notify_socket = self._notify_socket
+        if notify_socket is not None and notify_socket in events:
+            notify_socket.recv(zmq.NOBLOCK, copy=False)
             self._last_notify_drain = time.monotonic()
 
     def _recv_overflow(self, deadline: float | None) -> list[zmq.Frame]:
-        frames = self._recv_frames(self._local_socket, deadline)  # type: ignore[arg-type]
+        """The frames of the next overflowed message (a local reader's subscribe socket)."""
+        sock = self._local_socket
+        if sock is None:
+            raise RingError("ring.reader.readable-iff", "only a local reader end has the ring")
+        frames = self._recv_frames(sock, deadline)
         self._pending_overflow -= 1
         return frames
 
-    def _recv_frames(self, sock: zmq.Socket, deadline: float | None) -> list[zmq.Frame]:
+    def _recv_remote(self, deadline: float | None) -> list[zmq.Frame]:
+        """The frames of the next message of a remote reader."""
+        sock = self._remote_socket
+        if sock is None:
+            raise RingError("ring.reader.readable-iff", "only a reader end can dequeue")
+        return self._recv_frames(sock, deadline)
+
+    def _recv_frames(self, sock: zmq.Socket[Any], deadline: float | None) -> list[zmq.Frame]:
         liveness = self._resources.liveness
         interval = self.wait_policy.liveness_check_s if liveness is not None else None
         while True:

@@ -37,10 +37,9 @@ from ..errors import ProtocolTimeout
 
 #: An idle reader re-reads the flags at least this often, notification or not.
 READER_RECHECK_INTERVAL_S: float = (
-    load().surface("ring").constants["reader_recheck_interval_ms"] / 1000)
+    load().ring_constant("reader_recheck_interval_ms", int) / 1000)
 #: A waiting end checks this often that the processes it waits for still run.
-LIVENESS_CHECK_INTERVAL_S: float = (
-    load().surface("ring").constants["liveness_check_ms"] / 1000)
+LIVENESS_CHECK_INTERVAL_S = load().ring_constant("liveness_check_ms", int) / 1000
 
 
 @dataclass(frozen=True)
