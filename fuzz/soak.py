@@ -342,12 +342,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="malformed messages per channel per round (default: %(default)s)")
     soak.add_argument("--timeout", type=positive_float, default=10.0,
                       help="seconds a valid request or a dead-peer detection may take")
+    soak.add_argument("--engine-flood", metavar="N", type=non_negative_int, default=0,
+                      help="instead of the campaign: send N malformed input messages to one "
+                           "live engine as fast as it takes them, sampling its RSS "
+                           "(enginewire.fuzz.flood)")
     soak.add_argument("--json", metavar="PATH", type=writable_file,
                       help="write the report as JSON here")
     soak.set_defaults(handler=cmd_soak)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    if args.engine_flood:
+        from .flood import run_flood
+
+        flood = run_flood(args.engine_flood, args.seed, timeout=max(args.timeout, 30.0),
+                          progress=True)
+        print(flood.render())
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as out:
+                json.dump({**asdict(flood), "rate": flood.rate, "ok": flood.ok}, out, indent=2)
+        return 0 if flood.ok else 1
     report = run_soak(args.seconds, args.seed, batch=args.batch, timeout=args.timeout)
     print(report.render())
     if args.json:
