@@ -23,7 +23,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from .soak import INPUT_KINDS, _Cases, _hostile_inputs, _serve_check, rss_kib
+from .live import INPUT_KINDS, MalformedCases, hostile_inputs, rss_kib, serve_check
 
 #: Distinct malformed messages drawn for the pool (the hostile payloads come on top).
 DEFAULT_POOL = 2000
@@ -94,11 +94,11 @@ def _pool(seed: int, size: int) -> list[tuple[str, list[bytes]]]:
     from enginewire.reference.codec import Codec
     from enginewire.reference.errors import ProtocolError
 
-    cases = _Cases(random.Random(seed))
+    cases = MalformedCases(random.Random(seed))
     codec = Codec(tensors="wire")
     seen: set[tuple[bytes, ...]] = set()
     pool: list[tuple[str, list[bytes]]] = []
-    for kind, frames in _hostile_inputs():
+    for kind, frames in hostile_inputs():
         seen.add(tuple(frames))
         pool.append((kind, frames))
     attempts = 0
@@ -135,9 +135,9 @@ def run_flood(messages: int, seed: int = 0, *, pool_size: int = DEFAULT_POOL,
         try:
             frontend.wait_ready(30.0)
 
-            def serve_check(tag: str) -> None:
+            def check(tag: str) -> None:
                 report.valid_sent += 1
-                problem = _serve_check(frontend, timeout, tag)
+                problem = serve_check(frontend, timeout, tag)
                 if problem is None:
                     report.valid_answered += 1
                 else:
@@ -150,7 +150,7 @@ def run_flood(messages: int, seed: int = 0, *, pool_size: int = DEFAULT_POOL,
                           f"{report.rss_samples_kib[-1][1]} KiB  "
                           f"{time.monotonic() - started:.0f} s", flush=True)
 
-            serve_check("warm-up")
+            check("warm-up")
             started = time.monotonic()
             sample()
             raw = [frames for _, frames in pool]
@@ -164,7 +164,7 @@ def run_flood(messages: int, seed: int = 0, *, pool_size: int = DEFAULT_POOL,
                     send(0, raw[index % len(raw)])
                 report.messages += chunk
                 if report.messages % check_every == 0 or report.messages == messages:
-                    serve_check(str(report.messages))
+                    check(str(report.messages))
                     if not engine.alive():
                         report.findings.append(
                             f"the engine process died after {report.messages} messages")
