@@ -1,5 +1,6 @@
 """A short ``enginewire soak``: live peers keep serving through malformed traffic and report
-every malformed case as a typed error; killed ring processes are noticed and cleaned up."""
+every malformed case as a typed error; killed ring processes are noticed and cleaned up; an
+engine flood (``--engine-flood``) leaves the engine serving and counting every message."""
 
 from __future__ import annotations
 
