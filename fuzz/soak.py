@@ -31,18 +31,16 @@ import subprocess
 import sys
 import textwrap
 import time
-import uuid
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from enginewire.cliargs import non_negative_int, positive_float, writable_file
 
-INPUT_KINDS = ("add", "abort", "utility")
+from .live import INPUT_KINDS, OUTPUT_KINDS, MalformedCases, hostile_inputs, rss_kib, serve_check
+
 #: Resident memory is measured from the start of this round (0: a run shorter than that
 #: reports no growth).
 RSS_BASELINE_ROUND = 10
-OUTPUT_KINDS = ("outputs", "utility_reply")
 
 
 @dataclass
@@ -80,56 +78,6 @@ class SoakReport:
         return "\n".join(lines)
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of ``pid`` in KiB (0 where /proc is missing)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def _hostile_inputs() -> list[tuple[str, list[bytes]]]:
-    """Inputs from the attack findings: deep nesting and a huge shape."""
-    import msgspec
-
-    deep = b"\x94" + msgspec.msgpack.encode([0, 1, "m"])[1:] + b"\x91" + b"\x91" * 10_000 + b"\xc0"
-    from enginewire.reference import structs as S
-    from enginewire.reference.codec import Codec
-    from enginewire.reference.tensors import WireTensor
-
-    request = S.EngineCoreRequest("soak-shape", None, None, S.SamplingParams(), None, 0.5, None,
-                                  None, None, prompt_embeds=WireTensor("uint8", (8,), bytes(8)))
-    frames = [bytes(memoryview(f).cast("B")) for f in Codec(tensors="wire").encode("add", request)]
-    raw = msgspec.msgpack.decode(frames[1], ext_hook=msgspec.msgpack.Ext)
-    raw[9][1] = [2**63 - 1] * 60_000
-    return [("utility", [b"\x03", deep]), ("add", [frames[0], msgspec.msgpack.encode(raw)])]
-
-
-class _Cases:
-    """Malformed cases of each kind, drawn from the fuzz strategies."""
-
-    def __init__(self, rng: random.Random) -> None:
-        from hypothesis.errors import NonInteractiveExampleWarning
-
-        from .mutations import malformed
-
-        self.rng = rng
-        self.strategies = {kind: malformed(kind) for kind in INPUT_KINDS + OUTPUT_KINDS}
-        warnings.simplefilter("ignore", NonInteractiveExampleWarning)
-
-    def draw(self, kinds: tuple[str, ...], count: int) -> list[tuple[str, list[bytes]]]:
-        out = []
-        for _ in range(count):
-            kind = self.rng.choice(kinds)
-            case = self.strategies[kind].example()
-            out.append((kind, [bytes(f) for f in case.frames]))
-        return out
-
-
 def _judge(codec: Any, kind: str, frames: list[bytes], report: SoakReport) -> None:
     from enginewire.reference.errors import ProtocolError
 
@@ -141,26 +89,6 @@ def _judge(codec: Any, kind: str, frames: list[bytes], report: SoakReport) -> No
     except Exception as exc:  # noqa: BLE001 - anything else is the finding
         report.crashes += 1
         report.findings.append(f"decoding a malformed {kind}: {type(exc).__name__}: {exc}"[:300])
-
-
-def _serve_check(frontend: Any, timeout: float, tag: str) -> str | None:
-    from enginewire.reference.engine import generation_request
-    from enginewire.reference.errors import ProtocolError, ProtocolTimeout
-
-    request_id = f"soak-{tag}-{uuid.uuid4().hex[:8]}"
-    frontend.add_request(generation_request(request_id, max_tokens=1))
-    deadline = time.monotonic() + timeout
-    while (left := deadline - time.monotonic()) > 0:
-        try:
-            outputs = frontend.get_output(left)
-        except ProtocolTimeout:
-            continue
-        except ProtocolError:
-            continue  # a malformed output this round sent: typed, counted when judged
-        for output in outputs.outputs or ():
-            if output.request_id == request_id and output.finish_reason is not None:
-                return None
-    return f"no output for a valid ADD within {timeout:g} s"
 
 
 _RING_WRITER = textwrap.dedent("""
@@ -274,9 +202,9 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
     from enginewire.reference.ring.clean import clean, leftovers
 
     rng = random.Random(seed)
-    cases = _Cases(rng)
+    cases = MalformedCases(rng)
     codec = Codec(tensors="wire")
-    hostile = _hostile_inputs()
+    hostile = hostile_inputs()
     report = SoakReport()
     started = time.monotonic()
     context = zmq.Context()
@@ -288,7 +216,7 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
         try:
             frontend.wait_ready(30.0)
             pusher.connect(frontend.output_address)
-            problem = _serve_check(frontend, timeout, "warm-up")
+            problem = serve_check(frontend, timeout, "warm-up")
             engine_rss0 = frontend_rss0 = 0
             while problem is None and time.monotonic() - started < seconds:
                 report.rounds += 1
@@ -306,7 +234,7 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
                 for kind, frames in cases.draw(OUTPUT_KINDS, batch):
                     _judge(codec, kind, frames, report)
                     pusher.send_multipart(frames)
-                problem = _serve_check(frontend, timeout, str(report.rounds))
+                problem = serve_check(frontend, timeout, str(report.rounds))
                 if problem is None and not engine.alive():
                     problem = "the engine process died"
                 if report.rounds % ring_every == 0:
@@ -342,12 +270,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="malformed messages per channel per round (default: %(default)s)")
     soak.add_argument("--timeout", type=positive_float, default=10.0,
                       help="seconds a valid request or a dead-peer detection may take")
+    soak.add_argument("--engine-flood", metavar="N", type=non_negative_int, default=0,
+                      help="instead of the campaign: send N malformed input messages to one "
+                           "live engine as fast as it takes them, sampling its RSS "
+                           "(enginewire.fuzz.flood)")
     soak.add_argument("--json", metavar="PATH", type=writable_file,
                       help="write the report as JSON here")
     soak.set_defaults(handler=cmd_soak)
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
+    if args.engine_flood:
+        from .flood import run_flood
+
+        flood = run_flood(args.engine_flood, args.seed, timeout=max(args.timeout, 30.0),
+                          progress=True)
+        print(flood.render())
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as out:
+                json.dump({**asdict(flood), "rate": flood.rate, "ok": flood.ok}, out, indent=2)
+        return 0 if flood.ok else 1
     report = run_soak(args.seconds, args.seed, batch=args.batch, timeout=args.timeout)
     print(report.render())
     if args.json:

@@ -16,7 +16,8 @@ What it serves:
 - ABORT: every aborted request still running gets an output with finish_reason ABORT and its id
   in ``finished_requests`` (handshake.session.abort-output-optional).
 - UTILITY: ``echo`` returns its arguments, ``die`` sends ENGINE_CORE_DEAD and exits with status
-  1 (no reply), ``get_supported_tasks`` returns ``["generate"]``; any other method gets a
+  1 (no reply), ``get_supported_tasks`` returns ``["generate"]``, ``get_violation_counts``
+  (reference only) returns the rejections counted per clause; any other method gets a
   failure message (handshake.session.unknown-method-fails-call).
 - START_DP_WAVE: accepted, nothing to do.
 - Garbage (unknown type byte, wrong frame count, undecodable payload, an event its state does
@@ -267,6 +268,7 @@ class ReferenceEngine:
         self._utilities: dict[str, Callable[..., Any]] = {
             "echo": lambda *args: args,
             "get_supported_tasks": lambda: ["generate"],
+            "get_violation_counts": lambda: dict(self.violations.counts),
         }
 
     @property
