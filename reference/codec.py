@@ -199,8 +199,8 @@ def _with_path(error: ProtocolError, path: str, where: str) -> ProtocolError:
     place = f"`{path}`" + (f" ({where})" if where else "")
     again = type(error)(error.clause, f"{place}: {error.message}", expected=error.expected,
                         got=error.got)
-    again.path = path  # type: ignore[attr-defined]
-    again.field = where  # type: ignore[attr-defined]
+    again.path = path
+    again.field = where or None
     return again
 
 
@@ -259,17 +259,22 @@ def _split_path(message: str) -> tuple[str, list[str | int] | None, bool]:
     match = _AT_PATH.search(message)
     if match is None:
         return message, [], False
-    path = match.group(2)[1:]
+    return message[: match.start()], path_steps(match.group(2)), bool(match.group(1))
+
+
+def path_steps(path: str) -> list[str | int] | None:
+    """The field names and indexes of a ``$``-path (``"..."`` for any map value); None where
+    the path does not parse."""
     steps: list[str | int] = []
-    pos = 0
+    pos = 1
     while pos < len(path):
         step = _PATH_STEP.match(path, pos)
         if step is None:
-            return message[: match.start()], None, bool(match.group(1))
+            return None
         name, index = step.groups()
         steps.append(name if name is not None else index if index == "..." else int(index))
         pos = step.end()
-    return message[: match.start()], steps, bool(match.group(1))
+    return steps
 
 
 class _HookState(threading.local):
@@ -547,9 +552,12 @@ class Codec:
             if path_match is not None:
                 text = (f"`{path_match.group(2)}`" + (f" ({where})" if where else "")
                         + f": {text[: path_match.start()]}")
-            raise PayloadError(
+            error = PayloadError(
                 self._validation_clause(payload, str(exc)), f"{kind}: {text}", expected=payload
-            ) from None
+            )
+            if path_match is not None:
+                error.path, error.field = path_match.group(2), where or None
+            raise error from None
         except msgspec.DecodeError as exc:
             raise PayloadError(
                 "frames.payload-matches-type", f"{kind}: {exc}", expected=payload

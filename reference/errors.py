@@ -11,7 +11,14 @@ from typing import Any
 
 
 class ProtocolError(Exception):
-    """A peer, a frame or a ring broke a clause of the spec."""
+    """A peer, a frame or a ring broke a clause of the spec.
+
+    ``path`` (``$[1][0][12]``) and ``field`` (``EngineCoreOutput.routed_experts``) say where in
+    a payload, when the decoder knows; the message then starts with them too.
+    """
+
+    path: str | None = None
+    field: str | None = None
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from enginewire.reference.codec import Codec, _split_path
+from enginewire.reference.codec import Codec, path_steps
 from enginewire.reference.errors import ProtocolError
 from enginewire.reference.session import get_field
 from enginewire.spec.schema import StructSpec
@@ -212,7 +212,7 @@ class Annotator:
         return annotation
 
     def _violation(self, record: Record, exc: ProtocolError) -> Violation:
-        text, steps, _key = _split_path(exc.message)
+        steps = path_steps(exc.path) if exc.path else None
         path = None
         named = None
         if steps:
@@ -239,7 +239,7 @@ class Annotator:
                 self._explained[key] = (explained, fields)
             else:
                 explained, fields = cached
-        return Violation(exc.clause, path, named, text, explained, fields)
+        return Violation(exc.clause, path, named, exc.message, explained, fields)
 
     def _payload_type(self, record: Record) -> str | None:
         """The payload type of the kind the record's fixed frames name (the only kind of its
