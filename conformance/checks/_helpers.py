@@ -159,7 +159,7 @@ def _tolerated(difference: str) -> bool:
     if "not expected on the wire" in difference or "holds its default" in difference:
         return True
     match = re.search(r"expected an array of (\d+), got (\d+)", difference)
-    return bool(match) and int(match.group(2)) > int(match.group(1))
+    return match is not None and int(match.group(2)) > int(match.group(1))
 
 
 def expect_value(

@@ -98,7 +98,7 @@ def frame_meaning(frame: bytes) -> str:
 
 def _short(value: Any, limit: int = 300) -> str:
     if isinstance(value, msgspec.msgpack.Ext):
-        text = f"Ext({value.code}, {len(value.data)} bytes)"
+        text = f"Ext({value.code}, {memoryview(value.data).nbytes} bytes)"
     elif isinstance(value, list):
         text = "[" + ", ".join(_short(v, limit) for v in value) + "]"
     elif isinstance(value, dict):
