@@ -22,7 +22,7 @@ from enginewire.reference.codec import Codec, path_steps
 from enginewire.reference.errors import ProtocolError
 from enginewire.reference.session import get_field
 from enginewire.spec.schema import StructSpec
-from enginewire.spec.types import TypeExpr, parse_type
+from enginewire.spec.types import TypeExpr, kind_of, parse_type
 
 from .capture import Record
 from .releases import DEFAULT_RELEASE, codec_for, explain, known_releases
@@ -82,7 +82,7 @@ def field_at(codec: Codec, payload: str, steps: list[str | int]) -> str | None:
     named: str | None = None
     for step in steps:
         resolved = expr.without_none()
-        if resolved.name == "union":
+        if kind_of(resolved) == "union":
             return named
         item = codec.spec.structs.get(resolved.name)
         if isinstance(item, StructSpec):
@@ -101,16 +101,13 @@ def field_at(codec: Codec, payload: str, steps: list[str | int]) -> str | None:
                 return named
             expr = parse_type(fld.type)
         elif isinstance(step, int) and resolved.args:
-            variadic = resolved.name in ("list", "set") or (
-                resolved.name == "tuple" and resolved.variadic
-            )
-            if variadic:
+            if kind_of(resolved) == "sequence" and not resolved.fixed_tuple:
                 expr = resolved.args[0]
             elif step < len(resolved.args):
                 expr = resolved.args[step]
             else:
                 return named
-        elif step == "..." and resolved.name == "dict":
+        elif step == "..." and kind_of(resolved) == "mapping":
             expr = resolved.args[1]
         else:
             return named

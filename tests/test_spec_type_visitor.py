@@ -204,7 +204,7 @@ def test_no_module_compares_type_constructor_names_outside_spec_types() -> None:
     root = Path(__file__).resolve().parents[1]
     names = set(constructors())
     found: list[str] = []
-    for folder in ("spec", "reference", "conformance", "fuzz", "bench", "enginewire"):
+    for folder in ("spec", "reference", "conformance", "fuzz", "bench", "tap", "enginewire"):
         for path in sorted((root / folder).rglob("*.py")):
             relative = path.relative_to(root).as_posix()
             if relative == "spec/types.py" or relative in UNPORTED:

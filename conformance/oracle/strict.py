@@ -29,6 +29,7 @@ from enginewire.conformance.oracle.wire import (
     WireShapeError,
     parse_type,
 )
+from enginewire.spec.types import kind_of, members
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def msgpack_type(raw: Any) -> str:
 
 def type_text(expr: TypeExpr) -> str:
     """A spec type expression as text (``tensor | none``)."""
-    if expr.name == "union":
+    if kind_of(expr) == "union":
         return " | ".join(type_text(a) for a in expr.args)
     if not expr.args:
         return expr.name
@@ -134,14 +135,14 @@ def _check(raw: Any, expr: TypeExpr, spec: Any, path: str, field: str,
         return
     if name == "union":
         if raw is None:
-            if not any(a.name in ("none", "any") for a in expr.args):
+            if not any(kind_of(a) in ("nil", "any") for a in expr.args):
                 bad()
             return
-        members = [a for a in expr.args if a.name != "none"]
-        if any(_fits(raw, a, spec) for a in members):
+        candidates = members(expr)
+        if any(_fits(raw, a, spec) for a in candidates):
             return
         # Report inside the member of the same msgpack shape, when one exists.
-        same = [a for a in members if _shape_matches(raw, a, spec)]
+        same = [a for a in candidates if _shape_matches(raw, a, spec)]
         if len(same) == 1:
             _check(raw, same[0], spec, path, field, out)
         else:
@@ -216,9 +217,9 @@ def _shape_matches(raw: Any, expr: TypeExpr, spec: Any) -> bool:
     item = spec.structs.get(expr.name)
     if isinstance(item, StructSpec):
         return isinstance(raw, list) == (item.encoding in ("array", "tuple"))
-    if expr.name in ("list", "set", "tuple", "tensor", "ndarray", "nested_tensors", "slice"):
+    if kind_of(expr) in ("sequence", "tensor", "nested_tensors", "slice"):
         return isinstance(raw, list)
-    if expr.name == "dict":
+    if kind_of(expr) == "mapping":
         return isinstance(raw, dict)
     return False
 

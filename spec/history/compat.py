@@ -34,7 +34,7 @@ import msgspec
 
 from ..loader import REFERENCE_VLLM_VERSION, Spec, load
 from ..schema import EnumSpec, StructSpec
-from ..types import TypeExpr, parse_type
+from ..types import TypeExpr, kind_of, members, parse_type, scalar_type
 
 _SPECS: dict[tuple[str, str], Spec] = {}
 
@@ -90,38 +90,39 @@ class MessageVerdict:
 def accepts(writer: TypeExpr, reader: TypeExpr, wspec: Spec, rspec: Spec) -> bool:
     """Whether a realistic (non-null where possible) value of ``writer`` decodes as
     ``reader``."""
-    if reader.name == "any":
+    wfamily, rfamily = kind_of(writer), kind_of(reader)
+    if rfamily == "any":
         return True
-    if writer.name == "union":
-        members = [a for a in writer.args if a.name != "none"] or list(writer.args)
-        return any(accepts(m, reader, wspec, rspec) for m in members)
-    if reader.name == "union":
+    if wfamily == "union":
+        candidates = members(writer) or writer.args
+        return any(accepts(m, reader, wspec, rspec) for m in candidates)
+    if rfamily == "union":
         return any(accepts(writer, m, wspec, rspec) for m in reader.args)
-    if writer.name == "any":
+    if wfamily == "any":
         return True
-    arrays = {"list", "set", "tuple"}
-    if writer.name in arrays and reader.name in arrays:
+    if wfamily == "sequence" and rfamily == "sequence":
         w = writer.args[0] if writer.args else TypeExpr("any")
         r = reader.args[0] if reader.args else TypeExpr("any")
         return accepts(w, r, wspec, rspec)
-    if writer.name == "dict" and reader.name == "dict":
+    if wfamily == "mapping" and rfamily == "mapping":
         return all(accepts(w, r, wspec, rspec) for w, r in zip(writer.args, reader.args,
                                                                 strict=True))
     if writer.name == reader.name:
         return True
-    if (writer.name, reader.name) == ("int", "float"):
+    wscalar, rscalar = scalar_type(writer), scalar_type(reader)
+    if wscalar is int and rscalar is float:
         return True
     wkind = _kind(writer.name, wspec)
     rkind = _kind(reader.name, rspec)
-    if wkind == "int-enum" and reader.name == "int":
+    if wkind == "int-enum" and rscalar is int:
         return True
-    if writer.name == "int" and rkind == "int-enum":
+    if wscalar is int and rkind == "int-enum":
         return True
-    if wkind in ("array", "tuple") and (rkind in ("array", "tuple") or reader.name in arrays):
+    if wkind in ("array", "tuple") and (rkind in ("array", "tuple") or rfamily == "sequence"):
         return True
-    if wkind in ("map", "dataclass") and (rkind in ("map", "dataclass") or reader.name == "dict"):
+    if wkind in ("map", "dataclass") and (rkind in ("map", "dataclass") or rfamily == "mapping"):
         return True
-    return {writer.name, reader.name} <= {"tensor", "ndarray", "nested_tensors"}
+    return {wfamily, rfamily} <= {"tensor", "nested_tensors"}
 
 
 def _kind(name: str, spec: Spec) -> str | None:
@@ -155,7 +156,7 @@ class _Walker:
             return
         structured = [n for n in wexpr.names() if _kind(n, self.wspec) in
                       ("array", "tuple", "map", "dataclass")]
-        if rexpr.name == "any" and structured:
+        if kind_of(rexpr) == "any" and structured:
             self.add("silent", path, f"type '{wtext}' written, 'any' read: the reader keeps the "
                      f"raw array or map of {structured[0]} where it expects the bare value",
                      writer_type=wtext, reader_type=rtext, passes_type_check=True)
@@ -259,7 +260,7 @@ class _Walker:
 
 
 def _canonical(expr: TypeExpr) -> str:
-    if expr.name == "union":
+    if kind_of(expr) == "union":
         return " | ".join(sorted(_canonical(a) for a in expr.args))
     if not expr.args:
         return expr.name
@@ -372,9 +373,7 @@ class _Sampler:
         if self.minimal and expr.nullable:
             return None
         if name == "union":
-            for arg in expr.args:
-                if arg.name == "none":
-                    continue
+            for arg in members(expr):
                 found = self.value(arg, depth)
                 if found is not _SKIP:
                     return found

@@ -24,7 +24,7 @@ import msgspec
 
 from ..loader import DATA_DIR, load
 from ..schema import StructSpec
-from ..types import parse_type
+from ..types import container_type, kind_of, parse_type, scalar_type
 from .compat import _canonical, spec_for
 from .wheels import read_releases
 
@@ -216,19 +216,22 @@ def layout_source(version: str, names: list[str], data_dir: Path | None = None) 
 
 def _python_type(text: str) -> str:
     expr = parse_type(text)
-    simple = {"str": "str", "int": "int", "float": "float", "bool": "bool", "bytes": "bytes",
-              "none": "None"}
 
     def go(e: Any) -> str:
-        if e.name == "union":
+        family = kind_of(e)
+        if family == "union":
             return " | ".join(go(a) for a in e.args)
-        if e.name in simple:
-            return simple[e.name]
-        if e.name in ("list", "set") and e.args:
+        if family == "nil":
+            return "None"
+        scalar = scalar_type(e)
+        if scalar is not None:
+            return scalar.__name__
+        container = container_type(e)
+        if container in (list, set) and e.args:
             return f"{e.name}[{go(e.args[0])}]"
-        if e.name == "dict" and e.args:
+        if container is dict and e.args:
             return f"dict[{go(e.args[0])}, {go(e.args[1])}]"
-        if e.name == "tuple" and e.args:
+        if container is tuple and e.args:
             inner = ", ".join(go(a) for a in e.args)
             return f"tuple[{inner}{', ...' if e.variadic else ''}]"
         return "Any"
