@@ -243,6 +243,19 @@ class RingHandle:
     remote_subscribe_address: str | None = None
     remote_ipv6: bool = False
 
+    def as_handle(self, handle_class: Any) -> Any:
+        """This handle as ``handle_class`` (vLLM's ``shm_broadcast.Handle``, or an
+        implementation's class with the same fields)."""
+        return handle_class(
+            local_reader_ranks=list(self.reader_ranks or range(self.n_reader)),
+            buffer_handle=(self.n_reader, self.max_chunk_bytes, self.max_chunks, self.shm_name),
+            local_subscribe_addr=self.subscribe_address,
+            local_notify_addr=self.notify_address,
+            remote_subscribe_addr=self.remote_subscribe_address,
+            remote_addr_ipv6=self.remote_ipv6,
+            tensor_arena_handle=self.tensor_arena_handle,
+        )
+
     def to_builtins(self) -> dict[str, Any]:
         return {
             "n_reader": self.n_reader,

@@ -297,16 +297,7 @@ def _native_handle(handle: RingHandle) -> Any:
     """The suite's neutral RingHandle as the reference ring's ``Handle``."""
     from enginewire.reference.ring import Handle
 
-    return Handle(
-        local_reader_ranks=list(handle.reader_ranks or range(handle.n_reader)),
-        buffer_handle=(handle.n_reader, handle.max_chunk_bytes, handle.max_chunks,
-                       handle.shm_name),
-        local_subscribe_addr=handle.subscribe_address,
-        local_notify_addr=handle.notify_address,
-        remote_subscribe_addr=handle.remote_subscribe_address,
-        remote_addr_ipv6=handle.remote_ipv6,
-        tensor_arena_handle=handle.tensor_arena_handle,
-    )
+    return handle.as_handle(Handle)
 
 
 class _Collect(logging.Handler):
