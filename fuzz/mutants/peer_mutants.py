@@ -6,11 +6,10 @@ behind the conformance ``engine`` surface (:class:`MutantEngines`).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-from enginewire.conformance.targets.reference import ReferenceEnginePeer, ReferenceEngines
+from enginewire.conformance.targets.reference import ReferenceEngines
 from enginewire.reference.engine import EngineOptions, ReferenceEngine
 
 
@@ -102,25 +101,8 @@ class ReusedFrameBuffer(ReferenceEngine):
                 flush()
 
 
-class _MutantEnginePeer(ReferenceEnginePeer):
-    def __init__(self, launch: Any, engine_cls: type[ReferenceEngine]) -> None:
-        self.engine = engine_cls(EngineOptions(
-            handshake_address=launch.handshake_address, rank=launch.engine_index,
-            local=launch.local, headless=launch.headless, dp_size=launch.dp_size,
-            handshake_timeout=launch.init_timeout,
-        ))
-        self.status: int | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True,
-                                       name=f"mutant engine {launch.engine_index}")
-        self.thread.start()
-
-
 class MutantEngines(ReferenceEngines):
     """The reference engine surface, starting ``engine_cls`` engines."""
 
     def __init__(self, engine_cls: type[ReferenceEngine]) -> None:
-        self.engine_cls = engine_cls
-
-    def start_engine(self, launch: Any) -> ReferenceEnginePeer:
-        return _MutantEnginePeer(launch, self.engine_cls)
+        super().__init__(engine_cls)
