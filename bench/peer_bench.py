@@ -81,11 +81,15 @@ class ReferencePeers:
         self.engine = None
         try:
             self.engine = spawn_engine(
-                EngineOptions(handshake_address=self.frontend.handshake_address, tokens=1),
+                EngineOptions(handshake_address=self._engine_handshake(transport), tokens=1),
                 stderr=subprocess.DEVNULL)
         except BaseException:
             self.close()
             raise
+
+    def _engine_handshake(self, transport: str) -> str:
+        """The handshake address the engine is given: the front end's own."""
+        return str(self.frontend.handshake_address)
 
     def wait_ready(self) -> None:
         """The handshake, in short slices so an engine that died is noticed at once."""
@@ -330,27 +334,15 @@ class TappedPeers(ReferencePeers):
     """
 
     name = TAPPED
+    tap: Any = None
+    listen: str | None = None
 
-    def __init__(self, transport: str, timeout: float) -> None:
-        from enginewire.reference.engine import EngineOptions, spawn_engine
-        from enginewire.reference.frontend import ReferenceFrontend
-
-        self.timeout = timeout
-        address = "tcp://127.0.0.1:0" if transport == "tcp" else None  # None: fresh ipc paths
-        self.frontend = ReferenceFrontend(1, handshake_address=address, input_address=address,
-                                          output_address=address)
-        self.engine = None
-        self.tap: Any = None
+    def _engine_handshake(self, transport: str) -> str:
+        """The tap's listening address, with the tap started in front of the front end."""
         self.listen = _address(transport)
-        try:
-            self.tap = spawn_tap(["--handshake", str(self.frontend.handshake_address),
-                                  "--listen", self.listen])
-            self.engine = spawn_engine(
-                EngineOptions(handshake_address=self.listen, tokens=1),
-                stderr=subprocess.DEVNULL)
-        except BaseException:
-            self.close()
-            raise
+        self.tap = spawn_tap(["--handshake", str(self.frontend.handshake_address),
+                              "--listen", self.listen])
+        return self.listen
 
     def close(self) -> None:
         try:
@@ -359,7 +351,8 @@ class TappedPeers(ReferencePeers):
             stop_tap(self.tap)
             from enginewire.reference.addresses import remove_ipc_file
 
-            remove_ipc_file(self.listen)
+            if self.listen is not None:
+                remove_ipc_file(self.listen)
 
 
 def spawn_tap(argv: Sequence[str]) -> subprocess.Popen[bytes]:
