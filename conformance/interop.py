@@ -14,6 +14,13 @@ implementation (a conformance target: ``reference``, ``vllm``, ...):
   collective start), ``stream`` (:data:`RING_MESSAGES` messages, one larger than the chunk,
   so carried by the overflow socket, one with an out-of-band buffer), ``receive`` (every reader
   got every message, equal and in order) and ``close`` (segment and ipc files removed).
+- vLLM's real **API server** (``vllm serve``, when ``vllm`` is paired) with every **engine
+  core** behind it (:func:`run_api_server_cell`): vLLM's own engine core as ``vllm serve``
+  launches it, and every other implementation's engine as a remote, headless engine doing the
+  handshake with the server (the use case of an engine that sits behind vLLM's front end).
+  The exchange: ``start`` (``GET /health``), ``completion`` (``POST /v1/completions`` with
+  :data:`API_TOKENS` tokens: exactly the engine's expected tokens, finish ``length``) and
+  ``shutdown``.
 
 A front end without a handshake channel (surface attribute ``handshake = False``, vLLM's
 ``AsyncMPClient`` given ``client_addresses``) is paired as vLLM deploys it: a launcher (here
@@ -124,7 +131,7 @@ class Exchange:
 class Cell:
     """One pair: ``left`` (front end or ring writer) against ``right`` (engine or readers)."""
 
-    kind: str  # "engine" | "ring"
+    kind: str  # "engine" | "ring" | "api-server"
     left: str
     right: str
     transport: str
@@ -520,6 +527,112 @@ def run_engine_cell(frontend_impl: Implementation, engine_impl: Implementation,
     return cell
 
 
+# --- API server cells ------------------------------------------------------------------------
+
+#: The completion request of an API server cell: its prompt (token ids; the tiny tokenizer's
+#: text for them is sent) and max_tokens.
+API_PROMPT = [7, 8, 9]
+API_TOKENS = 4
+#: Seconds vLLM's API server may take to answer ``/health`` (it imports vLLM, builds its
+#: configuration and starts its engine; about 40 s on a loaded 2-core machine), multiplied by
+#: the cell's ``timeout / STEP_TIMEOUT``.
+API_READY_TIMEOUT = 240.0
+
+
+def check_completion(answer: dict[str, Any], prompt: list[int], expected: list[int]) -> None:
+    """An OpenAI completion answer for ``prompt`` must carry exactly the engine's ``expected``
+    tokens (ids and their text in the tiny tokenizer), finish with ``length`` and count the
+    tokens in ``usage``; :class:`ExchangeFailure` says what differs."""
+    from enginewire.conformance.targets.vllm.api_server import token
+
+    choices = answer.get("choices") or []
+    if len(choices) != 1:
+        raise ExchangeFailure(f"expected one choice, got {len(choices)}: {answer!r}"[:400])
+    choice = choices[0]
+    got = (choice.get("token_ids"), choice.get("text", "").split(), choice.get("finish_reason"))
+    want = (expected, [token(i) for i in expected], "length")
+    if got != want:
+        raise ExchangeFailure(
+            f"expected token ids {want[0]}, text {' '.join(want[1])!r} and finish_reason "
+            f"length, got token ids {got[0]}, text {' '.join(got[1])!r} and finish_reason "
+            f"{got[2]}", None, "engine")
+    usage = answer.get("usage") or {}
+    counts = (usage.get("prompt_tokens"), usage.get("completion_tokens"))
+    if counts != (len(prompt), len(expected)):
+        raise ExchangeFailure(f"expected usage of {len(prompt)} prompt and {len(expected)} "
+                              f"completion tokens, got {counts}", None, "frontend")
+
+
+def run_api_server_cell(engine_impl: Implementation, timeout: float = STEP_TIMEOUT,
+                        evidence: dict[str, Any] | None = None) -> Cell:
+    """vLLM's real API server (``vllm serve``, :mod:`.targets.vllm.api_server`) with the
+    engine core of ``engine_impl`` behind it: vLLM's own (launched by ``vllm serve``, over
+    ipc) for ``vllm``; for any other implementation, its engine surface started as a remote,
+    headless engine that does the handshake with the server's tcp handshake address.
+    Exchanges: ``start`` (the engine's handshake and ``GET /health``), ``completion`` (``POST
+    /v1/completions``: the engine's expected tokens, finish ``length``) and ``shutdown``
+    (SIGTERM: the server and every process it started exit, the engine stops).
+    ``evidence``: filled with the answer, the server's processes while it served, and exit
+    statuses, for tests."""
+    from enginewire.conformance.targets.contract import EngineLaunch
+    from enginewire.conformance.targets.vllm.api_server import ApiServer, prompt_text
+
+    own = engine_impl.name == "vllm"
+    cell = Cell("api-server", "vllm", engine_impl.name, "ipc" if own else "tcp")
+    script = _Script(cell)
+    state: dict[str, Any] = {}
+    found = evidence if evidence is not None else {}
+
+    def start() -> None:
+        server = state["server"] = ApiServer(engine="vllm" if own else "external")
+        server.start()
+        if not own:
+            prepare = getattr(engine_impl.engine, "prepare", None)
+            if prepare is not None:
+                prepare()
+            state["engine"] = engine_impl.engine.start_engine(EngineLaunch(
+                server.engine_handshake_address, local=False, headless=True,
+                init_timeout=API_READY_TIMEOUT * timeout / STEP_TIMEOUT))
+        found["ready_s"] = server.wait_ready(API_READY_TIMEOUT * timeout / STEP_TIMEOUT)
+
+    def completion() -> None:
+        assert engine_impl.expected_tokens is not None
+        server = state["server"]
+        answer = found["answer"] = server.complete(prompt_text(API_PROMPT), API_TOKENS,
+                                                   timeout)
+        found["processes"] = server.processes()
+        check_completion(answer, API_PROMPT,
+                         engine_impl.expected_tokens(API_PROMPT, API_TOKENS))
+
+    def shutdown() -> None:
+        server = state.pop("server")
+        found["server_status"] = server.stop()
+        engine = state.pop("engine", None)
+        if engine is not None:
+            engine.stop(timeout)
+            if engine.alive():
+                raise ExchangeFailure("the engine still runs after stop", None, "engine")
+        if found["server_status"] != 0:
+            raise ExchangeFailure(f"vllm serve exited with status {found['server_status']} "
+                                  "on SIGTERM, expected 0", None, "frontend")
+
+    try:
+        script.step("start", start)
+        script.step("completion", completion)
+        script.step("shutdown", shutdown)
+    finally:
+        engine = state.pop("engine", None)
+        if engine is not None:
+            with contextlib.suppress(Exception):
+                engine.stop(timeout)
+        server = state.pop("server", None)
+        if server is not None:
+            found.setdefault("log", server.log_tail())
+            server.stop()
+    classify(cell)
+    return cell
+
+
 # --- ring cells ------------------------------------------------------------------------------
 
 
@@ -728,8 +841,10 @@ def implementations(names: Sequence[str],
 
 def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = TRANSPORTS,
                ring: bool = True, engine: bool = True, timeout: float = STEP_TIMEOUT,
-               progress: Callable[[Cell], None] | None = None) -> list[Cell]:
-    """Every front end x engine core x transport, then every ring writer x readers."""
+               progress: Callable[[Cell], None] | None = None,
+               api_server: bool = True) -> list[Cell]:
+    """Every front end x engine core x transport, then every ring writer x readers, then
+    (when ``vllm`` is among ``impls``) vLLM's API server x every engine core."""
     cells: list[Cell] = []
     names = list(impls)
     if engine:
@@ -746,6 +861,11 @@ def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = 
                 cells.append(run_ring_cell(impls[left], impls[right], timeout))
                 if progress:
                     progress(cells[-1])
+    if api_server and "vllm" in impls:
+        for right in names:
+            cells.append(run_api_server_cell(impls[right], timeout))
+            if progress:
+                progress(cells[-1])
     return cells
 
 
@@ -790,7 +910,9 @@ def render_html(matrix: Matrix) -> str:
              "<h1>enginewire interop</h1>"]
     for kind, title, right in (("engine", "Front end (rows) x engine core (columns)",
                                 "engine"), ("ring", "Ring writer (rows) x readers (columns)",
-                                            "readers")):
+                                            "readers"),
+                               ("api-server", "vLLM API server (rows) x engine core "
+                                "(columns)", "engine")):
         cells = [c for c in matrix.cells if c.kind == kind]
         if not cells:
             continue
@@ -836,9 +958,10 @@ def register(subparsers: Any) -> None:
         "interop",
         help="run every implementation against every other (the interop matrix)",
         description=(
-            "Pair every front end with every engine core (over ipc and tcp) and every ring "
-            "writer with every implementation's readers, one scripted exchange per pair, and "
-            "print the matrix. Exit 0 when every cell passed or failed only where a "
+            "Pair every front end with every engine core (over ipc and tcp), every ring "
+            "writer with every implementation's readers, and vLLM's API server (vllm serve) "
+            "with every engine core, one scripted exchange per pair, and print the matrix. "
+            "Exit 0 when every cell passed or failed only where a "
             "documented vLLM deviation says it must, 1 otherwise."
         ),
     )
@@ -846,8 +969,9 @@ def register(subparsers: Any) -> None:
                         help=f"implementations to pair (default: {','.join(PEERS)})")
     parser.add_argument("--transport", action="append", choices=TRANSPORTS, default=[],
                         help="run engine cells over this transport only; may repeat")
-    parser.add_argument("--only", choices=("engine", "ring"), default=None,
-                        help="run only the engine cells or only the ring cells")
+    parser.add_argument("--only", choices=("engine", "ring", "api-server"), default=None,
+                        help="run only the engine cells, the ring cells or the API server "
+                             "cells (vLLM's `vllm serve` x each engine core)")
     parser.add_argument("--json", metavar="PATH", type=writable_file,
                         help="write the matrix as JSON here")
     parser.add_argument("--html", metavar="PATH", type=writable_file,
@@ -868,8 +992,9 @@ def main(args: argparse.Namespace) -> int:
               f"{_status_text(cell)}", file=sys.stderr, flush=True)
 
     with implementations(args.peers) as (impls, unavailable):
-        cells = run_matrix(impls, transports=transports, ring=args.only != "engine",
-                           engine=args.only != "ring", timeout=timeout, progress=progress)
+        cells = run_matrix(impls, transports=transports, ring=args.only in (None, "ring"),
+                           engine=args.only in (None, "engine"), timeout=timeout,
+                           progress=progress, api_server=args.only in (None, "api-server"))
     matrix = Matrix(cells, args.peers, unavailable)
     if args.json:
         Path(args.json).write_text(json.dumps(matrix.to_builtins(), indent=2) + "\n")

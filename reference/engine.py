@@ -17,8 +17,11 @@ What it serves:
   in ``finished_requests`` (handshake.session.abort-output-optional).
 - UTILITY: ``echo`` returns its arguments, ``die`` sends ENGINE_CORE_DEAD and exits with status
   1 (no reply), ``get_supported_tasks`` returns ``["generate"]``, ``get_violation_counts``
-  (reference only) returns the rejections counted per clause; any other method gets a
-  failure message (handshake.session.unknown-method-fails-call).
+  (reference only) returns the rejections counted per clause; ``reset_mm_cache``,
+  ``reset_encoder_cache`` (None) and ``reset_prefix_cache`` (True) succeed, there being no
+  cache to reset (vLLM's API server calls ``reset_mm_cache`` once its engines are ready, and
+  fails to start on an error reply); any other method gets a failure message
+  (handshake.session.unknown-method-fails-call).
 - START_DP_WAVE: accepted, nothing to do.
 - Garbage (unknown type byte, wrong frame count, undecodable payload, an event its state does
   not allow): logged with the clause it breaks, counted in :attr:`ReferenceEngine.violations`
@@ -269,6 +272,9 @@ class ReferenceEngine:
             "echo": lambda *args: args,
             "get_supported_tasks": lambda: ["generate"],
             "get_violation_counts": lambda: dict(self.violations.counts),
+            "reset_mm_cache": lambda: None,
+            "reset_encoder_cache": lambda: None,
+            "reset_prefix_cache": lambda *args: True,
         }
 
     @property

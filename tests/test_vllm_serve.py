@@ -1,0 +1,132 @@
+"""vLLM's real OpenAI-compatible API server (``vllm serve``) on the CPU with an engine core
+behind it: vLLM's own (launched by ``vllm serve``) and the reference engine (a separate
+``enginewire serve-engine`` process doing the handshake as a remote, headless engine). A
+completion request over HTTP goes through vLLM's real front end and the engine core.
+
+The two server tests are ``slow`` (each starts vLLM's API server: about 40 s on a loaded
+2-core machine, most of it importing vLLM); the checks of a completion answer are not.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from enginewire.conformance import interop
+from enginewire.conformance.interop import (
+    API_PROMPT,
+    API_TOKENS,
+    ExchangeFailure,
+    Implementation,
+    check_completion,
+    run_api_server_cell,
+    standin_tokens,
+)
+from enginewire.conformance.targets.vllm.api_server import (
+    prompt_text,
+    token,
+    write_serve_model_dir,
+)
+from enginewire.reference.engine import scripted_tokens
+
+pytestmark = pytest.mark.vllm
+
+TIMEOUT = 60.0
+
+
+def _answer(tokens: list[int], finish: str = "length") -> dict[str, Any]:
+    return {"choices": [{"text": " " + " ".join(token(i) for i in tokens),
+                         "token_ids": tokens, "finish_reason": finish}],
+            "usage": {"prompt_tokens": len(API_PROMPT), "completion_tokens": len(tokens)}}
+
+
+def test_a_completion_answer_is_checked_token_by_token() -> None:
+    expected = standin_tokens(API_PROMPT, API_TOKENS)
+    check_completion(_answer(expected), API_PROMPT, expected)
+    with pytest.raises(ExchangeFailure, match="expected token ids") as wrong:
+        check_completion(_answer(expected[:-1] + [5]), API_PROMPT, expected)
+    assert wrong.value.side == "engine"
+    with pytest.raises(ExchangeFailure, match="finish_reason stop"):
+        check_completion(_answer(expected, "stop"), API_PROMPT, expected)
+    text_off = _answer(expected)
+    text_off["choices"][0]["text"] = "t1 t2 t3 t4"
+    with pytest.raises(ExchangeFailure, match="text"):
+        check_completion(text_off, API_PROMPT, expected)
+    counted = copy.deepcopy(_answer(expected))
+    counted["usage"]["completion_tokens"] = 3
+    with pytest.raises(ExchangeFailure, match="usage") as usage:
+        check_completion(counted, API_PROMPT, expected)
+    assert usage.value.side == "frontend"
+
+
+def test_the_tiny_tokenizer_round_trips_through_transformers(tmp_path: Any) -> None:
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(write_serve_model_dir(tmp_path / "m")))
+    assert tokenizer(prompt_text(API_PROMPT))["input_ids"] == API_PROMPT
+    assert tokenizer.decode([103, 104]).split() == ["t103", "t104"]
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 2)
+
+
+@pytest.mark.slow
+def test_completion_through_vllm_serve_and_its_own_engine_core() -> None:
+    pytest.importorskip("vllm")
+    evidence: dict[str, Any] = {}
+    vllm = interop.vllm_implementation()
+    try:
+        cell = run_api_server_cell(vllm, TIMEOUT, evidence)
+    finally:
+        vllm.close()
+    assert cell.status == "passed", (cell.exchanges, evidence.get("log"))
+    assert [e.name for e in cell.exchanges] == ["start", "completion", "shutdown"]
+    [choice] = evidence["answer"]["choices"]
+    assert choice["token_ids"] == standin_tokens(API_PROMPT, API_TOKENS)
+    assert choice["prompt_token_ids"] == API_PROMPT
+    # The API server, vLLM's engine core process it started, and the engine's worker
+    # process: three processes, each the child of the one before (the requests crossed the
+    # engine core's sockets and the executor's rings).
+    processes = dict(evidence["processes"])
+    roots = [pid for pid, parent in processes.items() if parent not in processes]
+    assert len(processes) == 3 and len(roots) == 1, processes
+    engine = next(pid for pid, parent in processes.items() if parent == roots[0])
+    assert any(parent == engine for parent in processes.values()), processes
+    assert evidence["server_status"] == 0
+
+
+@pytest.mark.slow
+def test_completion_through_vllm_serve_and_the_reference_engine_process() -> None:
+    """The reference engine as a process of its own (``enginewire serve-engine --remote
+    --headless``), the way an engine sits behind vLLM's front end on another node."""
+    pytest.importorskip("vllm")
+    from enginewire.conformance.targets.vllm.engine_core import MAX_MODEL_LEN
+    from enginewire.reference.engine import EngineOptions, spawn_engine
+
+    class EngineProcesses:
+        def __init__(self) -> None:
+            self.started: list[Any] = []
+
+        def start_engine(self, launch: Any) -> Any:
+            engine = spawn_engine(EngineOptions(
+                handshake_address=launch.handshake_address, local=launch.local,
+                headless=launch.headless, handshake_timeout=launch.init_timeout,
+                max_model_len=MAX_MODEL_LEN))
+            self.started.append(engine)
+            return engine
+
+    processes = EngineProcesses()
+    reference = Implementation("reference", engine=processes,
+                               expected_tokens=interop.reference_tokens)
+    evidence: dict[str, Any] = {}
+    cell = run_api_server_cell(reference, TIMEOUT, evidence)
+    assert cell.status == "passed", (cell.exchanges, evidence.get("log"))
+    [choice] = evidence["answer"]["choices"]
+    assert choice["token_ids"] == scripted_tokens(API_PROMPT, API_TOKENS)
+    [engine] = processes.started
+    # The engine ran outside the server's process group and stopped cleanly (SIGTERM).
+    assert engine.pid not in dict(evidence["processes"])
+    assert engine.wait(1.0) == 0
+    # vLLM launched no engine of its own: the API server is alone in its group.
+    assert len(evidence["processes"]) == 1, evidence["processes"]
