@@ -178,7 +178,8 @@ def test_full_matrix_with_vllm() -> None:
     pytest.importorskip("vllm")
     with interop.implementations(["reference", "vllm"]) as (impls, unavailable):
         assert not unavailable
-        cells = interop.run_matrix(impls, timeout=60.0)
+        # The API server cells run in tests/test_vllm_serve.py.
+        cells = interop.run_matrix(impls, timeout=60.0, api_server=False)
     matrix = interop.Matrix(cells, ["reference", "vllm"])
     assert matrix.ok, interop.render_table(matrix)
     # Exactly the cells docs/interop.md publishes: vLLM's front end over ipc and vLLM's ring
