@@ -8,6 +8,9 @@
   ``CoreEngineProcManager`` on the CPU platform, with its executor and worker processes;
 - :mod:`.standin`: the one stand-in there, the worker (vLLM's model layer), named by vLLM's
   ``ParallelConfig.worker_cls``;
+- :mod:`.api_server`: vLLM's real OpenAI-compatible API server (``vllm serve``) in a child
+  process, with a tiny tokenizer written on the spot, its own engine core or an external one
+  (the reference's) behind it;
 - :mod:`.ring_memory`: vLLM's unmodified ring steps over a memory the caller provides (the
   ``ring.memory`` capability, and the base of the explorer's vLLM target);
 - :mod:`.objects`: vLLM objects with exactly the field values of a reference value, for
