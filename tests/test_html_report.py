@@ -3,22 +3,17 @@ meaning, memory logs as swimlanes; looked at in a real headless browser when one
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import warnings
 from pathlib import Path
 
 import msgspec
 import pytest
+from ci_tools import require_tool
 
 from enginewire.conformance.framework.html_report import frame_meaning, render_html, swimlane
 from enginewire.conformance.framework.memory_log import MemoryLog
 from enginewire.conformance.framework.outcomes import FAILED, PASSED, CheckResult, RunResult
 from enginewire.conformance.framework.registry import Reproduction, all_checks, select
-
-#: Set by .ci/run: node and chromium must be here, their tests fail instead of skipping.
-REQUIRE_TOOLS = "ENGINEWIRE_REQUIRE_TOOLS"
 
 
 def _run() -> RunResult:
@@ -56,15 +51,9 @@ def test_frame_meaning_and_swimlane() -> None:
 
 
 def _browser() -> str:
-    """chromium's path; a loud skip without it, a failure when .ci/run requires the tools."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        if os.environ.get(REQUIRE_TOOLS) == "1":
-            pytest.fail(f"chromium is not installed and {REQUIRE_TOOLS}=1 requires it")
-        warnings.warn("chromium is not installed: the HTML report is not looked at in a "
-                      "browser", stacklevel=1)
-        pytest.skip("SKIPPED LOUDLY: chromium is not installed (apt-get install chromium)")
-    return browser
+    """chromium's path (see ci_tools: a loud skip without it, a failure under .ci/run)."""
+    return require_tool("chromium", "chromium-browser",
+                        why="the HTML report is not looked at in a browser")
 
 
 def _base(browser: str, tmp_path: Path) -> list[str]:

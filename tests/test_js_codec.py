@@ -5,12 +5,11 @@ the kinds it implements through ``--target-cmd`` (tests/js_codec/codec.mjs); it 
 from __future__ import annotations
 
 import json
-import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ci_tools import require_tool
 
 from enginewire.cli import main
 
@@ -19,9 +18,7 @@ CODEC = Path(__file__).parent / "js_codec" / "codec.mjs"
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("node") is None:
-        warnings.warn("node is not installed: the JavaScript codec is not tested", stacklevel=1)
-        pytest.skip("SKIPPED LOUDLY: node is not installed, the JavaScript codec is untested")
+    require_tool("node", why="the JavaScript codec is not tested")
     path = tmp_path_factory.mktemp("js") / "export.json"
     from enginewire.spec import load
 
