@@ -51,3 +51,17 @@ def test_js_codec_with_a_byte_level_bug_fails(export: Path, tmp_path: Path,
     failed = {r["id"] for r in report["results"] if r["status"] == "failed"}
     # add_minimal's SamplingParams writes a few keys under a map16 header (de 00 0N).
     assert failed == {"codec/golden/add-minimal/encode"}
+
+
+def test_js_codec_declaring_a_front_end_role(export: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """JS_CODEC_ROLE=frontend in its hello answer: what a front end never does (encode
+    outputs, decode requests) is NOT APPLICABLE, never sent to the program; no failure."""
+    monkeypatch.setenv("JS_CODEC_ROLE", "frontend")
+    report = _check(export, tmp_path, "-k", "codec/golden/*")
+    status = {r["id"]: r["status"] for r in report["results"]}
+    assert status["codec/golden/add-minimal/encode"] == "passed"
+    assert status["codec/golden/add-minimal/decode"] == "not_applicable"
+    assert status["codec/golden/outputs/decode"] == "passed"
+    assert status["codec/golden/outputs/encode"] == "not_applicable"
+    assert report["summary"]["failed"] == 0
