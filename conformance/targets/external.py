@@ -38,7 +38,8 @@ frames and buffers are lists of hex strings.
   anything else): the program's declaration of what it implements, as an in-process codec's
   attributes of the same names (``contract`` "Roles"): ``role`` is ``"frontend"`` (encodes
   what a front end sends, decodes the rest), ``"engine"`` (the reverse) or ``"both"`` (the
-  default); ``unsupported`` lists ``"encode:KIND"`` / ``"decode:KIND"`` (or ``"encode:*"``).
+  default); ``unsupported`` lists ``"encode:KIND"`` / ``"decode:KIND"`` (or ``"encode:*"``)
+  and codec capabilities it lacks (``"codec.threshold"``, ``"codec.insecure"``).
   Checks outside the role are NOT APPLICABLE, checks needing an unsupported operation NOT
   IMPLEMENTED, in both cases without sending the program anything. A program that answers
   ``hello`` with ``"unsupported"`` or ``"error"`` (one that predates it) declares nothing:
@@ -68,6 +69,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from enginewire.conformance.targets.contract import (
+    CAPABILITIES,
     CODEC_ROLES,
     RingHandle,
     TargetError,
@@ -325,11 +327,14 @@ def codec_declaration(rpc: LineRpc) -> dict[str, Any]:
         raise TargetError(f"the codec program's hello declares role {role!r}; expected one of "
                           f"{', '.join(CODEC_ROLES)}")
     unsupported = answer.get("unsupported", [])
+    capabilities = {name for name in CAPABILITIES if name.startswith("codec.")}
     if not isinstance(unsupported, list) or not all(
-            isinstance(item, str) and item.partition(":")[0] in ("encode", "decode")
-            and item.partition(":")[2] for item in unsupported):
+            isinstance(item, str) and (item in capabilities or (
+                item.partition(":")[0] in ("encode", "decode") and item.partition(":")[2]))
+            for item in unsupported):
         raise TargetError("the codec program's hello declares unsupported "
-                          f"{unsupported!r}; expected a list of 'encode:KIND' / 'decode:KIND'")
+                          f"{unsupported!r}; expected a list of 'encode:KIND' / 'decode:KIND' "
+                          f"or codec capabilities ({', '.join(sorted(capabilities))})")
     return {"role": role, "unsupported": list(unsupported)}
 
 
