@@ -70,7 +70,11 @@ class MemoryEvent:
         if self.value != "":
             parts.append(("-> " if self.op in ("load", "read") else "= ") + self.value)
         text = " ".join(parts)
-        return f"{text}  ({self.note})" if self.note else text
+        if not self.note:
+            return text
+        note = self.note if self.note.startswith("(") and self.note.endswith(")") \
+            else f"({self.note})"
+        return f"{text}  {note}"
 
     def to_builtins(self) -> dict[str, Any]:
         out: dict[str, Any] = {"process": self.process, "op": self.op}
@@ -93,12 +97,13 @@ class MemoryLog:
         return list(dict.fromkeys(event.process for event in self.events))
 
     def text_lines(self) -> list[str]:
-        """One line per event: order number, process, what it did."""
+        """One line per event: its order number (blank for what a process does alone between
+        two ordered steps), the process, what it did."""
         width = max((len(p) for p in self.processes()), default=0)
         lines = []
-        for index, event in enumerate(self.events):
+        for event in self.events:
             step = f"{event.step:>4}" if event.step is not None else f"{'':>4}"
-            lines.append(f"{index:>3} {step}  {event.process:<{width}}  {event.text()}")
+            lines.append(f"{step}  {event.process:<{width}}  {event.text()}")
         return lines
 
     def to_builtins(self) -> list[dict[str, Any]]:
@@ -143,8 +148,8 @@ def swimlane_html(log: MemoryLog | Iterable[Any]) -> str:
         return ""
     cells = ["<div class='head step'>#</div>"]
     cells += [f"<div class='head lane'>{esc(p)}</div>" for p in processes]
-    for index, event in enumerate(memory.events):
-        number = index if event.step is None else event.step
+    for event in memory.events:
+        number = "" if event.step is None else str(event.step)
         cells.append(f"<div class='step'>{number}</div>")
         op = event.op if event.op in OPS else "other"
         body = esc(event.text())
