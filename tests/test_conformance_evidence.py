@@ -292,3 +292,15 @@ def test_a_malformed_hello_is_a_target_error(tmp_path: Path) -> None:
             _ = codec.role
     finally:
         codec.close()
+
+
+def test_command_server_refuse_all_passes_nothing(spec: Any) -> None:
+    checks = select(all_checks(), patterns=["codec/struct/engine-core-*",
+                                            "codec/tensor/*-rejected"])
+    target = _external(f"codec={_SERVER} --refuse-all")
+    try:
+        result = run(checks, target, spec, strict=True)
+    finally:
+        target.close()
+    assert result.count(PASSED) == 0
+    assert result.count(NOT_IMPLEMENTED) > 20
