@@ -859,13 +859,18 @@ def _write_trace(ring: Any) -> tuple[list, Geometry]:
     return memory.log, geometry
 
 
+def _writer_setup(geometry: Geometry) -> list[tuple[str, int, Any]]:
+    """What :func:`_write_trace` puts in place, as stores: chunk 0 written and read by all."""
+    row = geometry.row(0)
+    return [("store", row + column, 1) for column in range(geometry.metadata_size)]
+
+
 def _writer_repro(log: list, geometry: Geometry) -> Reproduction:
     """The writer's accesses as a memory log (note ``memory_log``), after the state the suite
     set up: chunk 0 published and read by every reader."""
-    row = geometry.row(0)
-    setup = [("store", row + column, 1) for column in range(geometry.metadata_size)]
     return Reproduction(notes={MEMORY_LOG: memory_log(
-        log, geometry, "writer (target)", setup=setup, setup_process="suite (readers)",
+        log, geometry, "writer (target)", setup=_writer_setup(geometry),
+        setup_process="suite (readers)",
         title="chunk 0 was published and read by every reader; the target writes it again")})
 
 
@@ -1044,9 +1049,10 @@ def _order_notify(ring: Any, ctx: Any) -> None:
         raise CheckFailure("the writer logged no notification: call memory.notify() where the "
                            "notify socket send is", trace)
     if written_one < 0 or notify < written_one:
-        raise CheckFailure(f"the notification (log entry {notify}) comes before written = 1 "
-                           f"(log entry {written_one}): a reader it wakes finds the chunk "
-                           "unwritten and waits for its recheck", trace)
+        shift = len(_writer_setup(geometry))  # the memory log's numbers count the set-up too
+        raise CheckFailure(f"the notification (memory log step {notify + shift}) comes before "
+                           f"written = 1 (step {written_one + shift}): a reader it wakes finds "
+                           "the chunk unwritten and waits for its recheck", trace)
     if _after(log[:notify], written_one + 1, lambda e: e[0] == "fence") < 0:
         raise CheckFailure("no fence between written = 1 and the notification: the flag may "
                            "not be visible when the notification wakes a reader", trace)
