@@ -10,8 +10,8 @@ import msgspec
 import pytest
 from ci_tools import require_tool
 
-from enginewire.conformance.framework.html_report import frame_meaning, render_html, swimlane
-from enginewire.conformance.framework.memory_log import MemoryLog
+from enginewire.conformance.framework.html_report import frame_meaning, render_html
+from enginewire.conformance.framework.memory_log import MemoryLog, swimlane_html
 from enginewire.conformance.framework.outcomes import FAILED, PASSED, CheckResult, RunResult
 from enginewire.conformance.framework.registry import Reproduction, all_checks, select
 
@@ -45,7 +45,7 @@ def test_page_leads_with_failures_and_renders_reproductions() -> None:
 def test_frame_meaning_and_swimlane() -> None:
     assert frame_meaning(b"\x01") == "type byte: ABORT"
     assert frame_meaning(b"ENGINE_CORE_DEAD") == "text 'ENGINE_CORE_DEAD'"
-    lanes = swimlane([("store", 0, 1), ("fence", -1, None)])
+    lanes = swimlane_html([("store", 0, 1), ("fence", -1, None)])
     assert "store @0 = 1" in lanes and ">fence</div>" in lanes
     assert "data-lanes='1' data-events='2'" in lanes
 
@@ -123,11 +123,12 @@ def test_a_broken_ring_fails_with_a_swimlane_per_process() -> None:
     assert any(e.op == "store" and e.field == "chunk 0 written flag" and e.value == "1"
                and e.process == "writer (target)" for e in writer_log.events)
     page = render_html(run)
-    for result in run.results:
-        log = result.reproduction.notes["memory_log"]  # type: ignore[union-attr]
-        assert (f"data-lanes='2' data-events='{len(log.events)}'" in page), check_id_of(result)
-        # one cell per lane per event, plus the headers and the order column
-        assert page.count("<div class='ev ") >= len(log.events)
+    logs = [r.reproduction.notes["memory_log"] for r in run.results]  # type: ignore[union-attr]
+    for result, log in zip(run.results, logs, strict=True):
+        assert f"data-lanes='2' data-events='{len(log.events)}'" in page, result.check.id
+    # every event drawn once, in its own lane (the other lanes hold empty cells)
+    assert page.count("<div class='ev ") == sum(len(log.events) for log in logs)
+    assert page.count("<div class='head lane'>") == 4
     assert "<div class='head lane'>reader r1 (target)</div>" in page
     assert "received 0: 28" not in page
     # JSON and JUnit keep a readable text form: one line per event.
@@ -140,10 +141,6 @@ def test_a_broken_ring_fails_with_a_swimlane_per_process() -> None:
 
     text = ET.tostring(junit_tree(run), encoding="unicode")
     assert "memory_log:" in text and "store chunk 0 written flag" in text
-
-
-def check_id_of(result: CheckResult) -> str:
-    return result.check.id
 
 
 @pytest.mark.slow

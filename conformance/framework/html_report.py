@@ -119,11 +119,6 @@ def _frames_table(title: str, frames: Sequence[Any]) -> str:
             f"<tr><th>#</th><th>hex</th><th>meaning</th></tr>{''.join(rows)}</table>")
 
 
-def swimlane(log: Sequence[Any]) -> str:
-    """A memory log as one column per process, events in order (see :mod:`.memory_log`)."""
-    return swimlane_html(log)
-
-
 def _text_lines(items: Sequence[Any]) -> list[str] | None:
     """Received items that are all printable text (a log, not frames), as lines."""
     lines = []
@@ -162,7 +157,7 @@ def render_reproduction(result: CheckResult) -> str:
     notes = dict(repro.notes)
     log = notes.pop(MEMORY_LOG, None)
     if log:
-        parts.append(swimlane(log))
+        parts.append(swimlane_html(log))
     if notes:
         rendered = json.dumps({k: _plain(v) for k, v in notes.items()}, indent=1)
         parts.append(f"<pre>{esc(rendered)}</pre>")
