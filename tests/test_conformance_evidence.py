@@ -175,3 +175,132 @@ def test_external_program_answering_unsupported_passes_nothing(spec: Any,
         target.close()
     assert [r.check.id for r in result.results if r.status in (PASSED, FAILED)] == []
     assert result.count(NOT_IMPLEMENTED) > 300
+
+
+# --- a refusal is a pass only when the target implements the kind --------------------------
+
+
+class RefusesWithErrors:
+    """A codec stub: every encode and decode raises ValueError (the contract's rejection)."""
+
+    def encode(self, kind: str, value: Any) -> Any:
+        raise ValueError(f"refused {kind}")
+
+    def decode(self, kind: str, frames: Any) -> Any:
+        raise ValueError(f"refused {kind}")
+
+    def with_threshold(self, threshold: int) -> RefusesWithErrors:
+        return self
+
+    def with_insecure_serialization(self) -> RefusesWithErrors:
+        return self
+
+
+def test_a_codec_refusing_everything_passes_nothing(spec: Any) -> None:
+    checks = select(all_checks(), surfaces=["codec"])
+    result = run(checks, Target("refuses", codec=RefusesWithErrors()), spec, strict=True)
+    assert [r.check.id for r in result.results if r.status == PASSED] == []
+    unproven = [r for r in result.results if r.status == NOT_IMPLEMENTED]
+    assert len(unproven) > 50
+    assert all("no evidence that the target implements" in r.message for r in unproven)
+    # The rule costs the reference nothing: it decodes and encodes every kind it refuses.
+    picked = select(checks, patterns=["codec/*missing-required*", "codec/*-rejected",
+                                      "codec/reject/*", "codec/message/untyped-payload-no-oob"])
+    good = run(picked, Target("reference", codec=ReferenceCodec()), spec, strict=True)
+    assert good.count(PASSED) == len(picked), [
+        (r.check.id, r.message) for r in good.results if r.status != PASSED]
+
+
+_REFUSING_PROGRAM = textwrap.dedent("""
+    import json, sys
+    for line in sys.stdin:
+        request = json.loads(line)
+        answer = {"seq": request["seq"], "ok": False, "kind": "error", "error": "refused",
+                  "clause": None}
+        sys.stdout.write(json.dumps(answer) + "\\n")
+        sys.stdout.flush()
+""")
+
+
+def _external(command: str) -> Target:
+    surfaces = command_surfaces([command])
+    target = Target("external", **surfaces)
+    target._closers.append(surfaces["codec"].close)
+    return target
+
+
+def test_external_program_refusing_everything_passes_nothing(spec: Any,
+                                                            tmp_path: Path) -> None:
+    program = tmp_path / "refuses.py"
+    program.write_text(_REFUSING_PROGRAM)
+    target = _external(f"codec={sys.executable} {program}")
+    try:
+        result = run(select(all_checks(), surfaces=["codec"]), target, spec, strict=True)
+    finally:
+        target.close()
+    assert [r.check.id for r in result.results if r.status == PASSED] == []
+    assert result.count(NOT_IMPLEMENTED) > 50
+
+
+# --- codec roles over the line protocol ----------------------------------------------------
+
+_SERVER = f"{sys.executable} -m enginewire.conformance.targets.command_server --surface codec"
+
+
+def test_external_program_declares_an_engine_side_role(spec: Any) -> None:
+    """``hello`` answered with role ``engine``: checks that encode what a front end sends are
+    NOT APPLICABLE (the program is never asked), the rest pass as in process."""
+    checks = select(all_checks(), patterns=["codec/golden/add-minimal/*",
+                                            "codec/golden/outputs/*", "codec/reject/*",
+                                            "codec/golden/utility/*",
+                                            "codec/struct/engine-core-request/*"])
+    target = _external(f"codec={_SERVER} --role engine --unsupported decode:utility")
+    try:
+        result = run(checks, target, spec, strict=True)
+    finally:
+        target.close()
+    status = {r.check.id: r.status for r in result.results}
+    assert status["codec/golden/add-minimal/encode"] == NOT_APPLICABLE
+    assert status["codec/golden/add-minimal/decode"] == PASSED
+    assert status["codec/golden/outputs/encode"] == PASSED
+    assert status["codec/golden/outputs/decode"] == NOT_APPLICABLE  # engines send outputs
+    assert status["codec/golden/utility/decode"] == NOT_IMPLEMENTED  # declared unsupported
+    assert result.count(FAILED) == 0
+    outside = [r for r in result.results if r.status == NOT_APPLICABLE]
+    assert all("(role engine)" in r.message for r in outside)
+    in_process = run(checks, Target("engine-side", codec=EngineSide()), spec, strict=True)
+    declared = {k for k, v in status.items() if v == NOT_IMPLEMENTED}
+    assert {r.check.id: r.status for r in in_process.results if r.check.id not in declared} \
+        == {k: v for k, v in status.items() if k not in declared}
+
+
+def test_a_malformed_hello_is_a_target_error(tmp_path: Path) -> None:
+    from enginewire.conformance.targets.contract import TargetError
+
+    program = tmp_path / "sideways.py"
+    program.write_text(textwrap.dedent("""
+        import json, sys
+        for line in sys.stdin:
+            request = json.loads(line)
+            sys.stdout.write(json.dumps({"seq": request["seq"], "ok": True,
+                                         "role": "sideways"}) + "\\n")
+            sys.stdout.flush()
+    """))
+    codec = command_surfaces([f"codec={sys.executable} {program}"])["codec"]
+    try:
+        with pytest.raises(TargetError, match="role 'sideways'"):
+            _ = codec.role
+    finally:
+        codec.close()
+
+
+def test_command_server_refuse_all_passes_nothing(spec: Any) -> None:
+    checks = select(all_checks(), patterns=["codec/struct/engine-core-*",
+                                            "codec/tensor/*-rejected"])
+    target = _external(f"codec={_SERVER} --refuse-all")
+    try:
+        result = run(checks, target, spec, strict=True)
+    finally:
+        target.close()
+    assert result.count(PASSED) == 0
+    assert result.count(NOT_IMPLEMENTED) > 20

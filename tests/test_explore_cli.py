@@ -66,6 +66,30 @@ def test_a_violation_prints_a_trace_and_a_schedule_that_replays_it(
     assert out.splitlines()[0] == replayed.splitlines()[0]
 
 
+def test_a_violation_writes_its_trace_as_a_swimlane_page(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``--html FILE``: the shrunk trace, one column per thread, every event of the printed
+    trace in order; the replay writes the same trace."""
+    page = tmp_path / "trace.html"
+    code, out, _ = run(capsys, "--target",
+                       "enginewire.fuzz.mutants:EXPLORER.marks-read-before-copy",
+                       "--readers", "1", "--chunks", "1", "--messages", "2",
+                       "--html", str(page))
+    assert code == 1
+    text = page.read_text()
+    trace = out[out.index("trace ("):out.index("what each reader saw")].splitlines()[1:]
+    assert "reader r0" in out and "writer" in out
+    assert f"data-lanes='2' data-events='{len(trace)}'" in text
+    assert ("<div class='head lane'>writer</div><div class='head lane'>reader r0</div>"
+            in text)
+    assert "deadlock" in text and "--replay" in text
+    assert "<link" not in text and "src=" not in text  # self-contained
+    schedule = re.search(r"--replay '([^']+)'", out).group(1)  # type: ignore[union-attr]
+    replayed = tmp_path / "replayed.html"
+    assert run(capsys, "--replay", schedule, "--html", str(replayed))[0] == 1
+    assert f"data-lanes='2' data-events='{len(trace)}'" in replayed.read_text()
+
+
 def test_random_sampling_under_weak(capsys: pytest.CaptureFixture[str]) -> None:
     """PCT sampling finds the missing data fence of a broken writer, and the fixed reference
     ring passes the same schedules."""

@@ -5,12 +5,11 @@ the kinds it implements through ``--target-cmd`` (tests/js_codec/codec.mjs); it 
 from __future__ import annotations
 
 import json
-import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ci_tools import require_tool
 
 from enginewire.cli import main
 
@@ -19,9 +18,7 @@ CODEC = Path(__file__).parent / "js_codec" / "codec.mjs"
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("node") is None:
-        warnings.warn("node is not installed: the JavaScript codec is not tested", stacklevel=1)
-        pytest.skip("SKIPPED LOUDLY: node is not installed, the JavaScript codec is untested")
+    require_tool("node", why="the JavaScript codec is not tested")
     path = tmp_path_factory.mktemp("js") / "export.json"
     from enginewire.spec import load
 
@@ -54,3 +51,17 @@ def test_js_codec_with_a_byte_level_bug_fails(export: Path, tmp_path: Path,
     failed = {r["id"] for r in report["results"] if r["status"] == "failed"}
     # add_minimal's SamplingParams writes a few keys under a map16 header (de 00 0N).
     assert failed == {"codec/golden/add-minimal/encode"}
+
+
+def test_js_codec_declaring_a_front_end_role(export: Path, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """JS_CODEC_ROLE=frontend in its hello answer: what a front end never does (encode
+    outputs, decode requests) is NOT APPLICABLE, never sent to the program; no failure."""
+    monkeypatch.setenv("JS_CODEC_ROLE", "frontend")
+    report = _check(export, tmp_path, "-k", "codec/golden/*")
+    status = {r["id"]: r["status"] for r in report["results"]}
+    assert status["codec/golden/add-minimal/encode"] == "passed"
+    assert status["codec/golden/add-minimal/decode"] == "not_applicable"
+    assert status["codec/golden/outputs/decode"] == "passed"
+    assert status["codec/golden/outputs/encode"] == "not_applicable"
+    assert report["summary"]["failed"] == 0

@@ -66,14 +66,17 @@ def decode(codec: Any, kind: str, frames: Sequence[bytes], **notes: Any) -> Any:
 
 def expect_rejection(
     codec: Any, kind: str, frames: Sequence[bytes], clause: str | Sequence[str], why: str,
-    **notes: Any,
+    *, spec: Any = None, **notes: Any,
 ) -> BaseException:
-    """Decoding ``frames`` must raise; an error that names a clause must name ``clause``."""
+    """Decoding ``frames`` must raise; an error that names a clause must name ``clause``. The
+    refusal passes only when the codec decodes a valid ``kind`` (:func:`require_kind_evidence`,
+    ``spec``: the run's spec, default the reference release's)."""
     accepted = (clause,) if isinstance(clause, str) else tuple(clause)
     try:
         value = codec.decode(kind, list(frames))
     except Exception as exc:  # noqa: BLE001
-        require_rejection(exc, f"{why}: decode({kind!r})", sent=frames, **notes)
+        require_rejection(exc, f"{why}: decode({kind!r})", sent=frames, codec=codec, kind=kind,
+                          spec=spec, **notes)
         named = getattr(exc, "clause", None)
         if named is not None and named not in accepted:
             raise CheckFailure(
@@ -88,20 +91,104 @@ def expect_rejection(
 
 
 def require_rejection(exc: BaseException, what: str, *, sent: Sequence[bytes] | None = None,
-                      **notes: Any) -> None:
+                      codec: Any = None, kind: str | None = None, spec: Any = None,
+                      operation: str = "decode", **notes: Any) -> None:
     """``exc`` counts as refusing invalid input only when it is the contract's rejection
-    (``contract.is_rejection``); a ``NotImplementedError`` is re-raised: the runner reports
-    the check NOT IMPLEMENTED, never passed."""
+    (``contract.is_rejection``) and, given ``codec`` and ``kind``, the codec demonstrably
+    implements the kind (:func:`require_kind_evidence`). A ``NotImplementedError`` is
+    re-raised: the runner reports the check NOT IMPLEMENTED, never passed."""
     if not is_rejection(exc):
         raise exc
+    if codec is not None and kind is not None:
+        require_kind_evidence(codec, kind, spec, operation, refused=what)
 
 
-def expect_encode_refused(codec: Any, kind: str, value: Any, what: str) -> None:
-    """``codec.encode(kind, value)`` must refuse ``value`` with a contract rejection."""
+class NoEvidence(NotImplementedError):
+    """A target refused invalid input of a kind but also refuses a valid message of that kind:
+    the refusal shows nothing about its checks of the kind (a stub that refuses everything
+    would pass), so the check is NOT IMPLEMENTED."""
+
+
+_SAMPLES: dict[tuple[str, str], tuple[Any, list[bytes]] | None] = {}
+_SAMPLES_LOCK = threading.Lock()
+
+
+def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
+    """A valid message of ``kind`` for ``spec``'s release: ``(neutral value, frames)``. A
+    golden vector of the kind recorded for that release that must decode, else the spec's
+    sample of the kind's struct (its required fields) as the reference codec encodes it;
+    None when the suite has neither."""
+    from enginewire.conformance.oracle.golden import load_vectors, payload_type
+    from enginewire.conformance.oracle.samples import Sampler
+
+    key = (str(spec.version), kind)
+    with _SAMPLES_LOCK:
+        if key in _SAMPLES:
+            return _SAMPLES[key]
+    found: tuple[Any, list[bytes]] | None = None
+    golden = [v for v in load_vectors() if v.kind == kind and v.expect == "decode"
+              and v.vllm_version == spec.version]
+    if golden:
+        vector = min(golden, key=lambda v: sum(len(f) for f in v.frames))
+        found = (vector.value, list(vector.frames))
+    else:
+        struct = kind if kind in spec.structs else payload_type(kind)
+        if struct is not None and struct in spec.structs:
+            from enginewire.conformance.targets.reference import ReferenceCodec
+
+            value = Sampler(spec).required(struct)
+            try:
+                frames = as_bytes(ReferenceCodec(version=spec.version).encode(kind, value))
+            except Exception:  # noqa: BLE001 - no sample the reference can write
+                frames = None
+            if frames is not None:
+                found = (value, frames)
+    with _SAMPLES_LOCK:
+        _SAMPLES[key] = found
+    return found
+
+
+def require_kind_evidence(codec: Any, kind: str, spec: Any, operation: str = "decode", *,
+                          refused: str = "") -> None:
+    """Evidence that ``codec`` implements ``kind``: it decodes (``operation`` ``decode``) or
+    encodes (``encode``) a valid message of the kind (:func:`valid_sample`). A refusal of
+    invalid input counts as a pass only with it; without it :class:`NoEvidence` (NOT
+    IMPLEMENTED)."""
+    if spec is None:
+        spec = getattr(codec, "run_spec", None)
+    if spec is None:
+        from enginewire.spec import load
+
+        spec = load()
+    sample = valid_sample(kind, spec)
+    where = f"{refused}: refused, but " if refused else ""
+    if sample is None:
+        raise NoEvidence(f"{where}the suite has no valid {kind} to show that the target "
+                         f"implements {operation} of {kind}")
+    value, frames = sample
+    try:
+        if operation == "decode":
+            codec.decode(kind, list(frames))
+        else:
+            codec.encode(kind, value)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the target's refusal of a valid message
+        raise NoEvidence(
+            f"{where}{operation}({kind!r}) also refuses a valid {kind} "
+            f"({type(exc).__name__}: {str(exc)[:200]}): no evidence that the target "
+            f"implements {operation} of {kind}") from None
+
+
+def expect_encode_refused(codec: Any, kind: str, value: Any, what: str, *,
+                          spec: Any = None) -> None:
+    """``codec.encode(kind, value)`` must refuse ``value`` with a contract rejection, and
+    encode a valid ``kind`` (:func:`require_kind_evidence`)."""
     try:
         frames = codec.encode(kind, value)
     except Exception as exc:  # noqa: BLE001 - refusing is the expected behaviour
-        require_rejection(exc, f"encode({kind!r}) of {what}", value=repr(value)[:200])
+        require_rejection(exc, f"encode({kind!r}) of {what}", codec=codec, kind=kind,
+                          spec=spec, operation="encode", value=repr(value)[:200])
         return
     raise CheckFailure(f"the encoder accepted {what}",
                        Reproduction(received=list(frames), notes={"value": repr(value)[:200]}))

@@ -1178,7 +1178,8 @@ def _untyped_oob(codec: CodecSurface, ctx: CheckContext) -> None:
     try:
         frames = codec.encode("utility", [0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]])
     except Exception as exc:  # noqa: BLE001 - refusing is conformant
-        require_rejection(exc, "encode('utility') with a large tensor argument")
+        require_rejection(exc, "encode('utility') with a large tensor argument", codec=codec,
+                          kind="utility", spec=ctx.spec, operation="encode")
         return
     frames = list(frames)
     if len(frames) > 2:

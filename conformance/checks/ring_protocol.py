@@ -21,6 +21,7 @@ from typing import Any
 
 from enginewire.conformance.checks._helpers import Background, require_ipv6_loopback
 from enginewire.conformance.framework.context import CheckContext
+from enginewire.conformance.framework.memory_log import NOTE as MEMORY_LOG
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.peers.ring_peer import (
     Geometry,
@@ -29,6 +30,7 @@ from enginewire.conformance.peers.ring_peer import (
     SuiteRingWriter,
     frame_chunk,
     framed_size,
+    memory_log,
     parse_chunk,
     pickle_buffers,
     segment_exists,
@@ -857,6 +859,34 @@ def _write_trace(ring: Any) -> tuple[list, Geometry]:
     return memory.log, geometry
 
 
+def _writer_setup(geometry: Geometry) -> list[tuple[str, int, Any]]:
+    """What :func:`_write_trace` puts in place, as stores: chunk 0 written and read by all."""
+    row = geometry.row(0)
+    return [("store", row + column, 1) for column in range(geometry.metadata_size)]
+
+
+def _writer_repro(log: list, geometry: Geometry) -> Reproduction:
+    """The writer's accesses as a memory log (note ``memory_log``), after the state the suite
+    set up: chunk 0 published and read by every reader."""
+    return Reproduction(notes={MEMORY_LOG: memory_log(
+        log, geometry, "writer (target)", setup=_writer_setup(geometry),
+        setup_process="suite (readers)",
+        title="chunk 0 was published and read by every reader; the target writes it again")})
+
+
+def _reader_repro(log: list, geometry: Geometry, n_reader: int,
+                  payload: bytes) -> Reproduction:
+    """Reader ``n_reader - 1``'s accesses as a memory log, after the suite's publication of
+    chunk 0 (see :func:`_read_trace`)."""
+    row = geometry.row(0)
+    setup = [("write", 0, len(frame_chunk([payload]))), ("store", row, 1),
+             *(("store", row + 1 + r, 0) for r in range(n_reader))]
+    return Reproduction(notes={MEMORY_LOG: memory_log(
+        log, geometry, f"reader r{n_reader - 1} (target)", setup=setup,
+        setup_process="suite (writer)",
+        title="the suite published chunk 0, unread by every reader; the target reads it")})
+
+
 def _read_trace(ring: Any, n_reader: int, payload: bytes) -> tuple[RecordingMemory, Geometry,
                                                                    Any]:
     """Reader ``n_reader - 1`` reads chunk 0, published with ``payload`` and unread by all:
@@ -886,7 +916,7 @@ def _order_flags(ring: RingSurface, ctx: CheckContext) -> None:
               and e[2] == 0]
     if written_one < 0 or len(clears) < 2 or max(clears) > written_one:
         raise CheckFailure("read flags must be cleared before written = 1",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _writer_repro(log, geometry))
 
 
 @check("ring/memory/writer-fence-before-check", clauses=["ring.writer.fence-before-check"],
@@ -899,7 +929,7 @@ def _order_check_fence(ring: RingSurface, ctx: CheckContext) -> None:
     fence = _after(log, 0, lambda e: e[0] == "fence")
     if first_load < 0 or fence < 0 or fence > first_load:
         raise CheckFailure("expected a fence before the writer's first flag load",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _writer_repro(log, geometry))
 
 
 @check("ring/memory/reader-fence-before-release", clauses=["ring.reader.fence-before-release"],
@@ -914,7 +944,7 @@ def _order_release_fence(ring: RingSurface, ctx: CheckContext) -> None:
                      if e[0] == "read" and e[1] < geometry.metadata_offset), default=-1)
     if flag_set < 0 or not any(e[0] == "fence" for e in log[last_data + 1:flag_set]):
         raise CheckFailure("expected a fence between reading the data and setting the flag",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _reader_repro(log, geometry, 1, b"xyz"))
 
 
 @check("ring/memory/written-cleared-before-fill",
@@ -928,7 +958,7 @@ def _order_claim(ring: RingSurface, ctx: CheckContext) -> None:
     first_data = _after(log, 0, lambda e: e[0] == "write" and e[1] < geometry.metadata_offset)
     if claim < 0 or first_data < 0 or claim > first_data:
         raise CheckFailure("written must be set to 0 before the chunk's data is written",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _writer_repro(log, geometry))
 
 
 @check("ring/memory/fences-around-written",
@@ -945,7 +975,7 @@ def _order_fences(ring: RingSurface, ctx: CheckContext) -> None:
     after = _after(log, written_one + 1, lambda e: e[0] == "fence")
     if not between or after < 0:
         raise CheckFailure("expected a fence just before and just after written = 1",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _writer_repro(log, geometry))
 
 
 @check("ring/memory/reader-releases-after-reading",
@@ -964,7 +994,7 @@ def _order_reader(ring: RingSurface, ctx: CheckContext) -> None:
     fence = _after(log, 0, lambda e: e[0] == "fence")
     if flag_set < 0 or data_read < 0 or data_read > flag_set or fence < 0 or fence > data_read:
         raise CheckFailure("expected: fence, read the data, then set own flag",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _reader_repro(log, geometry, 2, b"abc"))
     if memory.data[row + 1] != 0:
         raise CheckFailure("reader 1 changed reader 0's flag")
 
@@ -986,7 +1016,7 @@ def _order_claim_fence(ring: RingSurface, ctx: CheckContext) -> None:
     ):
         raise CheckFailure("expected a fence between written = 0 and the chunk's first data "
                            "or read-flag store",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _writer_repro(log, geometry))
 
 
 @check("ring/memory/reader-loads-own-flag-first", clauses=["ring.reader.own-flag-loaded-first"],
@@ -1000,7 +1030,7 @@ def _order_reader_loads(ring: RingSurface, ctx: CheckContext) -> None:
     written = _after(log, 0, lambda e: e[0] in ("load", "read") and e[1] == row)
     if own < 0 or written < 0 or own > written:
         raise CheckFailure("expected the load of read flag 1 before the load of the written flag",
-                           Reproduction(received=[repr(e).encode() for e in log]))
+                           _reader_repro(log, geometry, 2, b"abc"))
 
 
 @check("ring/memory/notify-after-written-flag", clauses=["ring.notify.after-written-flag"],
@@ -1014,14 +1044,15 @@ def _order_notify(ring: Any, ctx: Any) -> None:
     row = geometry.row(0)
     written_one = _after(log, 0, lambda e: e[:3] == ("store", row, 1))
     notify = _after(log, 0, lambda e: e[0] == "notify")
-    trace = Reproduction(received=[repr(e).encode() for e in log])
+    trace = _writer_repro(log, geometry)
     if notify < 0:
         raise CheckFailure("the writer logged no notification: call memory.notify() where the "
                            "notify socket send is", trace)
     if written_one < 0 or notify < written_one:
-        raise CheckFailure(f"the notification (log entry {notify}) comes before written = 1 "
-                           f"(log entry {written_one}): a reader it wakes finds the chunk "
-                           "unwritten and waits for its recheck", trace)
+        shift = len(_writer_setup(geometry))  # the memory log's numbers count the set-up too
+        raise CheckFailure(f"the notification (memory log step {notify + shift}) comes before "
+                           f"written = 1 (step {written_one + shift}): a reader it wakes finds "
+                           "the chunk unwritten and waits for its recheck", trace)
     if _after(log[:notify], written_one + 1, lambda e: e[0] == "fence") < 0:
         raise CheckFailure("no fence between written = 1 and the notification: the flag may "
                            "not be visible when the notification wakes a reader", trace)

@@ -157,6 +157,11 @@ class GuardedCodec:
         """The target's own codec object."""
         return self._codec
 
+    @property
+    def run_spec(self) -> Any:
+        """The spec the run checks against (the release of ``--version``)."""
+        return self._spec
+
     def _admit(self, operation: str, kind: str) -> None:
         what = f"{operation}:{kind}"
         if what in self._unsupported or f"{operation}:*" in self._unsupported:

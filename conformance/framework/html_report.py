@@ -7,10 +7,10 @@ every row shows). Reproductions render as what they are:
 
 - frames: one row per frame, hex beside its decoded meaning (the request type of a one-byte
   type frame, the msgpack value of a payload, the literal it spells);
-- memory logs: a note ``memory_log`` of events ``{"process", "op", "offset", "value"}`` (or
-  ``(op, offset, value)`` tuples, one process) becomes a swimlane, one column per process,
-  stores, loads and fences in order; received items that are text lines show as text, not as
-  the hex of their bytes.
+- memory logs: the note ``memory_log`` (a :class:`~.memory_log.MemoryLog`, or event dicts /
+  ``(op, offset, value)`` tuples) becomes a swimlane, one column per process, stores, loads
+  and fences in order (:func:`.memory_log.swimlane_html`, which ``enginewire explore --html``
+  shares); received items that are text lines show as text, not as the hex of their bytes.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Any
 
 import msgspec
 
+from enginewire.conformance.framework.memory_log import NOTE as MEMORY_LOG
+from enginewire.conformance.framework.memory_log import SWIMLANE_CSS, swimlane_html
 from enginewire.conformance.framework.outcomes import (
     FAILED,
     STATUSES,
@@ -49,10 +51,6 @@ pre{background:#f8f8f8;padding:.5em;white-space:pre-wrap;word-break:break-all;ma
 code{font-size:.92em}.summary td{border:none;padding:.1em .8em .1em 0}
 .failure{border:2px solid #a11;border-radius:6px;padding:.5em 1em;margin:1em 0}
 .frames td.hex{font-family:monospace;word-break:break-all;width:50%}
-.lanes{display:grid;gap:0 1em;font-family:monospace;font-size:.9em}
-.lanes div{padding:.1em .4em;border-left:3px solid #ccc}
-.lanes .head{font-weight:bold;border-left:none;background:#f4f4f4}
-.lanes .fence{background:#fde9b6}.lanes .store{background:#dcecff}.lanes .load{background:#e6f5e6}
 #filters label{margin-right:1em}
 """
 
@@ -121,42 +119,6 @@ def _frames_table(title: str, frames: Sequence[Any]) -> str:
             f"<tr><th>#</th><th>hex</th><th>meaning</th></tr>{''.join(rows)}</table>")
 
 
-def _events(log: Sequence[Any]) -> list[dict[str, Any]]:
-    events = []
-    for item in log:
-        if isinstance(item, dict):
-            events.append({"process": str(item.get("process", "memory")), **item})
-        elif isinstance(item, list | tuple) and item:
-            events.append({"process": "memory", "op": str(item[0]),
-                           "offset": item[1] if len(item) > 1 else None,
-                           "value": item[2] if len(item) > 2 else None})
-    return events
-
-
-def swimlane(log: Sequence[Any]) -> str:
-    """A memory log as one column per process, events in order (one row per event)."""
-    esc = html.escape
-    events = _events(log)
-    processes = list(dict.fromkeys(e["process"] for e in events))
-    if not processes:
-        return ""
-    cells = [f"<div class='head'>{esc(p)}</div>" for p in processes]
-    for event in events:
-        op = str(event.get("op", ""))
-        text = op
-        if event.get("offset") not in (None, -1):
-            text += f" @{event['offset']}"
-        if event.get("value") is not None:
-            text += f" = {event['value']!r}"
-        for process in processes:
-            if process == event["process"]:
-                cells.append(f"<div class='{esc(op)}'>{esc(text)}</div>")
-            else:
-                cells.append("<div></div>")
-    return (f"<div class='lanes' style='grid-template-columns:repeat({len(processes)},1fr)'>"
-            f"{''.join(cells)}</div>")
-
-
 def _text_lines(items: Sequence[Any]) -> list[str] | None:
     """Received items that are all printable text (a log, not frames), as lines."""
     lines = []
@@ -193,9 +155,9 @@ def render_reproduction(result: CheckResult) -> str:
     elif received is not None:
         parts.append(f"<pre>received: {esc(_short(received, 2000))}</pre>")
     notes = dict(repro.notes)
-    log = notes.pop("memory_log", None)
+    log = notes.pop(MEMORY_LOG, None)
     if log:
-        parts.append(swimlane(log))
+        parts.append(swimlane_html(log))
     if notes:
         rendered = json.dumps({k: _plain(v) for k, v in notes.items()}, indent=1)
         parts.append(f"<pre>{esc(rendered)}</pre>")
@@ -247,7 +209,7 @@ def render_html(run: RunResult) -> str:
     parts = [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>enginewire check {esc(run.target)}: {verdict}</title>",
-        f"<style>{_CSS}</style></head><body>",
+        f"<style>{_CSS}{SWIMLANE_CSS}</style></head><body>",
         f"<h1>enginewire conformance: <span class='{'passed' if run.ok else 'failed'}'>"
         f"{verdict}</span></h1>",
         f"<p>Target <code>{esc(run.target)}</code>, spec for vLLM {esc(run.spec_version)}, "

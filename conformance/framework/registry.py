@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from enginewire.conformance.framework.memory_log import MemoryLog
+
 #: The surfaces a target can implement, in report order.
 SURFACES = ("codec", "ring", "engine", "frontend")
 
@@ -60,7 +62,9 @@ class Reproduction:
 
     ``sent`` holds the frames (or ring chunk bytes) the suite gave the target, ``received``
     what came back (frames, a decoded value, an exception text), ``notes`` any extra fact a
-    reader needs (the threshold in force, the chunk size, the reader rank).
+    reader needs (the threshold in force, the chunk size, the reader rank). A note may be
+    typed: a :class:`~.memory_log.MemoryLog` (note ``memory_log``) renders as one text line
+    per event here and in JSON/JUnit, as a swimlane in the HTML report.
     """
 
     sent: Sequence[bytes | bytearray | memoryview] | None = None
@@ -92,11 +96,17 @@ class Reproduction:
             else:
                 lines.append(f"received: {received}")
         for key, value in data.get("notes", {}).items():
-            lines.append(f"{key}: {value}")
+            if isinstance(self.notes.get(key), MemoryLog):
+                lines.append(f"{key}:")
+                lines += [f"  {line}" for line in value]
+            else:
+                lines.append(f"{key}: {value}")
         return "\n".join(lines)
 
 
 def _describe(value: Any) -> Any:
+    if isinstance(value, MemoryLog):
+        return value.text_lines()
     if isinstance(value, bytes | bytearray | memoryview):
         return hexdump(value)
     if isinstance(value, list | tuple) and all(

@@ -35,6 +35,7 @@ from typing import Any
 
 import zmq
 
+from enginewire.conformance.framework.memory_log import MemoryEvent, MemoryLog
 from enginewire.conformance.targets.contract import RingHandle
 from enginewire.spec import load
 
@@ -441,3 +442,36 @@ class RecordingMemory:
     def notify(self) -> None:
         """The writer's notification (its notify socket send), an ordered event of the log."""
         self.log.append(("notify", -1, None))
+
+
+def memory_field(geometry: Geometry, offset: int, length: int = 1) -> str:
+    """Where ``offset`` lies in the ring (``chunk 0 written flag``, ``chunk 1 read flag r0``,
+    ``chunk 0 data[3..10]``), in the explorer's words."""
+    if offset < geometry.metadata_offset:
+        chunk, index = divmod(offset, geometry.max_chunk_bytes)
+        span = f"{index}..{index + length - 1}" if length > 1 else f"{index}"
+        return f"chunk {chunk} data[{span}]"
+    chunk, column = divmod(offset - geometry.metadata_offset, geometry.metadata_size)
+    if chunk >= geometry.max_chunks:
+        return "beyond the ring"
+    if column == 0:
+        return f"chunk {chunk} written flag"
+    return f"chunk {chunk} read flag r{column - 1}"
+
+
+def memory_log(log: Sequence[tuple[str, int, Any]], geometry: Geometry, process: str, *,
+               setup: Sequence[tuple[str, int, Any]] = (), setup_process: str = "suite",
+               title: str = "") -> MemoryLog:
+    """A :class:`RecordingMemory` log as a typed reproduction: ``setup`` (the state the suite
+    put in place before the target ran, as ``(op, offset, value)``) by ``setup_process``,
+    then the target's ``log`` by ``process``, each access named by its field."""
+    events: list[MemoryEvent] = []
+    for who, entries, note in ((setup_process, setup, "setup"), (process, log, "")):
+        for op, offset, value in entries:
+            bulk = op in ("read", "write")
+            where = "" if offset < 0 else memory_field(geometry, offset,
+                                                       int(value) if bulk else 1)
+            shown = "" if value is None else (f"{value} bytes" if bulk else str(value))
+            events.append(MemoryEvent(who, op, where, None if offset < 0 else offset, shown,
+                                      len(events), note))
+    return MemoryLog(events, title)

@@ -36,6 +36,9 @@ class _Server:
         self.ids = itertools.count(1)
         self.codecs: dict[Any, Any] = {None: surface}
         self.client: Any = None
+        self.role: str | None = None
+        self.unsupported: list[str] = []
+        self.refuse_all = False
 
     def answer(self, seq: Any, body: dict[str, Any]) -> None:
         line = json.dumps({"seq": seq, **body}) + "\n"
@@ -45,6 +48,9 @@ class _Server:
 
     def handle(self, request: dict[str, Any]) -> None:
         seq = request.get("seq")
+        if self.refuse_all and request.get("op") in ("encode", "decode"):
+            self.answer(seq, {"ok": False, "kind": "error", "error": "refused", "clause": None})
+            return
         try:
             result = getattr(self, f"{self.kind}_{request['op']}")(request)
             self.answer(seq, {"ok": True, **(result or {})})
@@ -66,6 +72,13 @@ class _Server:
         if threshold not in self.codecs:
             self.codecs[threshold] = self.surface.with_threshold(int(threshold))
         return self.codecs[threshold]
+
+    def codec_hello(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The codec's declaration: its ``role`` and ``unsupported`` operations (``--role``
+        and ``--unsupported`` override the target's own)."""
+        role = self.role or getattr(self.surface, "role", "both")
+        unsupported = sorted({*getattr(self.surface, "unsupported", ()), *self.unsupported})
+        return {"role": role, "unsupported": unsupported}
 
     def codec_encode(self, request: dict[str, Any]) -> dict[str, Any]:
         frames = self._codec(request.get("threshold")).encode(request["kind"],
@@ -156,10 +169,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input")
     parser.add_argument("--output")
     parser.add_argument("--engines", type=int, default=1)
+    parser.add_argument("--role", choices=("frontend", "engine", "both"), default=None,
+                        help="codec: the role to declare in the hello answer (default: the "
+                             "target codec's own)")
+    parser.add_argument("--unsupported", action="append", default=[], metavar="OP:KIND",
+                        help="codec: an operation to declare unsupported (encode:KIND, "
+                             "decode:KIND, encode:*); may repeat")
+    parser.add_argument("--refuse-all", action="store_true",
+                        help="codec: answer every encode and decode with an error (a stub "
+                             "that implements nothing; the suite must pass none of its checks)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     target = load_target(args.target)
     server = _Server(target.surface(args.surface), args.surface)
+    server.role = args.role
+    server.unsupported = list(args.unsupported)
+    server.refuse_all = args.refuse_all
     if args.surface == "frontend":
         server.client = server.surface.start_frontend(FrontendLaunch(
             args.handshake, args.input, args.output, args.engines))

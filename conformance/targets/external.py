@@ -34,8 +34,17 @@ frames and buffers are lists of hex strings.
   ``wait_ready {timeout}``; ``add {engine, request}``; ``abort {engine, request_ids}``;
   ``utility {engine, method, args, timeout}`` -> ``result``; ``outputs {timeout}`` ->
   ``outputs``; ``stop``.
-- ``codec``: ``encode {kind, value, threshold}`` -> ``frames``; ``decode {kind, frames,
-  threshold}`` -> ``value`` (``threshold`` null: the spec's default).
+- ``codec``: ``hello {}`` -> ``role``, ``unsupported`` (both optional; asked once, before
+  anything else): the program's declaration of what it implements, as an in-process codec's
+  attributes of the same names (``contract`` "Roles"): ``role`` is ``"frontend"`` (encodes
+  what a front end sends, decodes the rest), ``"engine"`` (the reverse) or ``"both"`` (the
+  default); ``unsupported`` lists ``"encode:KIND"`` / ``"decode:KIND"`` (or ``"encode:*"``)
+  and codec capabilities it lacks (``"codec.threshold"``, ``"codec.insecure"``).
+  Checks outside the role are NOT APPLICABLE, checks needing an unsupported operation NOT
+  IMPLEMENTED, in both cases without sending the program anything. A program that answers
+  ``hello`` with ``"unsupported"`` or ``"error"`` (one that predates it) declares nothing:
+  role ``both``. Then ``encode {kind, value, threshold}`` -> ``frames``; ``decode {kind,
+  frames, threshold}`` -> ``value`` (``threshold`` null: the spec's default).
 - ``ring``: ``create_writer {n_reader, max_chunk_bytes, max_chunks}`` -> ``id``, ``handle``;
   ``attach_reader {handle, rank}`` -> ``id``; ``wait_until_ready {id, timeout}``; ``enqueue {id,
   buffers, timeout}``; ``dequeue {id, timeout}`` -> ``buffers``; ``close {id}``. The suite
@@ -59,7 +68,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from enginewire.conformance.targets.contract import RingHandle, TargetError, Unsupported
+from enginewire.conformance.targets.contract import (
+    CAPABILITIES,
+    CODEC_ROLES,
+    RingHandle,
+    TargetError,
+    Unsupported,
+)
 
 SURFACE_PREFIXES = ("codec=", "ring=", "engine=", "frontend=")
 
@@ -295,12 +310,42 @@ class CommandFrontend:
         )))
 
 
+#: Seconds a codec program has to answer ``hello``.
+HELLO_TIMEOUT_S = 30.0
+
+
+def codec_declaration(rpc: LineRpc) -> dict[str, Any]:
+    """The program's answer to ``hello``: ``{"role": ROLE, "unsupported": [...]}`` (role
+    ``both`` and nothing unsupported when it declares nothing). A role outside
+    :data:`CODEC_ROLES` or a malformed list is a :class:`TargetError`."""
+    try:
+        answer = rpc.call("hello", HELLO_TIMEOUT_S)
+    except (Unsupported, CommandFailed):
+        return {"role": "both", "unsupported": []}
+    role = answer.get("role", "both")
+    if role not in CODEC_ROLES:
+        raise TargetError(f"the codec program's hello declares role {role!r}; expected one of "
+                          f"{', '.join(CODEC_ROLES)}")
+    unsupported = answer.get("unsupported", [])
+    capabilities = {name for name in CAPABILITIES if name.startswith("codec.")}
+    if not isinstance(unsupported, list) or not all(
+            isinstance(item, str) and (item in capabilities or (
+                item.partition(":")[0] in ("encode", "decode") and item.partition(":")[2]))
+            for item in unsupported):
+        raise TargetError("the codec program's hello declares unsupported "
+                          f"{unsupported!r}; expected a list of 'encode:KIND' / 'decode:KIND' "
+                          f"or codec capabilities ({', '.join(sorted(capabilities))})")
+    return {"role": role, "unsupported": list(unsupported)}
+
+
 class CommandCodec:
     def __init__(self, command: str, rpc: LineRpc | None = None,
-                 threshold: int | None = None) -> None:
+                 threshold: int | None = None,
+                 declaration: dict[str, Any] | None = None) -> None:
         self.command = command
         self._rpc = rpc
         self.threshold = threshold
+        self._declaration = declaration
 
     @property
     def rpc(self) -> LineRpc:
@@ -308,8 +353,25 @@ class CommandCodec:
             self._rpc = LineRpc(_argv(self.command))
         return self._rpc
 
+    @property
+    def declaration(self) -> dict[str, Any]:
+        """What the program declares in its ``hello`` answer (asked once)."""
+        if self._declaration is None:
+            self._declaration = codec_declaration(self.rpc)
+        return self._declaration
+
+    @property
+    def role(self) -> str:
+        """The codec role the program declares (``contract`` "Roles")."""
+        return str(self.declaration["role"])
+
+    @property
+    def unsupported(self) -> frozenset[str]:
+        """The operations the program declares unsupported."""
+        return frozenset(self.declaration["unsupported"])
+
     def with_threshold(self, threshold: int) -> CommandCodec:
-        return CommandCodec(self.command, self.rpc, threshold)
+        return CommandCodec(self.command, self.rpc, threshold, self.declaration)
 
     def encode(self, kind: str, value: Any) -> list[bytes]:
         from enginewire.conformance.oracle.golden import to_json

@@ -77,6 +77,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-shrink", action="store_true", help="print violations unshrunk")
     parser.add_argument("--no-reduction", action="store_true",
                         help="turn off sleep-set reduction (state caching stays)")
+    parser.add_argument("--html", default=None, metavar="FILE",
+                        help="also write the violations found (or the replayed trace) to FILE "
+                             "as a self-contained HTML page: each trace as a swimlane, one "
+                             "column per writer/reader thread, the steps in order")
     parser.add_argument("--replay", default=None, metavar="SCHEDULE",
                         help="replay one schedule TARGET/MODEL/CONFIG/CHOICES as printed with a "
                              "violation (the other configuration options are ignored)")
@@ -103,11 +107,20 @@ def main(args: argparse.Namespace) -> int:
             return usage(str(exc))
         if result.findings:
             print(result.findings[0].format())
+            write_html(args.html, f"enginewire explore --replay: {schedule}",
+                       result.findings[:1])
         else:
             from enginewire.fuzz.explore.model import AddressMap
+            from enginewire.fuzz.explore.trace import memory_log
 
             amap = AddressMap(target.layout(schedule.config))
             print("\n".join(format_events(amap, result.events)))
+            if args.html:
+                from enginewire.conformance.framework.memory_log import swimlane_page
+
+                page = swimlane_page(f"enginewire explore --replay: {schedule}", [
+                    ([result.summary()], memory_log(amap, result.events), [])])
+                _write(args.html, page)
         print(result.summary())
         return 1 if result.findings else 0
 
@@ -134,6 +147,8 @@ def main(args: argparse.Namespace) -> int:
         except ExplorerError as exc:
             print(f"enginewire explore: cannot run {target.name}: {exc}", file=sys.stderr)
             return 2
+        write_html(args.html, f"enginewire explore --cross {target.name}",
+                   [f for result in cross.results.values() for f in result.findings])
         for pairing, result in cross.results.items():
             print(f"== ({pairing}) {PAIRING_TITLES[pairing]}")
             for finding in result.findings:
@@ -157,8 +172,26 @@ def main(args: argparse.Namespace) -> int:
     for finding in result.findings:
         print(finding.format())
         print()
+    write_html(args.html, f"enginewire explore {target.name}", result.findings)
     print(result.summary())
     return exit_status(result)
+
+
+def write_html(path: str | None, title: str, findings: Any) -> None:
+    """Write the page of ``findings`` to ``path`` (nothing when ``path`` is None; a page
+    saying "no violation" when there is none)."""
+    if not path:
+        return
+    from enginewire.fuzz.explore.explorer import findings_html
+
+    page = findings_html(title if findings else f"{title}: no violation", findings)
+    _write(path, page)
+
+
+def _write(path: str, page: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(page)
+    print(f"wrote {path}")
 
 
 def exit_status(result: Any) -> int:

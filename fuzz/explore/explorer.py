@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from enginewire.conformance.framework.memory_log import MemoryLog, Section, swimlane_page
 from enginewire.fuzz.explore.execution import (
     Event,
     ExplorerError,
@@ -36,7 +37,12 @@ from enginewire.fuzz.explore.schedule import RingConfig, Schedule
 from enginewire.fuzz.explore.search import PctStrategy, ReplayStrategy, search
 from enginewire.fuzz.explore.shrink import shortest_schedule
 from enginewire.fuzz.explore.shrink import shrink as shrink_outcome
-from enginewire.fuzz.explore.trace import format_events, format_received, format_violation
+from enginewire.fuzz.explore.trace import (
+    format_events,
+    format_received,
+    format_violation,
+    memory_log,
+)
 
 CHECKS = ("all", "behavior")
 
@@ -61,20 +67,41 @@ class Finding:
     def steps(self) -> int:
         return self.violation.step
 
-    def format(self) -> str:
+    def _heading(self) -> list[str]:
         schedule = self.schedule
-        lines = [f"VIOLATION {format_violation(self.violation)}",
-                 f"trace ({schedule.target}, {schedule.model.value}, "
-                 f"{schedule.config.describe()}; {self.steps} steps, "
-                 f"{self.preemptions} preemption(s)):"]
-        lines += ["  " + line for line in format_events(self.amap, self.events)]
-        lines.append("what each reader saw (message numbers):")
+        return [f"VIOLATION {format_violation(self.violation)}",
+                f"trace ({schedule.target}, {schedule.model.value}, "
+                f"{schedule.config.describe()}; {self.steps} steps, "
+                f"{self.preemptions} preemption(s)):"]
+
+    def _closing(self) -> list[str]:
+        lines = ["what each reader saw (message numbers):"]
         lines += ["  " + line for line in format_received(self.payloads, self.received)]
         if self.seed is not None:
             lines.append(f"found by random schedule seed {self.seed}")
         check = "" if self.check == "all" else f"--check {self.check} "
-        lines.append(f"replay: enginewire explore {check}--replay '{schedule}'")
-        return "\n".join(lines)
+        lines.append(f"replay: enginewire explore {check}--replay '{self.schedule}'")
+        return lines
+
+    def format(self) -> str:
+        lines = self._heading()
+        lines += ["  " + line for line in format_events(self.amap, self.events)]
+        return "\n".join(lines + self._closing())
+
+    def memory_log(self) -> MemoryLog:
+        """The shrunk trace as a typed memory log (one process per writer/reader thread)."""
+        return memory_log(self.amap, self.events, format_violation(self.violation))
+
+    def section(self) -> Section:
+        """This finding as a section of :func:`findings_html`'s page."""
+        return (self._heading(), self.memory_log(), self._closing())
+
+
+def findings_html(title: str, findings: Sequence[Finding]) -> str:
+    """A self-contained page of violations: for each, what broke, the shrunk trace as a
+    swimlane (one column per writer/reader thread, the steps in order, the conformance
+    report's renderer), what each reader saw and the replay command."""
+    return swimlane_page(title, [finding.section() for finding in findings])
 
 
 @dataclass

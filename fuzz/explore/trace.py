@@ -1,9 +1,12 @@
-"""Printing a violation: what broke, the steps that led there, what each reader saw."""
+"""Printing a violation: what broke, the steps that led there, what each reader saw; as text
+(:func:`format_events`) or as a typed memory log (:func:`memory_log`) whose swimlane picture
+``enginewire explore --html`` writes with the conformance report's renderer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from enginewire.conformance.framework.memory_log import MemoryEvent, MemoryLog
 from enginewire.fuzz.explore.checks import hex_bytes
 from enginewire.fuzz.explore.execution import Event, Violation
 from enginewire.fuzz.explore.model import AddressMap, Region
@@ -59,3 +62,17 @@ def format_received(payloads: Sequence[bytes], received: dict[str, list[bytes]])
 def format_violation(violation: Violation) -> str:
     clause = f" [{violation.clause}]" if violation.clause else ""
     return f"{violation.kind}{clause} at step {violation.step}: {violation.message}"
+
+
+def memory_log(amap: AddressMap, events: Sequence[Event], title: str = "") -> MemoryLog:
+    """The trace as a :class:`MemoryLog`: one event per line of :func:`format_events`, the
+    thread as the process, the step as the order number, the place decoded as the field."""
+    out = []
+    for event in events:
+        ranged = event.hi > event.lo and event.kind not in ("fence", "wait", "wake", "receive")
+        out.append(MemoryEvent(
+            process=event.actor, op=_VERBS.get(event.kind, event.kind),
+            field=amap.describe(event.lo, event.hi) if ranged else "",
+            address=event.lo if ranged else None, value=_value(amap, event),
+            step=event.step, note=event.note))
+    return MemoryLog(out, title)

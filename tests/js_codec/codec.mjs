@@ -2,7 +2,8 @@
 // `enginewire spec export` (the JSON file named by argv[2]). It speaks the suite's codec line
 // protocol on stdin/stdout (docs/conformance.md, "External programs"): encode and decode every
 // message kind and struct whose values hold no tensors, with vLLM's typing; anything with a
-// tensor, ndarray or out-of-band buffer it answers "unsupported".
+// tensor, ndarray or out-of-band buffer it answers "unsupported". Its hello answer declares
+// the role in JS_CODEC_ROLE (default "both").
 //
 //   node tests/js_codec/codec.mjs EXPORT.json
 import { readFileSync } from "node:fs";
@@ -444,8 +445,10 @@ lines.on("line", (line) => {
   const request = parseJson(line);
   let answer;
   try {
-    if (request.threshold !== null && request.threshold !== undefined) throw new Unsupported("a custom threshold");
-    if (request.op === "encode") answer = { ok: true, frames: encodeKind(request.kind, request.value) };
+    // hello: the codec's declaration. JS_CODEC_ROLE=frontend|engine declares one side only.
+    if (request.op === "hello") answer = { ok: true, role: process.env.JS_CODEC_ROLE || "both", unsupported: [] };
+    else if (request.threshold !== null && request.threshold !== undefined) throw new Unsupported("a custom threshold");
+    else if (request.op === "encode") answer = { ok: true, frames: encodeKind(request.kind, request.value) };
     else if (request.op === "decode") answer = { ok: true, value: decodeKind(request.kind, request.frames) };
     else throw new Unsupported(`op ${request.op}`);
   } catch (e) {
