@@ -291,8 +291,9 @@ class _ThreadCodec:
         self.aux: list[Any] | None = None
         self.frames: Sequence[Frame] = ()
         self.used: set[int] | None = None
-        self.encoder = msgspec.msgpack.Encoder(enc_hook=functools.partial(codec._enc_hook, self))
-        self.dec_hook: Callable[[Any, Any], Any] = functools.partial(codec._dec_hook, self)
+        self.encoder = msgspec.msgpack.Encoder(
+            enc_hook=functools.partial(Codec._enc_hook, codec, self))
+        self.dec_hook: Callable[[Any, Any], Any] = functools.partial(Codec._dec_hook, codec, self)
         #: payload type expression -> decoder (:meth:`Codec._decoder`).
         self.decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
 
@@ -706,13 +707,9 @@ class Codec:
         if isinstance(value, np.ndarray):
             return self._encode_ndarray
         if is_torch_tensor(value):
-            return functools.partial(
-                encode_tensor, threshold=self.threshold, copy=self.copy, vocab=self._vocab
-            )
+            return self._encode_tensor
         if isinstance(value, WireTensor):
-            return functools.partial(
-                encode_wire_tensor, threshold=self.threshold, copy=self.copy, vocab=self._vocab
-            )
+            return self._encode_wire_tensor
         if isinstance(value, TensorIpcHandle):
             return self._encode_ipc_handle
         if isinstance(value, slice):
@@ -725,6 +722,19 @@ class Codec:
         if value.dtype.kind in ("O", "V") and self.allow_insecure:
             return self._pickle(value)
         return encode_ndarray(
+            value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
+        )
+
+    # (Methods, not functools.partial with keywords: a partial merges its keywords into a new
+    # dict on every call, which costs more than the call itself.)
+
+    def _encode_tensor(self, value: Any, aux: list[Any]) -> Any:
+        return encode_tensor(
+            value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
+        )
+
+    def _encode_wire_tensor(self, value: WireTensor, aux: list[Any]) -> Any:
+        return encode_wire_tensor(
             value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
         )
 
