@@ -365,6 +365,8 @@ class Codec:
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
         self._validators = self._kind_validators()
+        self._channel_cache: dict[
+            tuple[str, str | None], tuple[list[Layout], list[Layout], list[Layout]]] = {}
         #: exact type -> how the msgspec hook writes its values (:meth:`_value_encoder`).
         self._value_encoders: dict[type, Callable[[Any, list[Any]], Any]] = {}
         self._local = threading.local()
@@ -470,25 +472,19 @@ class Codec:
     ) -> Message:
         """Tell which kind of ``channel`` the frames are (optionally only kinds sent by
         ``sender``) and decode them. Routed frames must come without their identity."""
-        candidates = [
-            layout
-            for layout in self._layouts.values()
-            if layout.channel == channel and (sender is None or layout.sender == sender)
-        ]
-        if not candidates:
-            raise KeyError(f"no message kinds on channel {channel!r} from sender {sender!r}")
-        heads = [_frame_bytes(f) for f in frames[: max(len(c.prefix) for c in candidates)]]
-        prefixed = [
-            c
-            for c in candidates
-            if c.prefix and tuple(heads[: len(c.prefix)]) == c.prefix
-        ]
-        if prefixed:
-            chosen = max(prefixed, key=lambda c: len(c.prefix))
-            return Message(chosen.kind, self.decode(chosen.kind, frames))
-        bare = [c for c in candidates if not c.prefix]
+        candidates, prefixed, bare = self._channel_kinds(channel, sender)
+        # Longest fixed prefix first; a frame is compared (and copied) only where its length
+        # matches the prefix frame's, so a payload frame is never copied to be compared.
+        for layout in prefixed:
+            prefix = layout.prefix
+            if len(frames) >= len(prefix) and all(
+                len(_buffer(frames[i])) == len(head) and _frame_bytes(frames[i]) == head
+                for i, head in enumerate(prefix)
+            ):
+                return Message(layout.kind, self.decode(layout.kind, frames))
         if not bare:
-            self._reject_unknown_head(candidates, heads)
+            width = max(len(c.prefix) for c in candidates)
+            self._reject_unknown_head(candidates, [_frame_bytes(f) for f in frames[:width]])
         first_error: ProtocolError | None = None
         for layout in bare:
             try:
@@ -497,6 +493,27 @@ class Codec:
                 first_error = first_error or exc
         assert first_error is not None
         raise first_error
+
+    def _channel_kinds(
+        self, channel: str, sender: str | None
+    ) -> tuple[list[Layout], list[Layout], list[Layout]]:
+        """The kinds of ``channel`` from ``sender`` (every sender: None), and of those the
+        ones with fixed frames in front, longest prefix first, and the ones without (cached:
+        the layouts are fixed per codec)."""
+        key = (channel, sender)
+        found = self._channel_cache.get(key)
+        if found is None:
+            candidates = [
+                layout
+                for layout in self._layouts.values()
+                if layout.channel == channel and (sender is None or layout.sender == sender)
+            ]
+            if not candidates:
+                raise KeyError(f"no message kinds on channel {channel!r} from sender {sender!r}")
+            prefixed = sorted((c for c in candidates if c.prefix), key=lambda c: -len(c.prefix))
+            found = (candidates, prefixed, [c for c in candidates if not c.prefix])
+            self._channel_cache[key] = found
+        return found
 
     def encode_identity(self, rank: int) -> bytes:
         """The routing identity of the engine with index ``rank`` (identity surface)."""

@@ -324,23 +324,30 @@ def _coerce(value: Any, annotation: Any) -> Any:
 
 
 _BUILT: dict[str, StructSet] = {}
+#: The reference version's set, once built.
+_DEFAULT: list[StructSet] = []
 
 
 def build(version: str | None = None) -> StructSet:
     """Every struct and enum of the spec for ``version`` (default: the reference version)."""
+    if version is None and _DEFAULT:
+        # The module attributes (``structs.EngineCoreOutputs``) come here on every access.
+        return _DEFAULT[0]
     spec = load(version)
     found = _BUILT.get(spec.version)
-    if found is not None:
-        return found
-    found = StructSet(version=spec.version, spec=spec)
-    for name, item in spec.structs.items():
-        if isinstance(item, EnumSpec):
-            found.enums[name] = found._enum(item)
-    for name, item in spec.structs.items():
-        if isinstance(item, StructSpec):
-            found._class(name)
-    _BUILT[spec.version] = found
+    if found is None:
+        found = StructSet(version=spec.version, spec=spec)
+        for name, item in spec.structs.items():
+            if isinstance(item, EnumSpec):
+                found.enums[name] = found._enum(item)
+        for name, item in spec.structs.items():
+            if isinstance(item, StructSpec):
+                found._class(name)
+        _BUILT[spec.version] = found
+    if version is None and not _DEFAULT:
+        _DEFAULT.append(found)
     return found
+
 
 def __getattr__(name: str) -> Any:
     if name[:1].isupper():
