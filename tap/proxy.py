@@ -292,12 +292,13 @@ class Tap:
     def poll_once(self, timeout_ms: int = POLL_MS) -> int:
         """Forward every message waiting (one poll for the batch of ready sockets); when none
         waits, hand one forwarded message to the observer instead (the poll does not wait
-        then), or also when more than :data:`MAX_UNOBSERVED` wait for it (a flood does not
-        pile them up). Returns the number forwarded."""
+        then). While more than :data:`MAX_UNOBSERVED` forwarded messages wait for the
+        observer, it gets one after each forward (a flood runs at the decoding rate instead
+        of piling them up). Returns the number forwarded."""
         ready = self._poller.poll(0 if self._unobserved else timeout_ms)
-        if self._unobserved and (not ready or len(self._unobserved) > MAX_UNOBSERVED):
-            self._observe_one()
         if not ready:
+            if self._unobserved:
+                self._observe_one()
             return 0
         count = 0
         for sock, _event in ready:
@@ -309,6 +310,8 @@ class Tap:
                     break
                 handler(frames)
                 count += 1
+                if len(self._unobserved) > MAX_UNOBSERVED:
+                    self._observe_one()
         return count
 
     def _observe_one(self) -> None:
