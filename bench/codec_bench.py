@@ -206,22 +206,28 @@ def surface_operations(surface: Any) -> dict[str, Operations]:
 
 
 def time_call(call: Callable[[], Any], seconds: float) -> float:
-    """Mean seconds per call over a batch lasting about ``seconds`` (after one warm-up call and
-    a calibration). Garbage collection stays on: its cost is part of decoding objects."""
+    """Mean seconds of the calling thread's CPU time per call over a batch lasting about
+    ``seconds`` (after one warm-up call and a calibration). Garbage collection stays on: its
+    cost is part of decoding objects.
+
+    CPU time, not wall time: a call is single-threaded work, and on a shared machine the wall
+    clock also counts the time the scheduler gives other processes in the middle of a batch,
+    which varies from batch to batch and would land on one contender and not the next."""
+    clock = time.thread_time
     call()
     count = 1
     while True:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(count):
             call()
-        elapsed = time.perf_counter() - start
+        elapsed = clock() - start
         if elapsed >= seconds / 10 or count >= 1 << 20:
             break
         count *= 4
     per_call = elapsed / count
     batch = max(1, int(seconds / per_call)) if per_call > 0 else count
     gc.collect()
-    start = time.perf_counter()
+    start = clock()
     for _ in range(batch):
         call()
-    return (time.perf_counter() - start) / batch
+    return (clock() - start) / batch

@@ -10,6 +10,9 @@ beforehand) and ends when that request's first output is back in the front end's
   difference between the two is the front end's cost; the engine's is common to both.
 - ``router_dealer`` (the ceiling): a bare ROUTER sends the same pre-encoded ADD frames and a
   bare DEALER process answers with pre-encoded output frames over the same socket pair.
+- ``reference+tap``: the ``reference`` session through ``enginewire tap``;
+  ``router_dealer+proxy`` (the forwarding floor, with it): the ceiling's round trip through a
+  ``zmq.proxy`` process, the least two more hops through a process in the middle can cost.
 
 Each session is set up once for the run (the constructor starts the processes, ``wait_ready``
 waits for them, so several sessions start side by side); a round sends ``round_trips``
@@ -32,7 +35,7 @@ from typing import Any
 
 import zmq
 
-from enginewire.bench.results import TAPPED
+from enginewire.bench.results import PROXIED, TAPPED
 
 SPAWN = multiprocessing.get_context("spawn")
 PROMPT = (1, 2, 3)
@@ -275,7 +278,7 @@ class BarePeers:
             reply = [bytes(memoryview(f).cast("B")) for f in codec.encode("outputs", outputs)]
             parent, child = SPAWN.Pipe(duplex=False)
             self.process = SPAWN.Process(target=bare_dealer,
-                                         args=(self.address, reply, child),
+                                         args=(self._dealer_address(transport), reply, child),
                                          daemon=True, name="enginewire-bench-dealer")
             self.process.start()
             child.close()
@@ -283,6 +286,10 @@ class BarePeers:
         except BaseException:
             self.close()
             raise
+
+    def _dealer_address(self, transport: str) -> str:
+        """Where the DEALER process connects: the ROUTER itself."""
+        return self.address
 
     def wait_ready(self) -> None:
         if not self._started.poll(self.timeout * 3):
@@ -323,6 +330,69 @@ class BarePeers:
         self.context.term()
         if self.address:
             remove_ipc_file(self.address)
+
+
+def bare_proxy(router_address: str, listen: str, conn: Connection) -> None:
+    """The forwarding floor's middle: ``zmq.proxy`` (C, no Python per message) between a
+    DEALER connected to the bench's ROUTER (with the bare DEALER's identity) and a DEALER bound
+    at ``listen`` for the bare DEALER process. Reports the bound address, then forwards until
+    it is terminated."""
+    context = zmq.Context()
+    front = context.socket(zmq.DEALER)
+    front.setsockopt(zmq.IDENTITY, BARE_IDENTITY)
+    back = context.socket(zmq.DEALER)
+    for sock in (front, back):
+        sock.setsockopt(zmq.LINGER, 0)
+    try:
+        back.bind(listen)
+        front.connect(router_address)
+        conn.send(back.getsockopt_string(zmq.LAST_ENDPOINT))
+        conn.close()
+        zmq.proxy(front, back)
+    except zmq.ContextTerminated:
+        pass
+    finally:
+        front.close(linger=0)
+        back.close(linger=0)
+        context.term()
+
+
+class ProxiedBarePeers(BarePeers):
+    """The ceiling's round trip with ``zmq.proxy`` in a process of its own between ROUTER and
+    DEALER: two more hops, each forwarded in C. Its ratio to the bare round trip is the least
+    any forwarding process in the middle (``enginewire tap``) can cost."""
+
+    name = PROXIED
+    proxy: Any = None
+    listen = ""
+
+    def _dealer_address(self, transport: str) -> str:
+        parent, child = SPAWN.Pipe(duplex=False)
+        self.proxy = SPAWN.Process(target=bare_proxy,
+                                   args=(self.address, _bind_address(transport), child),
+                                   daemon=True, name="enginewire-bench-proxy")
+        self.proxy.start()
+        child.close()
+        if not parent.poll(self.timeout * 3):
+            raise PeerError("the zmq.proxy process did not start in time")
+        self.listen = str(parent.recv())
+        parent.close()
+        return self.listen
+
+    def close(self) -> None:
+        from enginewire.reference.addresses import remove_ipc_file
+
+        try:
+            super().close()
+        finally:
+            if self.proxy is not None and self.proxy.is_alive():
+                self.proxy.terminate()
+                self.proxy.join(5)
+                if self.proxy.is_alive():
+                    self.proxy.kill()
+                    self.proxy.join(5)
+            if self.listen:
+                remove_ipc_file(self.listen)
 
 
 class TappedPeers(ReferencePeers):
@@ -437,4 +507,5 @@ def _bind_address(transport: str) -> str:
 
 #: Contender name -> session class.
 SESSIONS: dict[str, type] = {"reference": ReferencePeers, "vllm": VllmPeers,
-                             "router_dealer": BarePeers, TAPPED: TappedPeers}
+                             "router_dealer": BarePeers, TAPPED: TappedPeers,
+                             PROXIED: ProxiedBarePeers}

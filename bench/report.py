@@ -17,6 +17,7 @@ DISPLAY = {
     "zmq_push_pull": "ZMQ PUSH/PULL",
     "msgspec": "raw msgspec (ceiling)",
     "router_dealer": "bare ROUTER/DEALER (ceiling)",
+    "router_dealer+proxy": "bare ROUTER/DEALER through zmq.proxy (forwarding floor)",
 }
 TITLES = {
     ("ring", "messages_per_s"): "ring: messages per second",

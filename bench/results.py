@@ -31,6 +31,8 @@ VLLM = "vllm"
 #: The reference session with ``enginewire tap`` between its peers (compared with
 #: ``reference``'s figures of the same round: the tap's cost).
 TAPPED = "reference+tap"
+#: The bare ROUTER/DEALER round trip through a zmq.proxy process: the forwarding floor of a tap.
+PROXIED = "router_dealer+proxy"
 #: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
 BORROWED = "+borrowed"
 #: Roles of contenders: implementations under test, vLLM, baselines and ceilings.

@@ -198,12 +198,16 @@ class Run:
         return [t for t in self.targets if t in self.codec_ops]
 
     def set_up_peers(self) -> list[str]:
-        from enginewire.bench.peer_bench import SESSIONS, TAPPED
+        from enginewire.bench.peer_bench import PROXIED, SESSIONS, TAPPED
 
         names = [t for t in self.targets if t in SESSIONS]
+        baselines = []
         if "reference" in names:
-            # The same session with enginewire tap in the middle: the tap's cost.
+            # The same session with enginewire tap in the middle: the tap's cost; and the bare
+            # round trip through a C forwarder: the least a process in the middle costs.
             names.append(TAPPED)
+            baselines.append(PROXIED)
+            self.roles[PROXIED] = "baseline"
         for text in self.targets:
             if text not in SESSIONS:
                 self.results.notes.append(
@@ -212,7 +216,7 @@ class Run:
         self.roles[ROUTER_DEALER] = "ceiling"
         starting = {}
         for transport in self.config.transports:
-            for name in [*names, ROUTER_DEALER]:
+            for name in [*names, *baselines, ROUTER_DEALER]:
                 try:
                     session = SESSIONS[name](transport, self.config.timeout)
                 except Exception as exc:  # recorded; the other sessions still run

@@ -42,20 +42,22 @@ value's memory unless ``copy=True``: keep the value unchanged until the send com
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import operator
 import pickle
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 import msgspec
 import numpy as np
 
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
-from enginewire.spec.schema import EnumSpec, StructSpec
+from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, parse_type
 
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
@@ -277,12 +279,23 @@ def path_steps(path: str) -> list[str | int] | None:
     return steps
 
 
-class _HookState(threading.local):
-    """Per-thread scratch space the msgspec hooks read: one encode or decode at a time."""
+class _ThreadCodec:
+    """One thread's msgspec encoder and decoders, with the scratch space their hooks read (one
+    encode or decode at a time). msgspec hands a hook no context, so each thread's hooks are
+    bound to that thread's scratch: a plain object, read without a thread-local look-up on
+    every access."""
 
-    aux: list[Any] | None = None
-    frames: Sequence[Frame] = ()
-    used: set[int] | None = None
+    __slots__ = ("aux", "frames", "used", "encoder", "decoders", "dec_hook")
+
+    def __init__(self, codec: Codec) -> None:
+        self.aux: list[Any] | None = None
+        self.frames: Sequence[Frame] = ()
+        self.used: set[int] | None = None
+        self.encoder = msgspec.msgpack.Encoder(
+            enc_hook=functools.partial(Codec._enc_hook, codec, self))
+        self.dec_hook: Callable[[Any, Any], Any] = functools.partial(Codec._dec_hook, codec, self)
+        #: payload type expression -> decoder (:meth:`Codec._decoder`).
+        self.decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
 
 
 class Codec:
@@ -340,18 +353,23 @@ class Codec:
         #: union MultiModalFieldElem.field).
         self._mm_factories = self.spec.tagged_union("MultiModalFieldElem", "field")
         #: struct name -> its exactly-one-of field groups, with their clauses.
-        self._exactly_one_of = {
-            name: [c for c in spec.constraints if c.kind == "exactly-one-of"]
-            for name, spec in self.spec.structs.items()
-            if isinstance(spec, StructSpec) and spec.constraints
-        }
+        #: Each with a getter of its fields' values as a tuple (one C call per check).
+        #: EngineCoreRequest's exactly-one-of constraints (spec data, each with its clause),
+        #: each with a getter of its fields' values as a tuple (one C call per check).
+        self._request_rules = [
+            (c, _values_getter(c.fields))
+            for c in self.spec.struct("EngineCoreRequest").constraints
+            if c.kind == "exactly-one-of"
+        ]
         self._handshake_keys = {
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
-        self._state = _HookState()
-        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
-        self._decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
-        self._lock = threading.Lock()
+        self._validators = self._kind_validators()
+        self._channel_cache: dict[
+            tuple[str, str | None], tuple[list[Layout], list[Layout], list[Layout]]] = {}
+        #: exact type -> how the msgspec hook writes its values (:meth:`_value_encoder`).
+        self._value_encoders: dict[type, Callable[[Any, list[Any]], Any]] = {}
+        self._local = threading.local()
 
     # --- public API -----------------------------------------------------------------------
 
@@ -371,9 +389,12 @@ class Codec:
         """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
         layout = self._layouts.get(kind)
         if layout is None:
-            cls = self._struct_class(kind)
-            self._check_instance(kind, cls, value)
-            self._validate(kind, value)
+            cls = self.structs.classes.get(kind) or self._struct_class(kind)
+            if type(value) is not cls:
+                self._check_instance(kind, cls, value)
+            validator = self._validators.get(kind)
+            if validator is not None:
+                validator(kind, value)
             return self._encode_payload(value, oob=True)
         if layout.payload is None:
             if value is not None:
@@ -393,11 +414,14 @@ class Codec:
         """The value of a message of ``kind`` (or a struct payload) from its frames."""
         layout = self._layouts.get(kind)
         if layout is None:
-            self._struct_class(kind)
+            if kind not in self.structs.classes:
+                self._struct_class(kind)
             if not frames:
                 raise FramingError("frames.frame-count", f"{kind} has no msgpack frame", got=0)
             value = self._decode_payload(kind, frames, oob=True, kind=kind)
-            self._validate(kind, value)
+            validator = self._validators.get(kind)
+            if validator is not None:
+                validator(kind, value)
             return value
         count = len(layout.prefix)
         for index, expected in enumerate(layout.prefix):
@@ -448,25 +472,19 @@ class Codec:
     ) -> Message:
         """Tell which kind of ``channel`` the frames are (optionally only kinds sent by
         ``sender``) and decode them. Routed frames must come without their identity."""
-        candidates = [
-            layout
-            for layout in self._layouts.values()
-            if layout.channel == channel and (sender is None or layout.sender == sender)
-        ]
-        if not candidates:
-            raise KeyError(f"no message kinds on channel {channel!r} from sender {sender!r}")
-        heads = [_frame_bytes(f) for f in frames[: max(len(c.prefix) for c in candidates)]]
-        prefixed = [
-            c
-            for c in candidates
-            if c.prefix and tuple(heads[: len(c.prefix)]) == c.prefix
-        ]
-        if prefixed:
-            chosen = max(prefixed, key=lambda c: len(c.prefix))
-            return Message(chosen.kind, self.decode(chosen.kind, frames))
-        bare = [c for c in candidates if not c.prefix]
+        candidates, prefixed, bare = self._channel_kinds(channel, sender)
+        # Longest fixed prefix first; a frame is compared (and copied) only where its length
+        # matches the prefix frame's, so a payload frame is never copied to be compared.
+        for layout in prefixed:
+            prefix = layout.prefix
+            if len(frames) >= len(prefix) and all(
+                len(_buffer(frames[i])) == len(head) and _frame_bytes(frames[i]) == head
+                for i, head in enumerate(prefix)
+            ):
+                return Message(layout.kind, self.decode(layout.kind, frames))
         if not bare:
-            self._reject_unknown_head(candidates, heads)
+            width = max(len(c.prefix) for c in candidates)
+            self._reject_unknown_head(candidates, [_frame_bytes(f) for f in frames[:width]])
         first_error: ProtocolError | None = None
         for layout in bare:
             try:
@@ -475,6 +493,27 @@ class Codec:
                 first_error = first_error or exc
         assert first_error is not None
         raise first_error
+
+    def _channel_kinds(
+        self, channel: str, sender: str | None
+    ) -> tuple[list[Layout], list[Layout], list[Layout]]:
+        """The kinds of ``channel`` from ``sender`` (every sender: None), and of those the
+        ones with fixed frames in front, longest prefix first, and the ones without (cached:
+        the layouts are fixed per codec)."""
+        key = (channel, sender)
+        found = self._channel_cache.get(key)
+        if found is None:
+            candidates = [
+                layout
+                for layout in self._layouts.values()
+                if layout.channel == channel and (sender is None or layout.sender == sender)
+            ]
+            if not candidates:
+                raise KeyError(f"no message kinds on channel {channel!r} from sender {sender!r}")
+            prefixed = sorted((c for c in candidates if c.prefix), key=lambda c: -len(c.prefix))
+            found = (candidates, prefixed, [c for c in candidates if not c.prefix])
+            self._channel_cache[key] = found
+        return found
 
     def encode_identity(self, rank: int) -> bytes:
         """The routing identity of the engine with index ``rank`` (identity surface)."""
@@ -500,12 +539,19 @@ class Codec:
 
     # --- payloads -------------------------------------------------------------------------
 
+    def _thread(self) -> _ThreadCodec:
+        """This thread's encoder, decoders and hook scratch (made on first use)."""
+        found: _ThreadCodec | None = getattr(self._local, "codec", None)
+        if found is None:
+            found = self._local.codec = _ThreadCodec(self)
+        return found
+
     def _encode_payload(self, value: Any, *, oob: bool) -> list[bytes | memoryview]:
-        state = self._state
+        state = getattr(self._local, "codec", None) or self._thread()
         aux: list[Any] = [b""]
         state.aux = aux
         try:
-            aux[0] = self._encoder.encode(value)
+            aux[0] = state.encoder.encode(value)
         except TypeError as exc:
             raise PayloadError("frames.payload-matches-type", str(exc)) from None
         except RecursionError:
@@ -533,10 +579,11 @@ class Codec:
                 expected=1,
                 got=len(frames),
             )
-        decoder = self._decoder(payload)
-        state = self._state
+        state = getattr(self._local, "codec", None) or self._thread()
+        decoder = state.decoders.get(payload) or self._decoder(state, payload)
         used: set[int] = set()
-        state.frames, state.used = frames, used
+        state.frames = frames
+        state.used = used
         try:
             value = decoder.decode(_buffer(frames[0]))
         except msgspec.ValidationError as exc:
@@ -567,7 +614,8 @@ class Codec:
                 "frames.nesting-depth", f"{kind}: the msgpack frame nests too deep to decode"
             ) from None
         finally:
-            state.frames, state.used = (), None
+            state.frames = ()
+            state.used = None
         if len(used) != len(frames) - 1:
             raise FramingError(
                 "frames.oob-count-matches",
@@ -648,57 +696,72 @@ class Codec:
             return _Position(resolved.args[0])
         return _Position(expr, owner, field)
 
-    def _decoder(self, payload: str) -> msgspec.msgpack.Decoder[Any]:
-        found = self._decoders.get(payload)
+    def _decoder(self, state: _ThreadCodec, payload: str) -> msgspec.msgpack.Decoder[Any]:
+        """The decoder of a payload type for the thread of ``state`` (made on first use)."""
+        found = state.decoders.get(payload)
         if found is None:
-            with self._lock:
-                found = self._decoders.get(payload)
-                if found is None:
-                    found = msgspec.msgpack.Decoder(
-                        self.structs.type_of(payload),
-                        dec_hook=self._dec_hook,
-                        ext_hook=self._ext_hook,
-                    )
-                    self._decoders[payload] = found
+            found = msgspec.msgpack.Decoder(
+                self.structs.type_of(payload), dec_hook=state.dec_hook, ext_hook=self._ext_hook
+            )
+            state.decoders[payload] = found
         return found
 
     # --- msgspec hooks --------------------------------------------------------------------
 
-    def _enc_hook(self, value: Any) -> Any:
-        aux = self._state.aux
+    def _enc_hook(self, state: _ThreadCodec, value: Any) -> Any:
+        aux = state.aux
         if aux is None:
             raise RuntimeError("enc_hook outside an encode call")
+        encoder = self._value_encoders.get(type(value))
+        if encoder is None:
+            encoder = self._value_encoder(value)
+            self._value_encoders[type(value)] = encoder
+        return encoder(value, aux)
+
+    def _value_encoder(self, value: Any) -> Callable[[Any, list[Any]], Any]:
+        """How to write a value of ``type(value)`` that msgspec hands to the hook (decided
+        once per type: the hook looks it up by the value's exact type)."""
         if isinstance(value, np.ndarray):
-            if value.dtype.kind in ("O", "V") and self.allow_insecure:
-                return self._pickle(value)
-            return encode_ndarray(
-                value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
-            )
+            return self._encode_ndarray
         if is_torch_tensor(value):
-            return encode_tensor(
-                value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
-            )
+            return self._encode_tensor
         if isinstance(value, WireTensor):
-            return encode_wire_tensor(
-                value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
-            )
+            return self._encode_wire_tensor
         if isinstance(value, TensorIpcHandle):
-            if not self.ipc_handles:
-                raise TensorError(
-                    "tensors.ipc-handle-needs-side-channel",
-                    "tensor IPC handles need a codec created with ipc_handles=True",
-                )
-            return value.dtype, value.shape, value.meta
+            return self._encode_ipc_handle
         if isinstance(value, slice):
-            bounds = (value.start, value.stop, value.step)
-            return tuple(None if v is None else int(v) for v in bounds)
+            return _encode_slice
         if self.allow_insecure:
+            return lambda value, _aux: self._pickle(value)
+        return _no_wire_form
+
+    def _encode_ndarray(self, value: np.ndarray, aux: list[Any]) -> Any:
+        if value.dtype.kind in ("O", "V") and self.allow_insecure:
             return self._pickle(value)
-        raise PayloadError(
-            "structs.no-implicit-pickle",
-            f"a value of type {type(value).__module__}.{type(value).__qualname__} has no wire form"
-            " (pickle needs allow_insecure=True)",
+        return encode_ndarray(
+            value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
         )
+
+    # (Methods, not functools.partial with keywords: a partial merges its keywords into a new
+    # dict on every call, which costs more than the call itself.)
+
+    def _encode_tensor(self, value: Any, aux: list[Any]) -> Any:
+        return encode_tensor(
+            value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
+        )
+
+    def _encode_wire_tensor(self, value: WireTensor, aux: list[Any]) -> Any:
+        return encode_wire_tensor(
+            value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
+        )
+
+    def _encode_ipc_handle(self, value: TensorIpcHandle, _aux: list[Any]) -> Any:
+        if not self.ipc_handles:
+            raise TensorError(
+                "tensors.ipc-handle-needs-side-channel",
+                "tensor IPC handles need a codec created with ipc_handles=True",
+            )
+        return value.dtype, value.shape, value.meta
 
     def _pickle(self, value: Any) -> msgspec.msgpack.Ext:
         import types
@@ -734,32 +797,31 @@ class Codec:
             got=code,
         )
 
-    def _dec_hook(self, target: Any, raw: Any) -> Any:
+    def _dec_hook(self, state: _ThreadCodec, target: Any, raw: Any) -> Any:
         try:
-            return self._dec_hook_body(target, raw)
+            used = state.used
+            if used is None:
+                raise RuntimeError("dec_hook outside a decode call")
+            if target is TensorSlot or target is NdarraySlot:
+                return decode_value(
+                    raw,
+                    "tensor" if target is TensorSlot else "ndarray",
+                    state.frames,
+                    used,
+                    mode=self.tensor_mode,
+                    copy=self.copy,
+                    vocab=self._vocab,
+                    ipc_handles=self.ipc_handles,
+                )
+            return self._dec_hook_body(state, target, raw)
         except _HookError:
             raise
         except ProtocolError as exc:
             raise _HookError(exc) from exc
 
-    def _dec_hook_body(self, target: Any, raw: Any) -> Any:
-        state = self._state
-        if target is TensorSlot or target is NdarraySlot:
-            if state.used is None:
-                raise RuntimeError("dec_hook outside a decode call")
-            return decode_value(
-                raw,
-                "tensor" if target is TensorSlot else "ndarray",
-                state.frames,
-                state.used,
-                mode=self.tensor_mode,
-                copy=self.copy,
-                vocab=self._vocab,
-                ipc_handles=self.ipc_handles,
-            )
+    def _dec_hook_body(self, state: _ThreadCodec, target: Any, raw: Any) -> Any:
         if target is NestedTensorsSlot:
-            if state.used is None:
-                raise RuntimeError("dec_hook outside a decode call")
+            assert state.used is not None
             return decode_nested_tensors(
                 raw,
                 state.frames,
@@ -780,16 +842,16 @@ class Codec:
                 "structs.slice.triple", "a slice is [start, stop, step] of ints or nil", got=raw
             )
         if isinstance(target, type) and issubclass(target, UnionSlot):
-            return self._decode_union(target, raw)
+            return self._decode_union(state, target, raw)
         raise PayloadError("frames.payload-matches-type", f"no decoder for {target!r}")
 
-    def _decode_union(self, target: type[UnionSlot], raw: Any) -> Any:
-        used = self._state.used
+    def _decode_union(self, state: _ThreadCodec, target: type[UnionSlot], raw: Any) -> Any:
+        used = state.used
         before = set(used) if used is not None else set()
         failures: list[str] = []
         for member in target.members:
             try:
-                return msgspec.convert(raw, member, dec_hook=self._dec_hook)
+                return msgspec.convert(raw, member, dec_hook=state.dec_hook)
             except (msgspec.ValidationError, ProtocolError) as exc:
                 failures.append(str(exc))
                 if used is not None:
@@ -875,22 +937,33 @@ class Codec:
 
     def _validate(self, kind: str, value: Any) -> None:
         """The rules a kind adds to its payload type (run on encode and on decode)."""
-        if kind in self._handshake_keys:
-            self._validate_handshake_map(kind, value)
-        elif kind in ("add", "EngineCoreRequest"):
-            self._validate_constraints("EngineCoreRequest", value)
-            for feature in value.mm_features or ():
+        validator = self._validators.get(kind)
+        if validator is not None:
+            validator(kind, value)
+
+    def _kind_validators(self) -> dict[str, Callable[[str, Any], None]]:
+        """Kind -> the rules it adds to its payload type, decided once per codec (a kind
+        with none is absent)."""
+        found: dict[str, Callable[[str, Any], None]] = dict.fromkeys(
+            self._handshake_keys, self._validate_handshake_map)
+        found.update(dict.fromkeys(("add", "EngineCoreRequest"), self._validate_request))
+        found.update(dict.fromkeys(
+            ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
+            self._validate_outputs))
+        found["MultiModalFeatureSpec"] = lambda _kind, value: self._validate_mm_item(value.data)
+        found["MultiModalFieldElem"] = lambda _kind, value: self._validate_mm_element("", value)
+        found["UtilityOutput"] = lambda _kind, value: self._validate_utility_result(value.result)
+        found["UtilityResult"] = lambda _kind, value: self._validate_utility_result(value)
+        return found
+
+    def _validate_request(self, _kind: str, value: Any) -> None:
+        for constraint, values in self._request_rules:
+            if len(constraint.fields) - values(value).count(None) != 1:
+                self._violated(constraint, value)
+        features = value.mm_features
+        if features:
+            for feature in features:
                 self._validate_mm_item(feature.data)
-        elif kind == "MultiModalFeatureSpec":
-            self._validate_mm_item(value.data)
-        elif kind == "MultiModalFieldElem":
-            self._validate_mm_element("", value)
-        elif kind in ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"):
-            self._validate_outputs(kind, value)
-        elif kind == "UtilityOutput":
-            self._validate_utility_result(value.result)
-        elif kind == "UtilityResult":
-            self._validate_utility_result(value)
 
     def _validate_outputs(self, kind: str, value: Any) -> None:
         utility = value.utility_output
@@ -919,16 +992,15 @@ class Codec:
                 got=result.type_info,
             )
 
-    def _validate_constraints(self, struct: str, value: Any) -> None:
-        """The struct's ``exactly-one-of`` constraints (spec data, each with its clause)."""
-        for constraint in self._exactly_one_of.get(struct, ()):
-            present = [name for name in constraint.fields if getattr(value, name) is not None]
-            if len(present) != 1:
-                raise PayloadError(
-                    constraint.clause,
-                    f"exactly one of {' and '.join(constraint.fields)} is set",
-                    got=" and ".join(present) if present else "neither",
-                )
+    @staticmethod
+    def _violated(constraint: StructConstraint, value: Any) -> NoReturn:
+        """Raise the clause of an ``exactly-one-of`` constraint (spec data) ``value`` breaks."""
+        present = [name for name in constraint.fields if getattr(value, name) is not None]
+        raise PayloadError(
+            constraint.clause,
+            f"exactly one of {' and '.join(constraint.fields)} is set",
+            got=" and ".join(present) if present else "neither",
+        )
 
     def _validate_mm_item(self, item: dict[str, Any] | None) -> None:
         for key, element in (item or {}).items():
@@ -981,6 +1053,28 @@ class Codec:
 
 def _pass_through(_target: Any, value: Any) -> Any:
     return value
+
+
+def _values_getter(fields: Sequence[str]) -> Callable[[Any], tuple[Any, ...]]:
+    """A getter of the values of ``fields`` as a tuple (``attrgetter`` of one name returns the
+    bare value)."""
+    if len(fields) == 1:
+        single = operator.attrgetter(fields[0])
+        return lambda value: (single(value),)
+    return operator.attrgetter(*fields)
+
+
+def _encode_slice(value: slice, _aux: list[Any]) -> tuple[int | None, ...]:
+    bounds = (value.start, value.stop, value.step)
+    return tuple(None if v is None else int(v) for v in bounds)
+
+
+def _no_wire_form(value: Any, _aux: list[Any]) -> Any:
+    raise PayloadError(
+        "structs.no-implicit-pickle",
+        f"a value of type {type(value).__module__}.{type(value).__qualname__} has no wire form"
+        " (pickle needs allow_insecure=True)",
+    )
 
 
 _CODECS: dict[tuple[tuple[str, Any], ...], Codec] = {}

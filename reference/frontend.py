@@ -39,6 +39,10 @@ from .errors import EngineDeadError, ProtocolError, ProtocolTimeout
 from .session import FrontendSession, get_field
 from .transport import ChannelSocket, open_socket
 
+#: Most messages one :meth:`ReferenceFrontend.pump` reads after its poll, so a flood of outputs
+#: cannot hold off the caller (as the engine bounds its reads per poll).
+MAX_MESSAGES_PER_PUMP = 256
+
 
 class UtilityCallError(ProtocolError):
     """The engine answered a utility call with a failure message."""
@@ -89,6 +93,8 @@ class ReferenceFrontend:
                 self._handshake = self._open("handshake", handshake_address or ipc_address())
             self._input = self._open("input", input_address or ipc_address())
             self._output = self._open("output", output_address or ipc_address())
+            self._output_poller = zmq.Poller()
+            self._output_poller.register(self._output.socket, zmq.POLLIN)
         except BaseException:
             self.close()
             raise
@@ -233,14 +239,29 @@ class ReferenceFrontend:
     # --- outputs -------------------------------------------------------------------------
 
     def pump(self, timeout: float) -> bool:
-        """Read at most one message from the output channel within ``timeout`` s; returns
-        whether one came. Utility replies resolve their futures; outputs are queued. A message
-        that breaks the spec raises its ProtocolError here (the session state is unchanged)."""
+        """Read one batch from the output channel: one poll that waits at most ``timeout`` s,
+        then every message the socket holds (at most :data:`MAX_MESSAGES_PER_PUMP`), each
+        read without blocking; returns whether one came. Utility replies resolve their
+        futures; outputs are queued. A message that breaks the spec raises its ProtocolError
+        here (the session state is unchanged; the messages after it stay in the socket)."""
         if self.session.dead:
             return False
-        if not self._output.socket.poll(max(0, int(timeout * 1000))):
+        # One Poller for the front end's life (Socket.poll builds and registers a new one on
+        # every call).
+        if not self._output_poller.poll(max(0, int(timeout * 1000))):
             return False
-        frames = self._output.socket.recv_multipart(copy=False)
+        sock = self._output.socket
+        for _ in range(MAX_MESSAGES_PER_PUMP):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._receive(frames)
+            if self.session.dead:
+                break
+        return True
+
+    def _receive(self, frames: list[Any]) -> None:
         for event in self.connection.receive("output", frames):
             if isinstance(event, EngineDied):
                 for rank, call_ids in event.failed_calls.items():
@@ -254,7 +275,6 @@ class ReferenceFrontend:
                 self._resolve(event.utility_output)
             elif isinstance(event, OutputsReceived):
                 self._outputs.append(event.outputs)
-        return True
 
     def _resolve(self, utility: Any) -> None:
         found = self._calls.pop(get_field(utility, "call_id"), None)

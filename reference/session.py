@@ -87,6 +87,8 @@ def machine_table(role: str, spec: Spec | None = None) -> StateMachine:
 
 def get_field(value: Any, name: str, default: Any = None) -> Any:
     """A field of a decoded value, whether it is a struct (attribute) or a map (key)."""
+    if isinstance(value, msgspec.Struct):  # the common case, without the ABC check below
+        return getattr(value, name, default)
     if isinstance(value, Mapping):
         return value.get(name, default)
     return getattr(value, name, default)

@@ -19,6 +19,7 @@ Contract:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ import msgspec
 import numpy as np
 
 from enginewire.spec import load
-from enginewire.spec.classes import TensorSlot
+from enginewire.spec.classes import NdarraySlot, TensorSlot
 
 from .errors import FramingError, TensorError
 
@@ -195,10 +196,36 @@ class TensorIpcHandle:
         return f"TensorIpcHandle(dtype={self.dtype!r}, shape={self.shape!r}, meta={self.meta!r})"
 
 
-def _torch() -> Any:
-    import torch
+_TORCH: list[Any] = []
 
-    return torch
+
+def _torch() -> Any:
+    """The torch module, imported on first use (ImportError where it is not installed)."""
+    if not _TORCH:
+        import torch
+
+        _TORCH.append(torch)
+    return _TORCH[0]
+
+
+#: torch's dtype objects by wire name and the wire name of each, for the names torch has;
+#: filled on first use (:func:`_torch_dtypes`).
+_TORCH_BY_NAME: dict[str, Any] = {}
+_TORCH_NAMES: dict[Any, str] = {}
+
+
+def _torch_dtypes() -> dict[Any, str]:
+    """torch dtype -> wire name, the tables filled on first use; torch's tensor class is then
+    admitted into tensor slots by type (one ``isinstance`` where the predicate took a module
+    look-up)."""
+    if not _TORCH_NAMES:
+        torch = _torch()
+        for name in TORCH_ITEMSIZE:
+            if hasattr(torch, name):
+                _TORCH_BY_NAME[name] = getattr(torch, name)
+                _TORCH_NAMES[getattr(torch, name)] = name
+        TensorSlot.admit(torch.Tensor)
+    return _TORCH_NAMES
 
 
 def is_torch_tensor(value: object) -> bool:
@@ -247,9 +274,10 @@ def encode_ndarray(
             expected=sorted(vocab.numpy),
             got=dtype,
         )
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-    data = array.reshape(-1).view(np.uint8).data
+    if array.flags.c_contiguous and array.size:
+        data = array.data.cast("B")  # the array's own memory, as bytes
+    else:
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
     inline = array.ndim == 0 or array.nbytes < threshold
     return dtype, array.shape, _place(data, aux, inline, copy)
 
@@ -257,20 +285,37 @@ def encode_ndarray(
 def encode_tensor(
     tensor: Any, aux: list[Any], *, threshold: int, copy: bool, vocab: Vocabulary
 ) -> tuple[str, tuple[int, ...], Any]:
-    """The tuple for a torch tensor (tensors.tensor-inline-below-threshold)."""
-    torch = _torch()
-    dtype = str(tensor.dtype).removeprefix("torch.")
-    if dtype not in vocab.torch:
+    """The tuple for a torch tensor (tensors.tensor-inline-below-threshold).
+
+    A contiguous CPU tensor of a dtype numpy shares travels as a byte view of its own memory
+    (one ``numpy()`` call); any other goes through ``detach().cpu().contiguous()`` and a
+    ``uint8`` view. Both write the same bytes."""
+    dtype = (_TORCH_NAMES or _torch_dtypes()).get(tensor.dtype)
+    if dtype is None or dtype not in vocab.torch:
         raise TensorError(
             "tensors.torch-dtype-name",
             "tensor dtype outside the torch_dtypes vocabulary",
             expected=sorted(vocab.torch),
-            got=dtype,
+            got=dtype or str(tensor.dtype).removeprefix("torch."),
         )
-    inline = tensor.nbytes < threshold and tensor.is_cpu
-    flat = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-    data = flat.numpy().data
-    return dtype, tuple(tensor.shape), _place(data, aux, inline, copy)
+    # torch.Size is a tuple: msgspec writes it as the array it is.
+    shape = tensor.shape
+    if dtype in TORCH_TO_NUMPY:
+        try:
+            # Raises for a tensor off the CPU, one that requires grad or carries a conjugate
+            # or negative bit, and (the cast) for a non-contiguous or zero-size one: those
+            # take the general path.
+            data = tensor.numpy().data.cast("B")
+        except (RuntimeError, TypeError):
+            pass
+        else:
+            if copy or data.nbytes < threshold:
+                return dtype, shape, _place(data, aux, data.nbytes < threshold, copy)
+            aux.append(data)
+            return dtype, shape, len(aux) - 1
+    inline = tensor.is_cpu and tensor.nbytes < threshold
+    flat = tensor.detach().cpu().contiguous().reshape(-1).view(_torch().uint8)
+    return dtype, shape, _place(flat.numpy().data, aux, inline, copy)
 
 
 def encode_wire_tensor(
@@ -335,6 +380,9 @@ def _check_length(shape: tuple[int, ...], itemsize: int, nbytes: int) -> None:
     Linear in the length of ``shape`` and never builds a number much larger than ``nbytes``
     (or 2**64 for a small ``nbytes``, so the error still gives a modest product exactly): the
     product stops growing once it passes that cap (tensors.shape-bounded)."""
+    if len(shape) <= Vocabulary.max_dims and math.prod(shape) * itemsize == nbytes:
+        # At most max_dims factors of at most 64 bits each: one C call for the common case.
+        return
     cap = max(nbytes, 1 << 64)
     if 0 in shape:
         expected: int | str = 0
@@ -353,14 +401,6 @@ def _check_length(shape: tuple[int, ...], itemsize: int, nbytes: int) -> None:
             expected=expected,
             got=nbytes,
         )
-
-
-def _as_bytes_view(frame: Any) -> memoryview:
-    buffer = getattr(frame, "buffer", frame)
-    view = buffer if isinstance(buffer, memoryview) else memoryview(buffer)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
 
 
 def decode_value(
@@ -414,7 +454,10 @@ def decode_value(
         if data in used:
             raise TensorError("tensors.index-used-once", "two values name one frame", got=data)
         used.add(data)
-        buffer = _as_bytes_view(frames[data])
+        frame = frames[data]
+        buffer = memoryview(getattr(frame, "buffer", frame))
+        if buffer.format != "B" or buffer.ndim != 1:
+            buffer = buffer.cast("B")
         inline = False
     elif isinstance(data, dict) and kind == "tensor":
         if not ipc_handles:
@@ -525,17 +568,23 @@ def check_nested_tensors(value: object, max_depth: int = Vocabulary.max_nested_d
 
 
 def _build_torch(dtype: str, shape: tuple[int, ...], buffer: memoryview, *, clone: bool) -> Any:
+    """A tensor over ``buffer`` (over a copy of it with ``clone``): through a numpy view where
+    numpy has the dtype (one C call into torch), else a ``uint8`` tensor viewed as ``dtype``."""
     torch = _torch()
-    torch_dtype = getattr(torch, dtype)
+    if not _TORCH_NAMES:
+        _torch_dtypes()
+    torch_dtype = _TORCH_BY_NAME.get(dtype) or getattr(torch, dtype)
     if buffer.nbytes == 0:
         return torch.empty(shape, dtype=torch_dtype)
-    if clone:
-        # A bytearray copy is writable, so torch neither warns nor shares the frame's memory.
-        raw = torch.frombuffer(bytearray(buffer), dtype=torch.uint8)
-    else:
-        raw = torch.frombuffer(buffer, dtype=torch.uint8)
-    return raw.view(torch_dtype).view(shape)
+    # A bytearray copy is writable, so torch neither warns nor shares the frame's memory.
+    source = bytearray(buffer) if clone else buffer
+    numpy_dtype = TORCH_TO_NUMPY.get(dtype)
+    if numpy_dtype is not None:
+        return torch.from_numpy(np.frombuffer(source, dtype=numpy_dtype).reshape(shape))
+    return torch.frombuffer(source, dtype=torch.uint8).view(torch_dtype).view(shape)
 
 
-# The spec's struct classes accept in a tensor position what this codec builds there.
+# The spec's struct classes accept in a tensor position what this codec builds there (torch's
+# tensor class is admitted by type too once torch is in use: _torch_dtypes).
 TensorSlot.admit(WireTensor, TensorIpcHandle, predicate=is_torch_tensor)
+NdarraySlot.admit(np.ndarray)

@@ -51,38 +51,41 @@ class _SlotMeta(type):
         return cls._accepts(value)  # type: ignore[attr-defined,no-any-return]
 
 
-class TensorSlot(metaclass=_SlotMeta):
-    """Annotation marker: a torch tensor position (the tensors surface's tuple).
+class _AdmittingMeta(_SlotMeta):
+    """The metaclass of slots whose values the codec registers (:meth:`_AdmittingSlot.admit`):
+    the check runs here, in one call, because msgspec makes it on every decoded value."""
 
-    What a decoded tensor position may hold is the codec's business: the module that builds
-    tensor values registers them with :meth:`admit` (the reference does so in
-    :mod:`enginewire.reference.tensors`), so the spec's classes need no codec.
-    """
+    def __instancecheck__(cls, value: object) -> bool:
+        return isinstance(value, cls._types) or any(  # type: ignore[attr-defined]
+            accepts(value) for accepts in cls._predicates)  # type: ignore[attr-defined]
+
+
+class _AdmittingSlot(metaclass=_AdmittingMeta):
+    """A slot that accepts what the codec building its values registers with :meth:`admit`,
+    so the spec's classes need no codec (the reference registers its tensor values in
+    :mod:`enginewire.reference.tensors`)."""
 
     _types: ClassVar[tuple[type, ...]] = ()
     _predicates: ClassVar[tuple[Callable[[object], bool], ...]] = ()
 
     @classmethod
     def admit(cls, *types: type, predicate: Callable[[object], bool] | None = None) -> None:
-        """Accept instances of ``types`` (and values ``predicate`` accepts) in tensor slots."""
+        """Accept instances of ``types`` (and values ``predicate`` accepts) in this slot."""
         cls._types = (*cls._types, *(t for t in types if t not in cls._types))
         if predicate is not None and predicate not in cls._predicates:
             cls._predicates = (*cls._predicates, predicate)
 
-    @staticmethod
-    def _accepts(value: object) -> bool:
-        return isinstance(value, TensorSlot._types) or any(
-            accepts(value) for accepts in TensorSlot._predicates)
+    @classmethod
+    def _accepts(cls, value: object) -> bool:
+        return isinstance(value, cls)
 
 
-class NdarraySlot(metaclass=_SlotMeta):
+class TensorSlot(_AdmittingSlot):
+    """Annotation marker: a torch tensor position (the tensors surface's tuple)."""
+
+
+class NdarraySlot(_AdmittingSlot):
     """Annotation marker: a numpy array position (the tensors surface's tuple)."""
-
-    @staticmethod
-    def _accepts(value: object) -> bool:
-        import numpy as np
-
-        return isinstance(value, np.ndarray)
 
 
 class NestedTensorsSlot(metaclass=_SlotMeta):
@@ -321,23 +324,30 @@ def _coerce(value: Any, annotation: Any) -> Any:
 
 
 _BUILT: dict[str, StructSet] = {}
+#: The reference version's set, once built.
+_DEFAULT: list[StructSet] = []
 
 
 def build(version: str | None = None) -> StructSet:
     """Every struct and enum of the spec for ``version`` (default: the reference version)."""
+    if version is None and _DEFAULT:
+        # The module attributes (``structs.EngineCoreOutputs``) come here on every access.
+        return _DEFAULT[0]
     spec = load(version)
     found = _BUILT.get(spec.version)
-    if found is not None:
-        return found
-    found = StructSet(version=spec.version, spec=spec)
-    for name, item in spec.structs.items():
-        if isinstance(item, EnumSpec):
-            found.enums[name] = found._enum(item)
-    for name, item in spec.structs.items():
-        if isinstance(item, StructSpec):
-            found._class(name)
-    _BUILT[spec.version] = found
+    if found is None:
+        found = StructSet(version=spec.version, spec=spec)
+        for name, item in spec.structs.items():
+            if isinstance(item, EnumSpec):
+                found.enums[name] = found._enum(item)
+        for name, item in spec.structs.items():
+            if isinstance(item, StructSpec):
+                found._class(name)
+        _BUILT[spec.version] = found
+    if version is None and not _DEFAULT:
+        _DEFAULT.append(found)
     return found
+
 
 def __getattr__(name: str) -> Any:
     if name[:1].isupper():

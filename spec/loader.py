@@ -650,9 +650,19 @@ def load(version: str | None = None, data_dir: Path | str | None = None) -> Spec
 
 def _check_known_version(root: Path, version: str) -> None:
     """Raise :class:`UnknownVersionError` unless ``version`` is one of the releases listed in
-    ``history/releases.toml`` (a data directory without that file accepts any version)."""
+    ``history/releases.toml`` (a data directory without that file accepts any version).
+
+    A version found known is remembered with the file's modification time and size, so a
+    repeated ``load()`` costs a ``stat``, not a TOML parse."""
     from .history.wheels import RELEASES_FILE, read_releases
 
+    try:
+        status = (root / RELEASES_FILE).stat()
+        stamp: tuple[int, int] | None = (status.st_mtime_ns, status.st_size)
+    except OSError:
+        stamp = None
+    if stamp is not None and _KNOWN_VERSIONS.get((str(root), version)) == stamp:
+        return
     try:
         wanted = parse_version(version)
     except VersionError as exc:
@@ -664,6 +674,12 @@ def _check_known_version(root: Path, version: str) -> None:
             f"vLLM {version} is not a release the spec was derived from "
             f"({releases[0]} to {releases[-1]}, {len(releases)} releases: "
             "`enginewire spec releases` lists them)")
+    _KNOWN_VERSIONS[(str(root), version)] = stamp
+
+
+#: (data directory, version) -> modification time and size of the releases file when the
+#: version was found known in it.
+_KNOWN_VERSIONS: dict[tuple[str, str], tuple[int, int] | None] = {}
 
 
 @lru_cache(maxsize=8)

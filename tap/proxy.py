@@ -20,7 +20,8 @@ input ROUTER (made at the identity's first message: the engine always speaks fir
 front end -> engine: that DEALER receives ``[type, payload...]`` and the tap's ROUTER writes
 ``[identity, type, payload...]``. Output: the tap's PULL receives and a PUSH connected to the
 front end's PULL writes. Frames are forwarded as received (``zmq.Frame``, no copy) before the
-observer sees them, so decoding never sits between a frame and its forwarding.
+observer sees them, and the observer sees them when no socket has a message waiting, so
+decoding never sits between a frame and its forwarding, nor between one forward and the next.
 
 DP coordinator (data parallel > 1), where the init names its addresses: coordinator_input
 (the coordinator's XPUB): the tap binds an XPUB for the engines and connects an XSUB to the
@@ -38,6 +39,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +55,10 @@ from .rewrite import rewrite_init
 Observer = Callable[[Record], None]
 
 POLL_MS = 50
+#: Most forwarded messages waiting for the observer before it is served between forwards (in
+#: a flood the tap then decodes one message per message forwarded: it runs at its decoding
+#: rate, not ahead of it).
+MAX_UNOBSERVED = 64
 
 
 def local_address_like(upstream: str) -> str:
@@ -112,8 +118,10 @@ class _Output:
 
 
 class Tap:
-    """A running tap. ``observer`` gets every forwarded message as a :class:`Record` (on the
-    tap's thread, after the message went on); it must not raise."""
+    """A running tap. ``observer`` gets every forwarded message as a :class:`Record`, in the
+    order forwarded, on the tap's thread, when no socket has a message waiting (forwarding
+    comes first: decoding a message never delays the next one); it must not raise. Records
+    still waiting when the loop stops are handed over before :meth:`run` returns."""
 
     def __init__(self, config: TapConfig, observer: Observer | None = None) -> None:
         self.config = config
@@ -134,6 +142,8 @@ class Tap:
         self._t0 = time.monotonic_ns()
         self.error: BaseException | None = None
         self.forwarded = 0
+        #: Forwarded messages not yet handed to the observer.
+        self._unobserved: deque[Record] = deque()
         try:
             if config.upstream_handshake is not None:
                 assert config.listen_handshake is not None
@@ -222,10 +232,9 @@ class Tap:
         self.forwarded += 1
         if self.observer is None:
             return
-        record = Record(time.monotonic_ns() - self._t0, channel, sender, identity,
-                        tuple(f.bytes if isinstance(f, zmq.Frame) else bytes(f)
-                              for f in frames))
-        self.observer(record)
+        self._unobserved.append(Record(
+            time.monotonic_ns() - self._t0, channel, sender, identity,
+            tuple(f.bytes if isinstance(f, zmq.Frame) else bytes(f) for f in frames)))
 
     def _from_engine_handshake(self, frames: list[zmq.Frame]) -> None:
         identity = frames[0].bytes
@@ -281,9 +290,18 @@ class Tap:
     # --- loop ----------------------------------------------------------------------------
 
     def poll_once(self, timeout_ms: int = POLL_MS) -> int:
-        """Forward every message waiting (at most one poll); the number forwarded."""
+        """Forward every message waiting (one poll for the batch of ready sockets); when none
+        waits, hand one forwarded message to the observer instead (the poll does not wait
+        then). While more than :data:`MAX_UNOBSERVED` forwarded messages wait for the
+        observer, it gets one after each forward (a flood runs at the decoding rate instead
+        of piling them up). Returns the number forwarded."""
+        ready = self._poller.poll(0 if self._unobserved else timeout_ms)
+        if not ready:
+            if self._unobserved:
+                self._observe_one()
+            return 0
         count = 0
-        for sock, _event in self._poller.poll(timeout_ms):
+        for sock, _event in ready:
             handler = self._handlers[sock]
             while True:
                 try:
@@ -292,13 +310,23 @@ class Tap:
                     break
                 handler(frames)
                 count += 1
+                if len(self._unobserved) > MAX_UNOBSERVED:
+                    self._observe_one()
         return count
 
+    def _observe_one(self) -> None:
+        record = self._unobserved.popleft()
+        if self.observer is not None:
+            self.observer(record)
+
     def run(self) -> None:
-        """Forward until :meth:`stop`; an unexpected error is kept in :attr:`error`."""
+        """Forward until :meth:`stop`, then hand the observer what it has not seen yet; an
+        unexpected error is kept in :attr:`error`."""
         try:
             while not self._stop.is_set():
                 self.poll_once()
+            while self._unobserved:
+                self._observe_one()
         except BaseException as exc:  # the thread's only report
             self.error = exc
 

@@ -376,3 +376,20 @@ def test_codec_works_where_torch_cannot_be_imported() -> None:
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("make", [
+    lambda base: base,  # contiguous: a byte view of its own memory
+    lambda base: base[8:40],  # contiguous, at an offset into its storage
+    lambda base: base.t(),  # not contiguous
+    lambda base: base.clone().requires_grad_(),  # numpy() refuses it
+    lambda base: base.to(torch.bfloat16),  # no numpy twin
+], ids=["contiguous", "offset", "transposed", "requires-grad", "bfloat16"])
+def test_every_tensor_path_writes_the_bytes_of_the_c_order_tensor(make: Any) -> None:
+    tensor = make(torch.arange(64 * 32, dtype=torch.float32).reshape(64, 32))
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    dtype = str(tensor.dtype).removeprefix("torch.")
+    expected = Codec().encode("add", _request(WireTensor(dtype, tuple(tensor.shape), flat)))
+    got = Codec().encode("add", _request(tensor))
+    assert [_as_bytes(f) for f in got] == [_as_bytes(f) for f in expected]
+    assert memoryview(got[2]).format == "B" and memoryview(got[2]).ndim == 1

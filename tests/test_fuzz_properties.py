@@ -70,7 +70,7 @@ def _frames(frames: list[Any]) -> list[bytes]:
 def _quiet_torch() -> Any:
     # torch warns once per process about tensors over read-only frames (tensors.zero-copy-decode)
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given buffer is not writable")
+        warnings.filterwarnings("ignore", message="The given (buffer|NumPy array) is not writable")
         yield
 
 

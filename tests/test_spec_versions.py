@@ -137,3 +137,19 @@ def _just_below(version: tuple[int, int, int]) -> tuple[int, int, int]:
     if minor:
         return major, minor - 1, 10**6
     return major - 1, 10**6, 10**6
+
+
+def test_a_known_version_is_remembered_until_the_releases_file_changes(tmp_path) -> None:
+    from enginewire.spec.loader import UnknownVersionError, _check_known_version
+
+    releases = tmp_path / "history" / "releases.toml"
+    releases.parent.mkdir()
+    releases.write_text('releases = ["0.1.0", "0.2.0"]\n')
+    _check_known_version(tmp_path, "0.2.0")
+    _check_known_version(tmp_path, "0.2.0")  # remembered: no parse
+    with pytest.raises(UnknownVersionError):
+        _check_known_version(tmp_path, "0.3.0")
+    # Rewritten (its size changes even where the modification time does not): read again.
+    releases.write_text('releases = ["0.1.0"]\n')
+    with pytest.raises(UnknownVersionError):
+        _check_known_version(tmp_path, "0.2.0")
