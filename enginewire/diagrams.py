@@ -83,7 +83,7 @@ def state_diagram_svg(source: str, title: str = "state diagram") -> str:
     diagram = parse_state_diagram(source)
     names = [name for name, _ in diagram.states]
     row = {name: index for index, name in enumerate(names)}
-    box_w = max(140.0, *(_text_width(label) + 24 for _, label in diagram.states))
+    box_w = max(140.0, *(_text_width(label) * 1.25 + 24 for _, label in diagram.states))
     box_h, gap, top = 34.0, 56.0, 50.0
     arcs = [(s, t, label) for s, t, label in diagram.edges if row[t] not in (row[s], row[s] + 1)]
     # Lanes: arcs whose row spans overlap get different lanes; longer arcs further out.
@@ -101,7 +101,7 @@ def state_diagram_svg(source: str, title: str = "state diagram") -> str:
             lanes.append([(low, high)])
             lane_of[index] = len(lanes) - 1
     arc_labels = [_text_width(label) for _, _, label in arcs]
-    left_room = 30 + 40 * len(lanes) + max(arc_labels, default=0) / 2
+    left_room = 30 + 40 * len(lanes) + max(arc_labels, default=0) + 10
     box_x = left_room
     cx = box_x + box_w / 2
     right_labels = [_text_width(label) for s, t, label in diagram.edges
@@ -158,7 +158,7 @@ def state_diagram_svg(source: str, title: str = "state diagram") -> str:
                      f"Q{lane_x:.1f},{y1:.1f} {lane_x + 10:.1f},{y1:.1f} "
                      f"L{box_x:.1f},{y1:.1f}' {line}/>")
         if label:
-            labels.append(_label(lane_x, (y0 + y1) / 2 + 4, label, anchor="middle"))
+            labels.append(_label(lane_x - 6, (y0 + y1) / 2 + 4, label, anchor="end"))
     parts.extend(labels)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
@@ -181,22 +181,22 @@ _RING_COLOURS = {"written_flag": "#f6c453", "read_flag": "#8fd19e", "chunk": "#d
 
 def ring_layout_svg(regions: Sequence[Region], title: str = "ring layout") -> str:
     """The SVG picture of a segment's regions: one row per nesting level, one column per byte;
-    a region too narrow for its name shows its index, or if that does not fit either a
-    letter, named in the legend below."""
+    a region too narrow for its name shows its index, a one-byte region (or one too narrow
+    for its index) a letter, named in the legend below."""
     if not regions:
         raise ValueError("expected at least one region of the ring's example segment")
     total = max(region.start + region.size for region in regions)
     rows = max(region.row for region in regions) + 1
-    cell, row_h, left, top = 14.0, 30.0, 10.0, 30.0
+    cell, row_h, left, top = 18.0, 30.0, 10.0, 30.0
     width = left * 2 + total * cell
     texts: dict[Region, str] = {}
     legend: dict[str, str] = {}
     for region in regions:
         base, _, index = region.label.partition("[")
         room = region.size * cell - 6
-        if _text_width(region.label) <= room:
+        if region.size > 1 and _text_width(region.label) <= room:
             texts[region] = region.label
-        elif index and _text_width(index.rstrip("]")) <= room:
+        elif region.size > 1 and index and _text_width(index.rstrip("]")) <= room:
             texts[region] = index.rstrip("]")
         else:
             if base not in legend:

@@ -43,7 +43,7 @@ from enginewire.cliargs import EXIT_USAGE, writable_dir
 from enginewire.conformance.framework.html_report import clause_link
 from enginewire.diagrams import Region, ring_layout_svg, state_diagram_svg
 from enginewire.spec import Spec, load
-from enginewire.spec.render import ring_example_regions
+from enginewire.spec.render import GENERATED_MARK, ring_example_regions
 
 #: The checkout this module belongs to (the editable install runs from it).
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,6 +63,9 @@ NAV: tuple[tuple[str | None, tuple[str, ...]], ...] = (
     ("Performance", ("bench.md", "bench/results.md")),
     ("vLLM findings", ("vllm-findings/index.md",)),
 )
+
+#: Titles for pages without a level-1 heading of their own (MkDocs titles the others by it).
+TITLES = {"bench/results.md": "Benchmark results"}
 
 _MERMAID = re.compile(r"^```mermaid\n(?P<body>.*?)^```\n", re.MULTILINE | re.DOTALL)
 _HEADING = re.compile(r"^#{1,6} (?P<title>.+)$", re.MULTILINE)
@@ -88,7 +91,10 @@ def stage(root: Path, staging: Path, spec: Spec) -> list[str]:
     drawn: list[str] = []
     for page in sorted(staging.rglob("*.md")):
         text = page.read_text(encoding="utf-8")
-        new_text = _draw_state_diagrams(page, text, drawn, staging)
+        # The generated-page mark is for editors of the repository; without it the page's
+        # first heading is its first element, which MkDocs takes as the page title.
+        new_text = text.replace(GENERATED_MARK + "\n", "", 1)
+        new_text = _draw_state_diagrams(page, new_text, drawn, staging)
         if page.relative_to(staging).as_posix() == "spec/ring.md":
             new_text = _draw_ring_example(page, new_text, spec, drawn, staging)
         if new_text != text:
@@ -150,10 +156,11 @@ def navigation(staging: Path) -> list[object]:
     named = {page for _, pages in NAV for page in pages}
     nav: list[object] = []
     for title, pages in NAV:
+        entries = [{TITLES[page]: page} if page in TITLES else page for page in pages]
         if title is None:
-            nav.extend(pages)
+            nav.extend(entries)
         else:
-            nav.append({title: list(pages)})
+            nav.append({title: entries})
     others = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*.md")
                     if p.relative_to(staging).as_posix() not in named)
     if others:
