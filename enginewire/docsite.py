@@ -49,7 +49,8 @@ from enginewire.spec.render import GENERATED_MARK, ring_example_regions
 ROOT = Path(__file__).resolve().parent.parent
 
 #: The site's navigation: (section title, pages relative to docs/). ``None`` as a title puts
-#: the page at the top level.
+#: the page at the top level; a ``*`` pattern stands for the pages it matches not named
+#: before it, in name order.
 NAV: tuple[tuple[str | None, tuple[str, ...]], ...] = (
     (None, ("index.md",)),
     ("Specification", (
@@ -61,7 +62,7 @@ NAV: tuple[tuple[str | None, tuple[str, ...]], ...] = (
     ("Conformance", ("conformance.md", "conformance-vllm.md", "interop.md")),
     ("Tools", ("explorer.md", "fuzzing.md", "mutants.md", "hardening.md", "tap.md")),
     ("Performance", ("bench.md", "bench/results.md")),
-    ("vLLM findings", ("vllm-findings/index.md",)),
+    ("vLLM findings", ("vllm-findings/index.md", "vllm-findings/*.md")),
 )
 
 #: Titles for pages without a level-1 heading of their own (MkDocs titles the others by it).
@@ -151,11 +152,21 @@ def _draw_ring_example(page: Path, text: str, spec: Spec, drawn: list[str],
 
 
 def navigation(staging: Path) -> list[object]:
-    """MkDocs' ``nav``: :data:`NAV`, pages it names that do not exist dropped (a stale entry
-    is a build error instead: see :func:`build_site`), pages it does not name appended."""
-    named = {page for _, pages in NAV for page in pages}
+    """MkDocs' ``nav``: :data:`NAV` with its patterns expanded, then an "Other pages" section
+    with the pages it does not name. A page it names that does not exist stays in (the strict
+    build fails on it, and :func:`missing_nav_pages` names it)."""
+    named: set[str] = set()
+    sections: list[tuple[str | None, list[str]]] = []
+    for title, patterns in NAV:
+        pages: list[str] = []
+        for pattern in patterns:
+            matches = ([pattern] if "*" not in pattern else
+                       sorted(p.relative_to(staging).as_posix() for p in staging.glob(pattern)))
+            pages += [page for page in matches if page not in named]
+            named.update(matches)
+        sections.append((title, pages))
     nav: list[object] = []
-    for title, pages in NAV:
+    for title, pages in sections:
         entries = [{TITLES[page]: page} if page in TITLES else page for page in pages]
         if title is None:
             nav.extend(entries)
@@ -170,7 +181,8 @@ def navigation(staging: Path) -> list[object]:
 
 def missing_nav_pages(staging: Path) -> list[str]:
     """Pages :data:`NAV` names that are not in the staged docs."""
-    return [page for _, pages in NAV for page in pages if not (staging / page).is_file()]
+    return [page for _, pages in NAV for page in pages
+            if "*" not in page and not (staging / page).is_file()]
 
 
 def site_config(staging: Path, out: Path) -> dict[str, object]:
@@ -301,14 +313,14 @@ def check_site(out: Path, spec: Spec) -> list[str]:
             problems.append(f"clause {clause_id}: the HTML report links it to "
                             f"{report_link[1] if report_link else None}, expected "
                             f"./{page}#{clause_id}")
-    for name, page in pages.items():
-        for url in page.resources:
+    for name, parsed in pages.items():
+        for url in parsed.resources:
             if _external(url):
                 problems.append(f"{name}: loads {url} from another host (the site must work "
                                 "offline)")
             else:
                 problems += _resolve(out, pages, name, url, anchor=False)
-        for url in page.links:
+        for url in parsed.links:
             if not _external(url) and not url.startswith(("mailto:", "javascript:")):
                 problems += _resolve(out, pages, name, url, anchor=True)
     problems += _check_search_index(out, spec)
@@ -353,7 +365,7 @@ def _check_search_index(out: Path, spec: Spec) -> list[str]:
 # --- command line --------------------------------------------------------------------------
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     docs = subparsers.add_parser("docs", help="build the documentation site")
     docs_sub = docs.add_subparsers(dest="docs_command", metavar="SUBCOMMAND", required=True)
     build_parser = docs_sub.add_parser(

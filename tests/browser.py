@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +77,6 @@ class Browser:
         return self._next_id
 
     def _read(self, deadline: float) -> dict[str, Any]:
-        import select
-
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self._from_browser], [], [], left)[0]:
@@ -86,7 +86,8 @@ class Browser:
                 raise BrowserError("chromium closed its DevTools pipe")
             self._buffer += chunk
         message, _, self._buffer = self._buffer.partition(b"\0")
-        return json.loads(message)  # type: ignore[no-any-return]
+        decoded: dict[str, Any] = json.loads(message)
+        return decoded
 
     def call(self, method: str, params: dict[str, Any] | None = None,
              page: bool = True) -> dict[str, Any]:
@@ -98,7 +99,8 @@ class Browser:
             if message.get("id") == sent:
                 if "error" in message:
                     raise BrowserError(f"{method}: {message['error']}")
-                return message.get("result", {})  # type: ignore[no-any-return]
+                result: dict[str, Any] = message.get("result", {})
+                return result
 
     def open(self, url: str) -> None:
         """Open ``url`` in a new page, attach to it and wait until it has loaded."""
@@ -128,7 +130,9 @@ class Browser:
             time.sleep(0.2)
 
 
-def _fds_3_and_4(read_end: int, write_end: int):  # type: ignore[no-untyped-def]
+def _fds_3_and_4(read_end: int, write_end: int) -> Callable[[], None]:
+    """The child-side step that puts the two pipe ends on descriptors 3 and 4."""
+
     def move() -> None:
         os.dup2(read_end, 3)
         os.dup2(write_end, 4)

@@ -24,8 +24,6 @@ from enginewire.diagrams import parse_state_diagram, state_diagram_svg
 from enginewire.docsite import NAV, ROOT, build_site, check_site, clause_pages
 from enginewire.spec import Spec, load
 
-pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
-
 CLAUSE = "frames.outputs-payload"
 
 
