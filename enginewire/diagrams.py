@@ -233,3 +233,68 @@ def ring_layout_svg(regions: Sequence[Region], title: str = "ring layout") -> st
         y += 18
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
+
+
+@dataclass(frozen=True)
+class FrameBox:
+    """One frame of a message as drawn: its name, its content kind, whether it repeats, and
+    what it holds (a payload type, literal text; shown under the name instead of the kind)."""
+
+    name: str
+    content: str
+    repeated: bool = False
+    detail: str = ""
+
+
+#: Fill colours of the frame picture, by content kind (anything else is grey).
+_FRAME_COLOURS = {"identity": "#e4e4e4", "type_byte": "#f6c453", "literal": "#f6c453",
+                  "msgpack": "#dcecff", "oob": "#8fd19e"}
+
+
+def frames_layout_svg(messages: Sequence[tuple[str, bool, Sequence[FrameBox]]],
+                      title: str = "frames of every message") -> str:
+    """The SVG picture of each message's frames, one row per message ``(kind, routed,
+    frames)``: a routed message starts with the identity frame that only the ROUTER end
+    sees (dashed), a repeated frame is drawn as a stack marked "0 or more"."""
+    if not messages:
+        raise ValueError("expected at least one message to draw")
+    label_w = max(_text_width(kind) for kind, _, _ in messages) + 20
+    box_w, box_h, gap, row_h, top, left = 180.0, 40.0, 8.0, 58.0, 20.0, 10.0
+    most = max(len(frames) + routed for _, routed, frames in messages)
+    width = left + label_w + most * (box_w + gap) + 20
+    height = top + len(messages) * row_h + 10
+    parts = [
+        f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{height:.0f}' "
+        f"viewBox='0 0 {width:.0f} {height:.0f}' role='img'>",
+        f"<title>{escape(title)}</title>",
+        "<rect width='100%' height='100%' fill='white'/>",
+    ]
+    for row, (kind, routed, frames) in enumerate(messages):
+        y = top + row * row_h
+        parts.append(f"<text x='{left:.1f}' y='{y + box_h / 2 + 5:.1f}' {FONT} "
+                     f"font-weight='bold'>{escape(kind)}</text>")
+        boxes = ([FrameBox("identity", "identity")] if routed else []) + list(frames)
+        for column, frame in enumerate(boxes):
+            x = left + label_w + column * (box_w + gap)
+            colour = _FRAME_COLOURS.get(frame.content, "#e4e4e4")
+            dashed = " stroke-dasharray='5,3'" if routed and column == 0 else ""
+            if frame.repeated:
+                for offset in (6.0, 3.0):
+                    parts.append(f"<rect x='{x + offset:.1f}' y='{y - offset:.1f}' "
+                                 f"width='{box_w:.1f}' height='{box_h}' rx='4' "
+                                 f"fill='{colour}' stroke='#333'/>")
+            parts.append(f"<rect x='{x:.1f}' y='{y:.1f}' width='{box_w:.1f}' height='{box_h}' "
+                         f"rx='4' fill='{colour}' stroke='#333'{dashed}/>")
+            name = frame.name if _text_width(frame.name) < box_w - 8 else frame.name[:18] + "…"
+            detail = (frame.detail or frame.content) + (", 0 or more" if frame.repeated else "")
+            if _text_width(detail) * 0.85 > box_w - 8:
+                detail = detail[:int((box_w - 8) / (CHAR_WIDTH * 0.85)) - 1] + "…"
+            if routed and column == 0:
+                detail = "ROUTER end only"
+            parts.append(f"<text x='{x + box_w / 2:.1f}' y='{y + 17:.1f}' text-anchor='middle' "
+                         f"{FONT}>{escape(name)}</text>")
+            parts.append(f"<text x='{x + box_w / 2:.1f}' y='{y + 33:.1f}' text-anchor='middle' "
+                         f"font-family='system-ui,sans-serif' font-size='11' fill='#444'>"
+                         f"{escape(detail)}</text>")
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"

@@ -7,19 +7,22 @@ from the network and its search works offline. The steps:
 
 1. stage a copy of ``docs/`` in a temporary folder, README.md as its ``index.md`` (links to
    ``docs/X`` become ``X``);
-2. draw the diagrams as SVG files next to the pages (:mod:`enginewire.diagrams`): every
-   Mermaid ``stateDiagram-v2`` block (the handshake state machines and the ring's slot states
-   in ``docs/spec/``) is replaced by its picture, and the ring page gets the picture of its
-   example segment from the spec's layout formulas. The heatmaps of ``docs/compat/`` and the
-   plots of ``docs/bench/`` are PNG files the project's commands already write; they are
-   copied as they are;
+2. give each heading that has an anchor line above it (every clause, message, struct and
+   state machine of ``docs/spec/``) that anchor as its own ``id``, and draw the diagrams as
+   SVG files next to the pages (:mod:`enginewire.diagrams`): every Mermaid
+   ``stateDiagram-v2`` block (the handshake state machines and the ring's slot states in
+   ``docs/spec/``) is replaced by its picture, the ring page gets the picture of its example
+   segment from the spec's layout formulas, and the frames page the frames of every message
+   from ``frames.toml``. The heatmaps of ``docs/compat/`` and the plots of ``docs/bench/`` are
+   PNG files the project's commands already write; they are copied as they are;
 3. write the MkDocs configuration with the navigation of :data:`NAV` (any page of ``docs/``
    that the navigation does not name goes into an "Other pages" section, so none is lost) and
    build strictly: a link to a missing page or anchor fails the build;
 4. check the built site (:func:`check_site`): every clause of the spec has an element whose
    ``id`` is the clause ID on ``spec/<surface>.html`` (the page the conformance HTML report
    links it to with ``--spec-site``), every internal link and image resolves, no page loads a
-   script, style sheet or image from another host, and the search index holds every clause ID.
+   script, style sheet or image from another host, no id is used twice on a page, and the
+   search index holds every clause ID.
 
 Exit status of the command: 0 built and checked; 1 the build or the check failed (each problem
 on stderr); 2 a usage error (no ``docs/`` here, mkdocs not installed).
@@ -41,9 +44,16 @@ from urllib.parse import unquote, urlsplit
 
 from enginewire.cliargs import EXIT_USAGE, writable_dir
 from enginewire.conformance.framework.html_report import clause_link
-from enginewire.diagrams import Region, ring_layout_svg, state_diagram_svg
+from enginewire.diagrams import (
+    FrameBox,
+    Region,
+    frames_layout_svg,
+    ring_layout_svg,
+    state_diagram_svg,
+)
 from enginewire.spec import Spec, load
 from enginewire.spec.render import GENERATED_MARK, ring_example_regions
+from enginewire.spec.schema import Frame, FramesFile
 
 #: The checkout this module belongs to (the editable install runs from it).
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,7 +80,12 @@ TITLES = {"bench/results.md": "Benchmark results"}
 
 _MERMAID = re.compile(r"^```mermaid\n(?P<body>.*?)^```\n", re.MULTILINE | re.DOTALL)
 _HEADING = re.compile(r"^#{1,6} (?P<title>.+)$", re.MULTILINE)
+#: An anchor line right above a heading, as ``enginewire spec docs`` writes for every clause,
+#: message, struct and state machine.
+_ANCHORED_HEADING = re.compile(r'^<a id="(?P<id>[^"\s{}]+)"></a>\n(?P<heading>#{1,6} .+)$',
+                               re.MULTILINE)
 _RING_EXAMPLE = re.compile(r"^### Example: the segment of a ring.*\n", re.MULTILINE)
+_FIRST_MESSAGE = re.compile(r"^### Message ", re.MULTILINE)
 
 
 class SiteError(Exception):
@@ -95,9 +110,14 @@ def stage(root: Path, staging: Path, spec: Spec) -> list[str]:
         # The generated-page mark is for editors of the repository; without it the page's
         # first heading is its first element, which MkDocs takes as the page title.
         new_text = text.replace(GENERATED_MARK + "\n", "", 1)
+        # The heading itself takes the anchor's id (so the table of contents, the heading's
+        # permalink and search results point at the clause ID, and no id is used twice).
+        new_text = _ANCHORED_HEADING.sub(r"\g<heading> {#\g<id>}", new_text)
         new_text = _draw_state_diagrams(page, new_text, drawn, staging)
         if page.relative_to(staging).as_posix() == "spec/ring.md":
             new_text = _draw_ring_example(page, new_text, spec, drawn, staging)
+        if page.relative_to(staging).as_posix() == "spec/frames.md":
+            new_text = _draw_frames(page, new_text, spec, drawn, staging)
         if new_text != text:
             page.write_text(new_text, encoding="utf-8")
     return drawn
@@ -146,6 +166,33 @@ def _draw_ring_example(page: Path, text: str, spec: Spec, drawn: list[str],
     link = _svg_file(page, "layout", svg, drawn, staging)
     picture = f"\n![The example segment, byte by byte]({link})\n\nThe same as text:\n"
     return text[:match.end()] + picture + text[match.end():]
+
+
+def _draw_frames(page: Path, text: str, spec: Spec, drawn: list[str], staging: Path) -> str:
+    surface = spec.surfaces.get("frames")
+    match = _FIRST_MESSAGE.search(text)
+    if not isinstance(surface, FramesFile) or match is None:
+        raise SiteError(f"{page.name}: expected the frames surface and its '### Message' "
+                        "sections")
+    messages = [(message.kind, message.routed,
+                 [FrameBox(frame.name, frame.content, frame.repeated, _frame_detail(frame))
+                  for frame in message.frames])
+                for message in surface.messages]
+    link = _svg_file(page, "layout", frames_layout_svg(messages, title="Frames of every message"),
+                     drawn, staging)
+    picture = (f"![The frames of every message, in order]({link})\n\nEach row is one message "
+               "as the sending socket writes it; a dashed identity frame is seen and written "
+               "only by the ROUTER end, a stacked frame repeats zero or more times.\n\n")
+    return text[:match.start()] + picture + text[match.start():]
+
+
+def _frame_detail(frame: Frame) -> str:
+    """What a frame holds, in a few words: its payload type, or its literal bytes."""
+    if frame.literal_hex is not None:
+        raw = bytes.fromhex(frame.literal_hex)
+        printable = len(raw) > 1 and all(0x20 < byte < 0x7F for byte in raw)
+        return raw.decode("ascii") if printable else f"byte {raw.hex(' ')}"
+    return frame.payload or ""
 
 
 # --- configuration and build ---------------------------------------------------------------
@@ -264,12 +311,15 @@ class _Page(HTMLParser):
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
         self.ids: set[str] = set()
+        self.repeated_ids: set[str] = set()
         self.links: list[str] = []
         self.resources: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = {name: value or "" for name, value in attrs}
         if "id" in values:
+            if values["id"] in self.ids:
+                self.repeated_ids.add(values["id"])
             self.ids.add(values["id"])
         if tag == "a" and "name" in values:
             self.ids.add(values["name"])
@@ -314,6 +364,8 @@ def check_site(out: Path, spec: Spec) -> list[str]:
                             f"{report_link[1] if report_link else None}, expected "
                             f"./{page}#{clause_id}")
     for name, parsed in pages.items():
+        problems += [f"{name}: id {repeated!r} is used more than once"
+                     for repeated in sorted(parsed.repeated_ids)]
         for url in parsed.resources:
             if _external(url):
                 problems.append(f"{name}: loads {url} from another host (the site must work "

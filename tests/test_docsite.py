@@ -72,7 +72,8 @@ def test_navigation_names_every_required_page(site: Path) -> None:
 def test_diagrams_are_svg_drawn_at_build_time(site: Path) -> None:
     drawings = sorted((site / "spec" / "diagrams").glob("*.svg"))
     assert {p.name for p in drawings} >= {"ring-layout.svg", "ring-state-1.svg",
-                                          "handshake-state-1.svg", "handshake-state-2.svg"}
+                                          "handshake-state-1.svg", "handshake-state-2.svg",
+                                          "frames-layout.svg"}
     for drawing in drawings:
         root = ElementTree.parse(drawing).getroot()
         assert root.tag == "{http://www.w3.org/2000/svg}svg"
@@ -80,6 +81,10 @@ def test_diagrams_are_svg_drawn_at_build_time(site: Path) -> None:
     assert 'src="diagrams/ring-layout.svg"' in ring and 'src="diagrams/ring-state-1.svg"' in ring
     layout = (site / "spec" / "diagrams" / "ring-layout.svg").read_text(encoding="utf-8")
     assert "chunk[2]" in layout and "R = read_flag" in layout and "W = written_flag" in layout
+    frames = (site / "spec" / "diagrams" / "frames-layout.svg").read_text(encoding="utf-8")
+    assert ">EngineCoreRequest<" in frames and ">ENGINE_CORE_DEAD<" in frames
+    assert 'src="diagrams/frames-layout.svg"' in (site / "spec" / "frames.html").read_text(
+        encoding="utf-8")
     for page in site.rglob("*.html"):
         assert "mermaid" not in page.read_text(encoding="utf-8"), f"{page}: an undrawn diagram"
     # The compatibility heatmaps and benchmark plots are there as pictures.
@@ -128,13 +133,15 @@ def test_the_checker_fails_on_a_broken_site(site: Path, spec: Spec, tmp_path: Pa
     text = frames.read_text(encoding="utf-8")
     text = text.replace(f'id="{CLAUSE}"', 'id="gone"', 1)
     text = text.replace("</body>", "<a href='nowhere.html'>x</a><a href='ring.html#no-such'>y"
-                        "</a><script src='https://cdn.example/x.js'></script></body>")
+                        "</a><script src='https://cdn.example/x.js'></script>"
+                        "<p id='frames.abort-payload'></p></body>")
     frames.write_text(text, encoding="utf-8")
     problems = "\n".join(check_site(broken, spec))
     assert f"clause {CLAUSE}: no element with id='{CLAUSE}'" in problems
     assert "broken link nowhere.html" in problems
     assert "broken link ring.html#no-such (no id 'no-such'" in problems
     assert "loads https://cdn.example/x.js from another host" in problems
+    assert "spec/frames.html: id 'frames.abort-payload' is used more than once" in problems
     (broken / "search" / "search_index.json").write_text('{"docs": []}', encoding="utf-8")
     assert f"search index: clause {CLAUSE} is not in it" in "\n".join(check_site(broken, spec))
 
@@ -194,4 +201,4 @@ def test_site_in_a_headless_browser_renders_and_search_finds_a_clause(
         first = browser.evaluate(
             "document.querySelector('#mkdocs-search-results article a').getAttribute('href')")
     assert CLAUSE in results
-    assert first.startswith("./spec/frames.html#"), first
+    assert first == f"./spec/frames.html#{CLAUSE}", first
