@@ -143,7 +143,8 @@ def _draw_state_diagrams(page: Path, text: str, drawn: list[str], staging: Path)
             raise SiteError(f"{page.name}: expected Mermaid blocks to be stateDiagram-v2 "
                             f"diagrams (the only kind the site draws), got {body[:40]!r}")
         headings = _HEADING.findall(text[:match.start()])
-        title = headings[-1].strip("` ") if headings else page.stem
+        title = (re.sub(r"\s*\{#[^}]*\}$", "", headings[-1]).strip("` ") if headings
+                 else page.stem)
         count += 1
         try:
             svg = state_diagram_svg(body, title=f"State diagram: {title}")
