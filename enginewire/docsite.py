@@ -31,6 +31,7 @@ on stderr); 2 a usage error (no ``docs/`` here, mkdocs not installed).
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import logging
 import re
@@ -86,6 +87,8 @@ _ANCHORED_HEADING = re.compile(r'^<a id="(?P<id>[^"\s{}]+)"></a>\n(?P<heading>#{
                                re.MULTILINE)
 _RING_EXAMPLE = re.compile(r"^### Example: the segment of a ring.*\n", re.MULTILINE)
 _FIRST_MESSAGE = re.compile(r"^### Message ", re.MULTILINE)
+#: A code span (a run of backticks, its text, the same run), found left to right.
+_CODE_SPAN = re.compile(r"(?<!`)(?P<fence>`+)(?!`)(?P<code>.+?)(?<!`)(?P=fence)(?!`)")
 
 
 class SiteError(Exception):
@@ -113,6 +116,7 @@ def stage(root: Path, staging: Path, spec: Spec) -> list[str]:
         # The heading itself takes the anchor's id (so the table of contents, the heading's
         # permalink and search results point at the clause ID, and no id is used twice).
         new_text = _ANCHORED_HEADING.sub(r"\g<heading> {#\g<id>}", new_text)
+        new_text = _table_code_pipes(new_text)
         new_text = _draw_state_diagrams(page, new_text, drawn, staging)
         if page.relative_to(staging).as_posix() == "spec/ring.md":
             new_text = _draw_ring_example(page, new_text, spec, drawn, staging)
@@ -121,6 +125,23 @@ def stage(root: Path, staging: Path, spec: Spec) -> list[str]:
         if new_text != text:
             page.write_text(new_text, encoding="utf-8")
     return drawn
+
+
+def _table_code_pipes(text: str) -> str:
+    """Code spans with ``\\|`` in table rows as HTML ``<code>`` with a plain ``|``.
+
+    GitHub shows ``\\|`` inside a code span of a table cell as ``|``; Python-Markdown keeps the
+    backslash (code spans take no escapes). An HTML ``<code>`` with ``&#124;`` shows ``|``
+    and is no cell separator."""
+
+    def html_code(match: re.Match[str]) -> str:
+        if "\\|" not in match["code"]:
+            return match[0]
+        code = html.escape(match["code"].replace("\\|", "|").strip(), quote=False)
+        return f"<code>{code.replace('|', '&#124;')}</code>"
+
+    return "\n".join(_CODE_SPAN.sub(html_code, line) if line.startswith("|") else line
+                     for line in text.split("\n"))
 
 
 def _svg_file(page: Path, name: str, svg: str, drawn: list[str], staging: Path) -> str:

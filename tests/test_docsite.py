@@ -202,3 +202,12 @@ def test_site_in_a_headless_browser_renders_and_search_finds_a_clause(
             "document.querySelector('#mkdocs-search-results article a').getAttribute('href')")
     assert CLAUSE in results
     assert first == f"./spec/frames.html#{CLAUSE}", first
+
+
+def test_union_types_in_table_cells_read_as_on_github(site: Path) -> None:
+    """``\\|`` in a code span of a table cell shows as ``|`` (GitHub's reading), not as a
+    backslash and a pipe."""
+    for name in ("structs", "history", "breaks"):
+        html = (site / "spec" / f"{name}.html").read_text(encoding="utf-8")
+        assert "\\|" not in html, name
+        assert "&#124;" in html or " | none" in html, name
