@@ -1,7 +1,8 @@
 """The HTML report (``enginewire check --html PATH``): one self-contained page people read.
 
 It leads with what needs action (failures, unexpected passes, changed failures, each with
-its clauses linked to the rendered spec page and its reproduction), then lists every check in
+its clauses linked to the rendered spec page, or with ``--spec-site`` to the documentation
+site, and its reproduction), then lists every check in
 suite order with filters by status and surface (a few lines of inline script; without script
 every row shows). Reproductions render as what they are:
 
