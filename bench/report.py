@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -197,8 +198,16 @@ def payload_axis(sizes: Iterable[int]) -> list[str]:
     return [format_bytes(size) for size in sizes]
 
 
-def render_markdown(results: Results, plot_dir: str | None = None) -> str:
-    """A README section: how the figures were made, the targets, the headline tables."""
+def render_markdown(results: Results, plot_dir: str | None = None,
+                    page_dir: str | Path = ".") -> str:
+    """A README section: how the figures were made, the targets, the headline tables.
+
+    Links (the method page ``docs/bench.md``, the plots in ``plot_dir``; both relative to the
+    working directory) are written relative to ``page_dir``, the folder the page goes to."""
+
+    def link(path: str | Path) -> str:
+        return Path(os.path.relpath(path, page_dir)).as_posix()
+
     env = results.environment
     versions = env.get("versions", {})
     lines = [
@@ -208,7 +217,7 @@ def render_markdown(results: Results, plot_dir: str | None = None) -> str:
         f"vLLM {versions.get('vllm') or 'not installed'}, msgspec {versions.get('msgspec')}, "
         f"pyzmq {versions.get('pyzmq')}; load average {_load(env.get('load_average_start'))} "
         "at the start. Figures are medians over rounds (min-max); ratios are medians of the "
-        "per-round ratios, value / comparison. Method: [docs/bench.md](docs/bench.md).",
+        f"per-round ratios, value / comparison. Method: [docs/bench.md]({link('docs/bench.md')}).",
         "",
     ]
     for name, reason in results.skipped.items():
@@ -222,7 +231,7 @@ def render_markdown(results: Results, plot_dir: str | None = None) -> str:
                             ("ring-bandwidth.png", "ring bandwidth"),
                             ("ring-latency-cdf.png", "ring latency"),
                             ("peers-rtt-cdf.png", "round trips")):
-            lines.append(f"![{title}]({plot_dir.rstrip('/')}/{name})")
+            lines.append(f"![{title}]({link(Path(plot_dir) / name)})")
         lines.append("")
     return "\n".join(lines)
 
@@ -230,4 +239,5 @@ def render_markdown(results: Results, plot_dir: str | None = None) -> str:
 def write_markdown(results: Results, path: str | Path, plot_dir: str | None = None) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_markdown(results, plot_dir), encoding="utf-8")
+    target.write_text(render_markdown(results, plot_dir, page_dir=target.parent),
+                      encoding="utf-8")

@@ -52,6 +52,10 @@ def register(subparsers: Any) -> None:
                         help="write a JUnit XML report here")
     parser.add_argument("--html", metavar="PATH", type=writable_file,
                         help="write a self-contained HTML report")
+    parser.add_argument("--spec-site", metavar="URL",
+                        help="in the HTML report, link each clause to its anchor on the site "
+                             "`enginewire docs build` writes, at this URL or path relative to "
+                             "the report (default: the Markdown pages docs/spec/*.md)")
     parser.add_argument("--markdown", metavar="PATH", type=writable_file,
                         help="write a Markdown page of the result for publishing (clauses "
                              "passed per surface, every failure with its reproduction)")
@@ -226,7 +230,7 @@ def main(args: argparse.Namespace) -> int:
     if args.junit:
         reports.write_junit(result, args.junit)
     if args.html:
-        reports.write_html(result, args.html)
+        reports.write_html(result, args.html, spec_site=args.spec_site)
     if args.markdown:
         reports.write_markdown(result, args.markdown, spec, command=_command_line(args),
                                description=target.description)

@@ -32,6 +32,7 @@ COMMAND_MODULES = (
     "enginewire.fuzz.mutants.commands",
     "enginewire.bench.commands",
     "enginewire.tap.commands",
+    "enginewire.docsite",
 )
 
 #: Modules that register ``--target PREFIX:NAME`` providers with

@@ -1059,6 +1059,18 @@ class _RingLayout:
         return lines
 
 
+def ring_example_regions(spec: Spec) -> list[tuple[int, int, int, str]]:
+    """``(row, start, size, label)`` of every region the ring page draws for its example
+    segment, rows as in that drawing (outer regions above the ones they contain); empty
+    when the spec has no ring surface or its formulas place no region."""
+    surface = spec.surfaces.get("ring")
+    if not isinstance(surface, RingFile):
+        return []
+    rows = _drawing_rows(_RingLayout(surface).regions())
+    return [(index, region.start, region.size, region.label)
+            for index, row in enumerate(rows) for region in row]
+
+
 def _drawing_rows(regions: list[_Region]) -> list[list[_Region]]:
     """Regions grouped into picture rows: outer regions above the regions they contain."""
     spans: dict[tuple[int, int], _Region] = {}

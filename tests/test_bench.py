@@ -334,6 +334,10 @@ def test_plots_are_png_files(tmp_path: Path) -> None:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = report.render_markdown(results, plot_dir="docs/bench")
     assert "![ring throughput](docs/bench/ring-throughput.png)" in markdown
+    # A page written into the plot folder links its plots and the method page from there.
+    beside = report.render_markdown(results, plot_dir="docs/bench", page_dir="docs/bench")
+    assert "![ring throughput](ring-throughput.png)" in beside
+    assert "Method: [docs/bench.md](../bench.md)" in beside
 
 
 def test_codec_through_a_target_surface() -> None:

@@ -151,3 +151,13 @@ def test_broken_ring_page_in_a_headless_browser(tmp_path: Path) -> None:
     _screenshot(browser, page, tmp_path)
     dom = _dom(browser, page, tmp_path)
     assert dom.count("class=\"head lane\"") == 4  # two failures, two lanes each
+
+
+def test_clause_links_go_to_the_markdown_pages_or_the_docs_site() -> None:
+    run = _run()
+    clause = run.results[-1].check.clauses[0]
+    surface = clause.split(".", 1)[0]
+    assert f"href='docs/spec/{surface}.md#{clause}'" in render_html(run)
+    on_site = render_html(run, spec_site="https://docs.example/")
+    assert f"href='https://docs.example/spec/{surface}.html#{clause}'" in on_site
+    assert "docs/spec/" not in on_site

@@ -1,7 +1,8 @@
 """The HTML report (``enginewire check --html PATH``): one self-contained page people read.
 
 It leads with what needs action (failures, unexpected passes, changed failures, each with
-its clauses linked to the rendered spec page and its reproduction), then lists every check in
+its clauses linked to the rendered spec page, or with ``--spec-site`` to the documentation
+site, and its reproduction), then lists every check in
 suite order with filters by status and surface (a few lines of inline script; without script
 every row shows). Reproductions render as what they are:
 
@@ -68,10 +69,16 @@ document.querySelectorAll('#filters input,#filters select').forEach(
 """
 
 
-def clause_link(clause_id: str, spec_pages: str = SPEC_PAGES) -> str:
-    """An HTML link from a clause ID to its anchor on the rendered spec page."""
+def clause_link(clause_id: str, spec_pages: str = SPEC_PAGES,
+                spec_site: str | None = None) -> str:
+    """An HTML link from a clause ID to the element whose ``id`` is the clause ID on the page
+    of its surface (the ID's first part): the Markdown page ``<spec_pages>/<surface>.md``, or
+    with ``spec_site`` (the root of the site ``enginewire docs build`` writes, a URL or a path
+    relative to the report) the HTML page ``<spec_site>/spec/<surface>.html``."""
     page = clause_id.split(".", 1)[0]
-    return (f"<a href='{html.escape(spec_pages)}/{html.escape(page)}.md#{html.escape(clause_id)}'>"
+    href = (f"{spec_site.rstrip('/')}/spec/{page}.html" if spec_site is not None
+            else f"{spec_pages}/{page}.md")
+    return (f"<a href='{html.escape(href)}#{html.escape(clause_id)}'>"
             f"<code>{html.escape(clause_id)}</code></a>")
 
 
@@ -180,7 +187,7 @@ def _needs_action(result: CheckResult) -> bool:
     return result.unexpected or (result.status == FAILED and not result.expectation)
 
 
-def _failure_block(result: CheckResult) -> str:
+def _failure_block(result: CheckResult, spec_site: str | None = None) -> str:
     esc = html.escape
     status = result.expectation or result.status
     return (
@@ -188,7 +195,8 @@ def _failure_block(result: CheckResult) -> str:
         f"<h3 class='{esc(status)}'>{esc(status.replace('_', ' ').upper())} "
         f"<code>{esc(result.check.id)}</code> ({esc(result.level)})</h3>"
         f"<div>{esc(result.check.description)}</div>"
-        f"<div>clauses: {', '.join(clause_link(c) for c in result.check.clauses)}</div>"
+        f"<div>clauses: "
+        f"{', '.join(clause_link(c, spec_site=spec_site) for c in result.check.clauses)}</div>"
         f"<pre>{esc(result.message)}</pre>"
         f"{render_reproduction(result)}"
         + (f"<details><summary>traceback</summary><pre>{esc(result.traceback)}</pre>"
@@ -197,7 +205,9 @@ def _failure_block(result: CheckResult) -> str:
     )
 
 
-def render_html(run: RunResult) -> str:
+def render_html(run: RunResult, spec_site: str | None = None) -> str:
+    """The report page; clause links go to the Markdown spec pages under ``docs/spec/``, or
+    with ``spec_site`` to the built documentation site there (see :func:`clause_link`)."""
     esc = html.escape
     totals = run.counts()
     verdict = "PASSED" if run.ok else "FAILED"
@@ -219,12 +229,12 @@ def render_html(run: RunResult) -> str:
         f"<h2 id='failures'>Needs action ({len(action)})</h2>",
     ]
     if action:
-        parts += [_failure_block(r) for r in action]
+        parts += [_failure_block(r, spec_site) for r in action]
     else:
         parts.append("<p class='passed'>Nothing: every failure is expected.</p>")
     if expected:
         parts.append(f"<details><summary>Expected failures ({len(expected)})</summary>")
-        parts += [_failure_block(r) for r in expected]
+        parts += [_failure_block(r, spec_site) for r in expected]
         parts.append("</details>")
     boxes = "".join(
         f"<label><input type='checkbox' data-status='{s}' "
@@ -247,7 +257,8 @@ def render_html(run: RunResult) -> str:
             f"data-surface='{esc(result.check.surface)}'>"
             f"<td><code>{esc(result.check.id)}</code><div>{esc(result.check.description)}"
             f"</div></td><td>{esc(result.check.surface)}</td>"
-            f"<td>{'<br>'.join(clause_link(c) for c in result.check.clauses)}</td>"
+            f"<td>{'<br>'.join(clause_link(c, spec_site=spec_site) for c in result.check.clauses)}"
+            "</td>"
             f"<td>{esc(result.level)}</td><td class='{esc(status)}'>"
             f"{esc(status.replace('_', ' '))}{link}"
             + (f"<div>{esc(result.first_line)}</div>" if result.first_line else "")

@@ -195,15 +195,16 @@ def _failure_text(result: CheckResult) -> str:
 # --- HTML ---------------------------------------------------------------------------------
 
 
-def render_html(run: RunResult) -> str:
-    """The self-contained HTML page (:mod:`.html_report`)."""
+def render_html(run: RunResult, spec_site: str | None = None) -> str:
+    """The self-contained HTML page (:mod:`.html_report`); ``spec_site``: the root of the
+    documentation site its clause links go to (default: the Markdown spec pages)."""
     from enginewire.conformance.framework.html_report import render_html as render
 
-    return render(run)
+    return render(run, spec_site=spec_site)
 
 
-def write_html(run: RunResult, path: str | Path) -> None:
-    Path(path).write_text(render_html(run), encoding="utf-8")
+def write_html(run: RunResult, path: str | Path, spec_site: str | None = None) -> None:
+    Path(path).write_text(render_html(run, spec_site=spec_site), encoding="utf-8")
 
 
 # --- Markdown ------------------------------------------------------------------------------
