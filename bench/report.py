@@ -17,6 +17,7 @@ DISPLAY = {
     "zmq_push_pull": "ZMQ PUSH/PULL",
     "msgspec": "raw msgspec (ceiling)",
     "router_dealer": "bare ROUTER/DEALER (ceiling)",
+    "minimal_ring": "minimal ring (ceiling)",
 }
 TITLES = {
     ("ring", "messages_per_s"): "ring: messages per second",
@@ -132,9 +133,11 @@ def render_goals(results: Results) -> str:
              "| target | measured ratio | needed | met |", "|---|---:|---:|---|"]
     for goal in goals:
         ratio, met = results.evaluate(goal)
-        against = {"vllm": "vLLM", "reference": "without the tap"}.get(goal.against,
-                                                                        "ceiling")
+        against = {"vllm": "vLLM", "reference": "without the tap",
+                   "ceiling": "ceiling"}.get(goal.against, display(goal.against))
         needed = f"{'>=' if goal.at_least else '<='} {goal.threshold:g}x {against}"
+        if goal.every_round:
+            needed += ", every round"
         verdict = "not measured" if met is None else ("yes" if met else "**no**")
         lines.append(f"| {goal.description} | {ratio_text(ratio)} | {needed} | {verdict} |")
     lines.append("")

@@ -58,6 +58,8 @@ PRELOAD_MODULES = {
 #: (sequence number, send time in monotonic ns); warm-up messages have sequence -1.
 HEADER = struct.Struct("<qq")
 WARMUP_SEQ = -1
+#: The sequence number of the last message of a minimal-ring cell (that ring has no None).
+END_SEQ = -2
 #: Latency warm-up messages before the recorded ones.
 LATENCY_WARMUP = 5
 #: vLLM's ring (and the reference's pickle codec) send buffers of this size and more out of
@@ -167,12 +169,36 @@ def _read_zmq(conn: Connection, address: str, hwm: int, latency: bool,
         context.term()
 
 
+def _read_minimal(conn: Connection, name: str, n_reader: int, chunks: int, size: int,
+                  rank: int, latency: bool, timeout: float) -> dict[str, Any]:
+    from enginewire.bench.minimal_ring import MinimalReader
+    from enginewire.reference.ring.shm import attach_untracked
+
+    shm = attach_untracked(name)
+    try:
+        reader = MinimalReader(shm.buf, n_reader, chunks, size, rank)  # type: ignore[arg-type]
+        conn.send(("connected", None))
+        read = functools.partial(reader.read, timeout)
+        unpack = HEADER.unpack_from
+
+        def receive() -> bytes | None:
+            data = read()
+            return None if unpack(data)[0] == END_SEQ else data
+
+        return _consume(receive, latency)
+    finally:
+        del reader
+        shm.close()
+
+
 def reader_main(conn: Connection, preload: Sequence[str]) -> None:
     """A reader worker: load the targets, then run commands from ``conn`` until ``exit``.
 
-    Commands: ``("ring", target_text, handle, rank, latency, timeout, borrowed)`` and
-    ``("zmq", address, hwm, latency, timeout)``; each is answered by one ``("report", dict)``
-    (``dict["error"]`` set when it failed), the zmq one preceded by ``("connected", None)``.
+    Commands: ``("ring", target_text, handle, rank, latency, timeout, borrowed)``,
+    ``("zmq", address, hwm, latency, timeout)`` and ``("minimal", segment_name, n_reader,
+    chunks, size, rank, latency, timeout)``; each is answered by one ``("report", dict)``
+    (``dict["error"]`` set when it failed), the zmq and minimal ones preceded by
+    ``("connected", None)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, also on Ctrl-C
     from enginewire.conformance.targets.resolve import load_target
@@ -201,6 +227,8 @@ def reader_main(conn: Connection, preload: Sequence[str]) -> None:
                 report = _read_ring(targets, *args)
             elif kind == "zmq":
                 report = _read_zmq(conn, *args)
+            elif kind == "minimal":
+                report = _read_minimal(conn, *args)
             else:
                 report = {"error": f"unknown command {kind!r}"}
         except Exception as exc:  # the parent records the failed cell
@@ -535,6 +563,45 @@ class RingBench:
             size = max(self.config.chunks) * self.config.chunk_bytes
             self._segment = shared_memory.SharedMemory(create=True, size=size)
         return self._segment
+
+    # --- minimal broadcast ring (ceiling of the message rate) ---
+
+    def minimal_throughput(self, payload_bytes: int, readers: int,
+                           chunks: int) -> dict[str, float]:
+        """``messages_per_s`` of :mod:`.minimal_ring` with ``readers`` reader processes: flags
+        and memcpy, nothing else, timed exactly as a ring target's cell."""
+        from enginewire.bench.minimal_ring import MinimalWriter, create
+
+        timeout = self.config.timeout
+        payload = self.payload(payload_bytes)
+        segment = create(readers, chunks, payload_bytes)
+        workers: list[_Worker] = []
+        failed = False
+        writer = None
+        try:
+            writer = MinimalWriter(segment.buf, readers, chunks,  # type: ignore[arg-type]
+                                   payload_bytes)
+            workers = self.pool.submit([("minimal", segment.name, readers, chunks,
+                                         payload_bytes, rank, False, timeout)
+                                        for rank in range(readers)])
+            self.pool.wait_status(workers, "connected")
+            write = writer.write
+            sent = self._stream(lambda data: write(data, timeout), payload, chunks)
+            end = bytearray(memoryview(payload).cast("B"))  # type: ignore[arg-type]
+            HEADER.pack_into(end, 0, END_SEQ, 0)
+            write(end, timeout)
+            reports = self.pool.reports(workers)
+        except Exception:
+            failed = True
+            raise
+        finally:
+            del writer
+            segment.close()
+            segment.unlink()
+            if failed and workers:
+                self.pool.abandon(workers)
+        rate = _rate(reports, sent)
+        return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
 
     # --- ZMQ PUSH/PULL baseline ---
 

@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any, TextIO
 
 from enginewire.bench.config import BenchConfig
-from enginewire.bench.results import BORROWED, Results, Series
+from enginewire.bench.results import BORROWED, MINIMAL_RING, Results, Series
 from enginewire.bench.stats import percentile
 
 #: Contender names of the baselines.
@@ -172,6 +172,7 @@ class Run:
         from enginewire.bench.ring_bench import RingBench
 
         self.ring = RingBench(self.config, self.wanted())
+        self.roles[MINIMAL_RING] = "ceiling"
         self.stack.callback(self.ring.close)
         self.ring.start()
 
@@ -277,6 +278,9 @@ class Run:
                     borrowed=True))) for text in texts if _borrows(self.targets[text])]
             contenders.append((ZMQ, _pair(partial(ring.zmq_throughput, payload, readers,
                                                   chunks))))
+            if self._minimal_case(payload, readers, chunks):
+                contenders.append((MINIMAL_RING, _pair(partial(
+                    ring.minimal_throughput, payload, readers, chunks))))
             for name, measure in _rotate(contenders, round_index):
                 yield Step(f"ring {_label(case)} {name}",
                            _bind(self._record, "ring", case, name, measure, units))
@@ -290,6 +294,13 @@ class Run:
                 yield Step(f"ring latency {_label(case)} {name}",
                            _bind(self._record, "ring_latency", case, name, measure,
                                  latency_units))
+
+    def _minimal_case(self, payload: int, readers: int, chunks: int) -> bool:
+        """Is the minimal ring measured in this cell? At the base reader and chunk counts and
+        below :data:`BANDWIDTH_FROM` (a message-rate ceiling; memcpy bounds the GB/s)."""
+        config = self.config
+        return (payload < BANDWIDTH_FROM and readers == config.base_readers
+                and chunks == config.base_chunks)
 
     def codec_steps(self, texts: list[str], round_index: int) -> Iterator[Step]:
         from enginewire.bench.codec_bench import OPERATIONS, WORKLOADS
