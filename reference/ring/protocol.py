@@ -273,6 +273,64 @@ class RingWriter(_RingEnd):
             return False
         return not any(map(memory.load, self._read_flags[index]))
 
+    def try_publish(self, head: Buffer, body: Buffer, body_at: int) -> bool | None:
+        """One whole message in one call, for the per-message path of a queue: exactly the
+        memory events of :meth:`try_acquire`, then ``write(chunk, head)`` and
+        ``write(chunk + body_at, body)``, then :meth:`commit`, then :meth:`readers_behind`,
+        in that order (tests/test_ring_protocol.py runs both over a recording memory and
+        compares the event sequences). The steps are those methods' steps, inlined: the
+        memory sees no difference, a message costs one Python call instead of five.
+
+        None when the chunk is not free (nothing changed: the caller waits and takes the
+        step-by-step path); otherwise whether the readers need a notification
+        (``not readers_behind()``).
+        """
+        if self._claimed is not None:
+            raise RingError("ring.writer.single-writer", "a chunk is already claimed",
+                            expected="commit() before the next acquire", got=self._claimed)
+        memory = self.memory
+        load = memory.load
+        store = memory.store
+        # try_acquire: ring.writer.fence-before-check, ring.writer.wait-writable
+        if not self._fenced:
+            memory.fence()
+            self._fenced = True
+        index = self.index
+        row = self._rows[index]
+        flags = self._read_flags[index]
+        if load(row) and sum(map(load, flags)) != self._n_reader:
+            return None
+        self._fenced = False
+        store(row, 0)  # ring.writer.clear-written-before-fill
+        fence_acq_rel = self._fence_acq_rel
+        if fence_acq_rel is not None:  # ring.writer.fence-after-claim
+            fence_acq_rel()
+        # the caller's fill
+        offset = self._chunks[index]
+        write = memory.write
+        write(offset, head)
+        write(offset + body_at, body)
+        # commit: ring.writer.read-flags-cleared-before-written
+        for flag in flags:
+            store(flag, 0)
+        if fence_acq_rel is not None:  # ring.writer.fence-before-written
+            fence_acq_rel()
+        store(row, 1)
+        memory.fence()  # ring.writer.fence-after-written
+        self._fenced = True
+        index += 1
+        max_chunks = self._max_chunks
+        self.index = 0 if index == max_chunks else index
+        # readers_behind: ring.notify.after-write
+        if max_chunks < 2:
+            return True
+        before = index - 2  # the chunk committed before this one (index is one past this)
+        if before < 0:
+            before += max_chunks
+        if not load(self._rows[before]):
+            return True
+        return any(map(load, self._read_flags[before]))
+
     def abandon(self) -> None:
         """Give a claimed chunk up without publishing it (the caller failed while filling it).
 

@@ -50,7 +50,16 @@ from enginewire.spec import load
 
 from ..addresses import bind_ipc, ensure_ipc_dir, ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
-from .framing import Buffer, decode_chunk, needs_overflow, single_buffer, write_chunk
+from .framing import (
+    FIRST_DATA,
+    OVERFLOW_BASE,
+    Buffer,
+    decode_chunk,
+    needs_overflow,
+    single_buffer,
+    single_head,
+    write_chunk,
+)
 from .layout import RingLayout
 from .liveness import LivenessRecord
 from .payload import PayloadCodec, get_codec
@@ -507,6 +516,17 @@ class MessageQueue:
             if self._resources.closed:
                 raise QueueClosed("the queue is closed")
         else:
+            first = buffers[0] if len(buffers) == 1 else None
+            if type(first) is bytes and OVERFLOW_BASE + len(first) < self._chunk_bytes:
+                # The common message (one pickle stream that fits), in one protocol call: the
+                # same memory events as the steps below (RingWriter.try_publish).
+                notify_readers = writer.try_publish(single_head(len(first)), first, FIRST_DATA)
+                if notify_readers is not None:
+                    if notify_readers:
+                        notify()
+                    if self._remote_socket is not None:
+                        self._send_multipart(self._remote_socket, buffers)
+                    return
             overflow = needs_overflow(buffers, self._chunk_bytes)
             if writer.try_acquire() is None:
                 self._wait_for_chunk(writer, timeout)
