@@ -18,6 +18,15 @@ DISPLAY = {
     "msgspec": "raw msgspec (ceiling)",
     "router_dealer": "bare ROUTER/DEALER (ceiling)",
     "minimal_ring": "minimal ring (ceiling)",
+    # textbook contenders, with the figure an IPC chapter leads one to expect
+    "pipe": "pipe, default 64 KiB buffer (textbook ~1.6 GB/s)",
+    "pipe_1mib": "pipe, F_SETPIPE_SZ to pipe-max-size (textbook ~1.6 GB/s)",
+    "unix_socket": "Unix domain socket (textbook ~7.9 GB/s)",
+    "shm_handshake": "shared memory, one-byte handshake (textbook ~11 GB/s)",
+    "pickle": "pickle, 256 dataclasses (textbook ~376 µs)",
+    "msgspec_structs": "msgspec structs (textbook ~200 µs)",
+    "int_arrays": "flattened integer arrays (textbook ~3 µs)",
+    "previous_release": "previous release",
 }
 TITLES = {
     ("ring", "messages_per_s"): "ring: messages per second",
@@ -29,6 +38,11 @@ TITLES = {
     ("peers", "rtt_p50_us"): "peers: ADD to first output, p50 (µs)",
     ("peers", "rtt_p99_us"): "peers: ADD to first output, p99 (µs)",
     ("peers", "tap_steps_per_s"): "peers: steps per second enginewire tap forwards and decodes",
+    ("textbook", "gb_per_s"): "textbook: bulk bytes between two processes (GB/s)",
+    ("textbook_step", "step_us"): "textbook: one scheduling step, encode plus decode (µs)",
+    ("explorer", "states_per_s"): "explorer: states per second, reference ring",
+    ("explorer", "search_s"): "explorer: time of the search (s), reference ring",
+    ("explorer", "states"): "explorer: states visited, reference ring",
 }
 #: Contender order inside a case: implementations first, then vLLM, baselines, ceilings.
 ROLE_ORDER = {"target": 0, "vllm": 1, "baseline": 2, "ceiling": 3}

@@ -32,6 +32,8 @@ from enginewire.bench.stats import percentile
 
 #: Contender names of the baselines.
 MEMCPY, ZMQ, MSGSPEC, ROUTER_DEALER = "memcpy", "zmq_push_pull", "msgspec", "router_dealer"
+#: The explorer of the previous release of the bench (:mod:`.explorer_bench`).
+PREVIOUS_RELEASE = "previous_release"
 #: Payloads from this size on also get a GB/s figure (and zero-copy read contenders).
 BANDWIDTH_FROM = 1 << 20
 
@@ -127,6 +129,7 @@ class Run:
         self.ring: Any = None
         self.codec_ops: dict[str, Any] = {}
         self.peers: dict[tuple[str, str], Any] = {}
+        self.explorers: dict[str, Any] = {}  # contender -> explorer_bench.Checkout
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -232,6 +235,35 @@ class Run:
             self.peers[(name, transport)] = session
         return names
 
+    def set_up_explorer(self) -> None:
+        """This tree's explorer, and the previous release's unpacked from git when asked."""
+        import tempfile
+        from pathlib import Path
+
+        from enginewire.bench import explorer_bench
+
+        self.explorers["reference"] = explorer_bench.Checkout(None)
+        if not self.config.explorer_previous:
+            self.results.notes.append(
+                "explorer: the previous release's explorer runs in the full bench only")
+            return
+        repo = explorer_bench.repository_root()
+        revision = None if repo is None else explorer_bench.previous_release(repo)
+        if repo is None or revision is None:
+            self.results.notes.append(
+                "explorer: no git checkout with a committed results file: the previous "
+                "release is not measured")
+            return
+        folder = self.stack.enter_context(tempfile.TemporaryDirectory(prefix="ew-bench-"))
+        try:
+            self.explorers[PREVIOUS_RELEASE] = explorer_bench.unpack(repo, revision,
+                                                                     Path(folder))
+        except Exception as exc:  # recorded; this tree's explorer is still measured
+            self.results.notes.append(f"explorer: could not unpack {revision[:12]}: {exc}")
+            return
+        self.results.notes.append(f"explorer: previous release = {revision[:12]} (the "
+                                  f"revision that last changed {explorer_bench.RESULTS_FILE})")
+
     # --- steps ----------------------------------------------------------------------------
 
     def _series(self, bench: str, metric: str, unit: str, better: str,
@@ -302,6 +334,48 @@ class Run:
         return (payload < BANDWIDTH_FROM and readers == config.base_readers
                 and chunks == config.base_chunks)
 
+    def textbook_steps(self, round_index: int) -> Iterator[Step]:
+        from enginewire.bench import textbook_bench
+
+        config = self.config
+        case = {"payload_bytes": config.textbook_bytes}
+        contenders = [(kind, _pair(partial(textbook_bench.bulk, kind, config.textbook_bytes,
+                                           config.textbook_seconds, config.timeout)))
+                      for kind in textbook_bench.TRANSPORTS]
+        for name, measure in _rotate(contenders, round_index):
+            yield Step(f"textbook bulk {name}",
+                       _bind(self._record, "textbook", case, name, measure,
+                             {"gb_per_s": ("GB/s", "higher")}))
+        operations = textbook_bench.step_operations()
+        step_case = {"step": f"{textbook_bench.STEP_REQUESTS} requests"}
+        steps = [(name, _pair(partial(_micros, "step_us", call, config.codec_seconds)))
+                 for name, call in operations.items()]
+        for name, measure in _rotate(steps, round_index):
+            yield Step(f"textbook step {name}",
+                       _bind(self._record, "textbook_step", step_case, name, measure,
+                             {"step_us": ("µs", "lower")}))
+
+    def explorer_steps(self, round_index: int) -> Iterator[Step]:
+        """The searches, in the first round only (an exhaustive one takes tens of seconds)."""
+        from enginewire.bench import explorer_bench
+
+        if round_index != 0:
+            return
+        config = self.config
+        readers, chunks, messages = config.explorer_ring
+        units = {"states_per_s": ("states/s", "higher"), "search_s": ("s", "lower"),
+                 "states": ("states", "lower")}
+        for model in explorer_bench.MODELS:
+            case = {"model": model, "ring": f"{readers}x{chunks}x{messages}"}
+            contenders = []
+            for name, checkout in self.explorers.items():
+                contenders.append((name, _pair(partial(
+                    _search, checkout, model, readers, chunks, messages,
+                    config.explorer_max_states, config.timeout * 30))))
+            for name, measure in contenders:
+                yield Step(f"explorer {model} {name}",
+                           _bind(self._record, "explorer", case, name, measure, units))
+
     def codec_steps(self, texts: list[str], round_index: int) -> Iterator[Step]:
         from enginewire.bench.codec_bench import OPERATIONS, WORKLOADS
 
@@ -345,6 +419,15 @@ class Run:
 def _borrows(target: Any) -> bool:
     """Does the target's ring offer zero-copy reads (``borrowed_reads``)?"""
     return bool(getattr(target.ring, "borrowed_reads", False))
+
+
+def _search(checkout: Any, model: str, readers: int, chunks: int, messages: int,
+            max_states: int | None, timeout: float) -> dict[str, float]:
+    from enginewire.bench.explorer_bench import search
+
+    found = search(checkout, model, readers, chunks, messages, max_states, timeout)
+    return {"states_per_s": found["states_per_s"], "search_s": found["elapsed_s"],
+            "states": float(found["states"])}
 
 
 def _micros(metric: str, call: Callable[[], Any], seconds: float) -> dict[str, float]:
@@ -427,6 +510,9 @@ def run(config: BenchConfig, *, progress: bool = True, command: str = "",
             if peers_ready:
                 state.set_up_peers()
             phase("peers")
+            if "explorer" in config.benches:
+                state.set_up_explorer()
+                phase("explorer")
             if state.ring is not None:
                 problems = state.ring.pool.wait_ready()
                 for text, problem in problems.items():
@@ -445,8 +531,12 @@ def run(config: BenchConfig, *, progress: bool = True, command: str = "",
                     yield from state.codec_steps(codec_texts, round_index)
                 if peers_ready:
                     yield from state.peers_steps(round_index)
+                if "textbook" in config.benches:
+                    yield from state.textbook_steps(round_index)
+                if "explorer" in config.benches:
+                    yield from state.explorer_steps(round_index)
 
-            total = sum(1 for _ in steps(0)) * config.rounds
+            total = sum(sum(1 for _ in steps(index)) for index in range(config.rounds))
             bar = Progress(total, stream=stream, enabled=progress)
             for round_index in range(config.rounds):
                 for step in steps(round_index):
