@@ -6,7 +6,14 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from enginewire.bench.results import BORROWED, Results, Series, benches_of, format_bytes
+from enginewire.bench.results import (
+    BORROWED,
+    RAW,
+    Results,
+    Series,
+    benches_of,
+    format_bytes,
+)
 from enginewire.bench.stats import Spread
 
 #: How contenders are shown.
@@ -49,6 +56,9 @@ ROLE_ORDER = {"target": 0, "vllm": 1, "baseline": 2, "ceiling": 3}
 
 
 def display(contender: str) -> str:
+    raw = contender.removesuffix(RAW)
+    if raw != contender:
+        return f"{DISPLAY.get(raw, raw)}, raw buffers (enqueue_buffers, dequeue_views)"
     base = contender.removesuffix(BORROWED)
     if base != contender:
         return f"{DISPLAY.get(base, base)}, zero-copy reads"

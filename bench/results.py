@@ -33,6 +33,9 @@ VLLM = "vllm"
 TAPPED = "reference+tap"
 #: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
 BORROWED = "+borrowed"
+#: The suffix of a ring contender sending raw buffers (``enqueue_buffers``, no pickle) whose
+#: readers take views valid until their next read (``dequeue_views``).
+RAW = "+raw"
 #: The minimal broadcast ring (flags plus memcpy, :mod:`.minimal_ring`): the ceiling of the
 #: ring's message rate, measured beside the ring targets.
 MINIMAL_RING = "minimal_ring"
@@ -187,7 +190,7 @@ class Results:
             return []
         goals: list[Goal] = []
         for series in self.series:
-            if series.contender not in ("reference", "reference" + BORROWED):
+            if series.contender not in ("reference", "reference" + BORROWED, "reference" + RAW):
                 continue
             case = series.case
             borrowed = series.contender != "reference"
@@ -208,10 +211,18 @@ class Results:
             elif ((series.bench, series.metric) == ("ring", "gb_per_s")
                   and case.get("chunks") == 10 and case.get("readers") == 1):
                 size = format_bytes(case["payload_bytes"])
-                reads = "zero-copy reads" if borrowed else "copying reads"
+                raw = series.contender.endswith(RAW)
+                reads = ("raw buffers, zero-copy views" if raw else
+                         "zero-copy reads" if borrowed else "copying reads")
+                if not borrowed and case["payload_bytes"] == 1 << 20:
+                    goals.append(Goal(
+                        "ring-pickled-1MiB-vs-vllm",
+                        "ring GB/s at 1 MiB (1 reader, pickled array, copying reads): at "
+                        "least 1.3x vLLM's",
+                        "ring", "gb_per_s", case, "vllm", 1.3, at_least=True))
                 goals.append(Goal(
                     f"ring-bandwidth-{size.replace(' ', '')}"
-                    + ("-zero-copy" if borrowed else ""),
+                    + ("-raw" if raw else "-zero-copy" if borrowed else ""),
                     f"ring GB/s at {size} (1 reader, {reads}): at least 80% of memcpy",
                     "ring", "gb_per_s", case, "ceiling", 0.8, at_least=True,
                     contender=series.contender))

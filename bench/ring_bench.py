@@ -129,8 +129,20 @@ def _borrowing(reader: Any, timeout: float) -> Callable[[], Any]:
     return receive
 
 
+def _raw(reader: Any, timeout: float) -> Callable[[], Any]:
+    """A receive function over raw-buffer reads (``dequeue_views``): the header is copied out
+    of the view, the rest stays in the slot until the next read; an empty message ends."""
+    views = reader.dequeue_views
+
+    def receive() -> bytes | None:
+        main = views(timeout)[0]
+        return main[:HEADER.size].tobytes() if main.nbytes else None
+
+    return receive
+
+
 def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, latency: bool,
-               timeout: float, borrowed: bool = False) -> dict[str, Any]:
+               timeout: float, borrowed: bool = False, raw: bool = False) -> dict[str, Any]:
     from enginewire.conformance.targets.resolve import load_target
 
     target = targets.get(text)
@@ -139,7 +151,7 @@ def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, laten
     reader = target.ring.attach_reader(handle, rank)
     try:
         reader.wait_until_ready(timeout)
-        receive = (_borrowing(reader, timeout) if borrowed
+        receive = (_raw(reader, timeout) if raw else _borrowing(reader, timeout) if borrowed
                    else functools.partial(reader.dequeue, timeout))
         return _consume(receive, latency)
     finally:
@@ -194,7 +206,7 @@ def _read_minimal(conn: Connection, name: str, n_reader: int, chunks: int, size:
 def reader_main(conn: Connection, preload: Sequence[str]) -> None:
     """A reader worker: load the targets, then run commands from ``conn`` until ``exit``.
 
-    Commands: ``("ring", target_text, handle, rank, latency, timeout, borrowed)``,
+    Commands: ``("ring", target_text, handle, rank, latency, timeout, borrowed, raw)``,
     ``("zmq", address, hwm, latency, timeout)`` and ``("minimal", segment_name, n_reader,
     chunks, size, rank, latency, timeout)``; each is answered by one ``("report", dict)``
     (``dict["error"]`` set when it failed), the zmq and minimal ones preceded by
@@ -439,14 +451,16 @@ class RingBench:
     # --- ring targets ---
 
     def throughput(self, text: str, target: Any, payload_bytes: int, readers: int,
-                   chunks: int, borrowed: bool = False) -> dict[str, float]:
+                   chunks: int, borrowed: bool = False, raw: bool = False) -> dict[str, float]:
         """``messages_per_s`` and ``gb_per_s`` of one cell of ``target``'s ring; ``borrowed``:
-        the readers use zero-copy reads (``dequeue_borrowed``)."""
+        the readers use zero-copy reads (``dequeue_borrowed``); ``raw``: the writer sends the
+        payload as a raw buffer (``enqueue_buffers``, no pickle) and the readers take views
+        (``dequeue_views``)."""
         payload = self.payload(payload_bytes)
         reports, sent = self._ring_cell(text, target, readers, chunks, latency=False,
                                         send=lambda enqueue: self._stream(enqueue, payload,
                                                                           chunks),
-                                        borrowed=borrowed)
+                                        borrowed=borrowed, raw=raw)
         rate = _rate(reports, sent)
         return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
 
@@ -460,7 +474,7 @@ class RingBench:
 
     def _ring_cell(self, text: str, target: Any, readers: int, chunks: int, *, latency: bool,
                    send: Callable[[Callable[..., None]], int],
-                   borrowed: bool = False) -> tuple[list[dict], int]:
+                   borrowed: bool = False, raw: bool = False) -> tuple[list[dict], int]:
         timeout = self.config.timeout
         writer = target.ring.create_writer(n_reader=readers,
                                            max_chunk_bytes=self.config.chunk_bytes,
@@ -469,9 +483,15 @@ class RingBench:
         failed = False
         try:
             workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout,
-                                         borrowed) for rank in range(readers)])
+                                         borrowed, raw) for rank in range(readers)])
             writer.wait_until_ready(timeout)
-            bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame of its own
+            if raw:
+                enqueue_buffers = writer.enqueue_buffers
+
+                def bounded(payload: Any) -> None:
+                    enqueue_buffers([b""] if payload is None else [payload], timeout)
+            else:
+                bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame
             sent = send(bounded)
             bounded(None)
             reports = self.pool.reports(workers)

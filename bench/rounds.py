@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any, TextIO
 
 from enginewire.bench.config import BenchConfig
-from enginewire.bench.results import BORROWED, MINIMAL_RING, Results, Series
+from enginewire.bench.results import BORROWED, MINIMAL_RING, RAW, Results, Series
 from enginewire.bench.stats import percentile
 
 #: Contender names of the baselines.
@@ -157,6 +157,7 @@ class Run:
             self.stack.callback(target.close)
             self.roles[text] = "vllm" if text == "vllm" else "target"
             self.roles[text + BORROWED] = "target"
+            self.roles[text + RAW] = "target"
 
     def ring_targets(self) -> list[str]:
         found = []
@@ -308,6 +309,10 @@ class Run:
                 contenders += [(text + BORROWED, _pair(partial(
                     ring.throughput, text, self.targets[text], payload, readers, chunks,
                     borrowed=True))) for text in texts if _borrows(self.targets[text])]
+                contenders += [(text + RAW, _pair(partial(
+                    ring.throughput, text, self.targets[text], payload, readers, chunks,
+                    raw=True))) for text in texts
+                    if getattr(self.targets[text].ring, "raw_buffers", False)]
             contenders.append((ZMQ, _pair(partial(ring.zmq_throughput, payload, readers,
                                                   chunks))))
             if self._minimal_case(payload, readers, chunks):
