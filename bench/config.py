@@ -94,8 +94,8 @@ class BenchConfig:
             latency_interval=0.003,
             codec_seconds=0.05,
             round_trips=60,
-            textbook_seconds=0.03,
-            explorer_max_states=2000,
+            textbook_seconds=0.01,
+            explorer_max_states=500,
             explorer_previous=False,
         ), **overrides)
 
