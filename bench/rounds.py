@@ -309,10 +309,12 @@ class Run:
                 contenders += [(text + BORROWED, _pair(partial(
                     ring.throughput, text, self.targets[text], payload, readers, chunks,
                     borrowed=True))) for text in texts if _borrows(self.targets[text])]
-                contenders += [(text + RAW, _pair(partial(
-                    ring.throughput, text, self.targets[text], payload, readers, chunks,
-                    raw=True))) for text in texts
-                    if getattr(self.targets[text].ring, "raw_buffers", False)]
+                if chunks == config.base_chunks and readers in (1, config.base_readers):
+                    # Raw buffers: at the headline cells only (each costs a ring cell).
+                    contenders += [(text + RAW, _pair(partial(
+                        ring.throughput, text, self.targets[text], payload, readers, chunks,
+                        raw=True))) for text in texts
+                        if getattr(self.targets[text].ring, "raw_buffers", False)]
             contenders.append((ZMQ, _pair(partial(ring.zmq_throughput, payload, readers,
                                                   chunks))))
             if self._minimal_case(payload, readers, chunks):

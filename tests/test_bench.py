@@ -303,6 +303,9 @@ def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
     assert ("ring", "messages_per_s", "memcpy", (("payload_bytes", 64), ("chunks", 4))) in found
     # Zero-copy reads: a contender of their own, for bandwidth payloads only.
     assert ("ring", "gb_per_s", "reference+borrowed", large) in found
+    assert ("ring", "gb_per_s", "reference+raw", large) in found  # raw buffers, 1 MiB on
+    assert not any(c == "reference+raw" and dict(case)["payload_bytes"] < MIB
+                   for _, _, c, case in found)
     assert not any(c == "reference+borrowed" and dict(case)["payload_bytes"] < MIB
                    for _, _, c, case in found)
     assert report.display("reference+borrowed") == "reference, zero-copy reads"

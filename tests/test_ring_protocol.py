@@ -645,3 +645,28 @@ def test_try_publish_refuses_while_a_chunk_is_claimed() -> None:
     assert writer.try_acquire() == 0
     with pytest.raises(RingError):
         writer.try_publish(b"h", b"b", 7)
+
+
+def test_try_publish_calls_a_subclass_steps() -> None:
+    """A writer subclass that replaces a step (a mutant) is not bypassed by the inlined path."""
+
+    class SkipsClearingReadFlags(RingWriter):
+        def commit(self) -> None:
+            index = self._claimed
+            assert index is not None
+            self.memory.store(self._rows[index], 1)
+            self.memory.fence()
+            self._fenced = True
+            self._claimed = None
+            self.index = (index + 1) % self._max_chunks
+
+    layout = RingLayout(n_reader=1, max_chunk_bytes=64, max_chunks=1)
+    memory = RecordingMemory(layout.total_size)
+    writer, reader = SkipsClearingReadFlags(memory, layout), RingReader(memory, layout, 0)
+    assert writer.try_publish(b"h", b"1", 7) is not None
+    assert reader.try_acquire() == 0
+    reader.release()
+    assert writer.try_publish(b"h", b"2", 7) is not None
+    assert reader.try_acquire() is None  # the subclass's commit left the read flag set
+    assert RingWriter(BytearrayMemory(layout.total_size), layout)._inlined
+    assert not writer._inlined

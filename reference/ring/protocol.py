@@ -184,6 +184,10 @@ class _RingEnd:
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
 
+#: The steps :meth:`RingWriter.try_publish` inlines.
+_PUBLISH_STEPS = ("try_acquire", "chunk_offset", "commit", "readers_behind", "abandon")
+
+
 class RingWriter(_RingEnd):
     """The writer's side of the flag protocol. Exactly one writer exists per ring.
 
@@ -196,6 +200,10 @@ class RingWriter(_RingEnd):
         self._n_reader = layout.n_reader
         self._read_flags = [tuple(range(row + 1, row + 1 + layout.n_reader))
                             for row in self._rows]
+        # try_publish inlines this class's steps; a subclass that replaces one of them (a
+        # mutant, an instrumented writer) gets its own steps called instead.
+        self._inlined = all(getattr(type(self), name) is getattr(RingWriter, name)
+                            for name in _PUBLISH_STEPS)
 
     def try_acquire(self) -> int | None:
         """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
@@ -285,6 +293,8 @@ class RingWriter(_RingEnd):
         step-by-step path); otherwise whether the readers need a notification
         (``not readers_behind()``).
         """
+        if not self._inlined:
+            return self._publish_by_steps(head, body, body_at)
         if self._claimed is not None:
             raise RingError("ring.writer.single-writer", "a chunk is already claimed",
                             expected="commit() before the next acquire", got=self._claimed)
@@ -330,6 +340,20 @@ class RingWriter(_RingEnd):
         if not load(self._rows[before]):
             return True
         return any(map(load, self._read_flags[before]))
+
+    def _publish_by_steps(self, head: Buffer, body: Buffer, body_at: int) -> bool | None:
+        """:meth:`try_publish` through the step methods (those of a subclass included)."""
+        if self.try_acquire() is None:
+            return None
+        offset = self.chunk_offset()
+        try:
+            self.memory.write(offset, head)
+            self.memory.write(offset + body_at, body)
+        except BaseException:
+            self.abandon()
+            raise
+        self.commit()
+        return not self.readers_behind()
 
     def abandon(self) -> None:
         """Give a claimed chunk up without publishing it (the caller failed while filling it).
