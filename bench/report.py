@@ -247,7 +247,8 @@ def render_markdown(results: Results, plot_dir: str | None = None) -> str:
         for name, title in (("ring-throughput.png", "ring throughput"),
                             ("ring-bandwidth.png", "ring bandwidth"),
                             ("ring-latency-cdf.png", "ring latency"),
-                            ("peers-rtt-cdf.png", "round trips")):
+                            ("peers-rtt-cdf.png", "round trips"),
+                            ("textbook.png", "textbook contenders")):
             lines.append(f"![{title}]({plot_dir.rstrip('/')}/{name})")
         lines.append("")
     return "\n".join(lines)

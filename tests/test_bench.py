@@ -373,12 +373,13 @@ def test_plots_are_png_files(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from enginewire.bench import plots
 
-    results = rounds.run(replace(TINY, benches=("ring", "peers"), rounds=1), progress=False)
+    results = rounds.run(replace(TINY, benches=("ring", "peers", "textbook"), rounds=1),
+                         progress=False)
     no_failures(results)
     written = plots.write_plots(results, tmp_path / "plots")
     names = {p.name for p in written}
     assert {"ring-throughput.png", "ring-bandwidth.png", "ring-latency-cdf.png",
-            "peers-rtt-cdf.png"} <= names
+            "peers-rtt-cdf.png", "textbook.png"} <= names
     assert "ring-chunks.png" not in names  # one chunk count only: nothing to compare
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
