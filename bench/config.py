@@ -76,7 +76,8 @@ class BenchConfig:
 
     @classmethod
     def full(cls, **overrides: Any) -> BenchConfig:
-        """The default run: the whole grid, 7 rounds (about 8 minutes on 2 cores)."""
+        """The default run: the whole grid, 7 rounds (about 11 minutes on 2 cores, two of them
+        the explorer's exhaustive searches)."""
         return replace(cls(), **overrides)
 
     @classmethod

@@ -372,14 +372,15 @@ class Run:
         readers, chunks, messages = config.explorer_ring
         units = {"states_per_s": ("states/s", "higher"), "search_s": ("s", "lower"),
                  "states": ("states", "lower")}
-        for model in explorer_bench.MODELS:
+        for order, model in enumerate(explorer_bench.MODELS):
             case = {"model": model, "ring": f"{readers}x{chunks}x{messages}"}
             contenders = []
             for name, checkout in self.explorers.items():
                 contenders.append((name, _pair(partial(
                     _search, checkout, model, readers, chunks, messages,
                     config.explorer_max_states, config.timeout * 30))))
-            for name, measure in contenders:
+            # One round only: the order alternates from model to model instead.
+            for name, measure in _rotate(contenders, order):
                 yield Step(f"explorer {model} {name}",
                            _bind(self._record, "explorer", case, name, measure, units))
 
