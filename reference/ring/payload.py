@@ -373,7 +373,8 @@ class PickleCodec:
         if allow is not None:
             if type(main) is bytes:
                 data = main
-            elif memoryview(main).nbytes <= SCAN_BYTES_MAX:
+            elif (main.nbytes if type(main) is memoryview
+                  else memoryview(main).nbytes) <= SCAN_BYTES_MAX:
                 data = bytes(main)
             else:
                 return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()

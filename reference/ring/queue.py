@@ -643,7 +643,10 @@ class MessageQueue:
                         try:
                             return self.codec.decode(view, ())
                         finally:
-                            _release_view(view)
+                            try:  # _release_view, inline: this is every message's path
+                                view.release()
+                            except BufferError:
+                                pass
                     overflow, views = decode_chunk(chunk)
                     if not overflow:
                         try:
@@ -655,7 +658,11 @@ class MessageQueue:
                             _release_views(views)
                     self._pending_overflow += 1
                 finally:
-                    self._release_chunk(reader)
+                    # _release_chunk, inline: this is every message's path
+                    reader.release()
+                    now = time.monotonic()
+                    if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
+                        self._drain_notify(now)
             return self._decode_frames(self._recv_overflow(deadline))
         # A reader end has a remote socket exactly when it is a remote reader.
         remote_socket = self._remote_socket
