@@ -14,7 +14,7 @@ KIB = 1 << 10
 MIB = 1 << 20
 
 #: The benches, in the order they run.
-BENCHES = ("ring", "codec", "peers")
+BENCHES = ("ring", "codec", "peers", "textbook", "explorer")
 #: The transports of the peers bench.
 TRANSPORTS = ("ipc", "tcp")
 
@@ -59,13 +59,25 @@ class BenchConfig:
     # --- peers ---
     transports: tuple[str, ...] = TRANSPORTS
     round_trips: int = 200
+    # --- textbook contenders ---
+    #: Message size of the bulk transfers (pipe, Unix socket, shared memory) and their length.
+    textbook_bytes: int = MIB
+    textbook_seconds: float = 0.2
+    # --- explorer ---
+    #: readers x chunks x messages of the searches.
+    explorer_ring: tuple[int, int, int] = (2, 2, 3)
+    #: None: exhaustive searches (their time is a figure); a number cuts each search short.
+    explorer_max_states: int | None = None
+    #: Also run the previous release's explorer (see :mod:`.explorer_bench`).
+    explorer_previous: bool = True
     # --- bounds ---
     #: Longest any single wait may take (a reader attaching, one enqueue, a report).
     timeout: float = 20.0
 
     @classmethod
     def full(cls, **overrides: Any) -> BenchConfig:
-        """The default run: the whole grid, 7 rounds (about 8 minutes on 2 cores)."""
+        """The default run: the whole grid, 7 rounds (about 11 minutes on 2 cores, two of them
+        the explorer's exhaustive searches)."""
         return replace(cls(), **overrides)
 
     @classmethod
@@ -83,6 +95,9 @@ class BenchConfig:
             latency_interval=0.003,
             codec_seconds=0.05,
             round_trips=60,
+            textbook_seconds=0.01,
+            explorer_max_states=500,
+            explorer_previous=False,
         ), **overrides)
 
     def __post_init__(self) -> None:

@@ -6,7 +6,10 @@
 - ``ring-chunks.png``: messages/s against payload size for each chunk count (base readers);
 - ``ring-latency-cdf.png``: the distribution of every latency sample, one panel per reader
   count;
-- ``peers-rtt-cdf.png``: the distribution of every round trip, one panel per transport.
+- ``peers-rtt-cdf.png``: the distribution of every round trip, one panel per transport;
+- ``textbook.png``: the textbook contenders' bulk GB/s beside the ring's at the same payload
+  (1 reader, base chunks) and memcpy, with the textbook expectation marked; and the
+  scheduling step's µs per encoding.
 """
 
 from __future__ import annotations
@@ -125,6 +128,49 @@ def plot_chunks(results: Results, path: Path) -> bool:
     return True
 
 
+def plot_textbook(results: Results, path: Path) -> bool:
+    """Bars (median, min-max) of the bulk transfers beside the ring, and of the step."""
+    from enginewire.bench.textbook_bench import EXPECTED_GB_PER_S, EXPECTED_STEP_US
+
+    plt = _pyplot()
+    bulk = [s for s in results.series if s.bench == "textbook" and s.summary is not None]
+    steps = [s for s in results.series if s.bench == "textbook_step" and s.summary is not None]
+    if not bulk and not steps:
+        return False
+    size = bulk[0].case["payload_bytes"] if bulk else None
+    chunks = results.config.get("base_chunks", 10)
+    ring = [s for s in results.series if s.bench == "ring" and s.metric == "gb_per_s"
+            and s.case.get("payload_bytes") == size and s.case.get("chunks") == chunks
+            and s.case.get("readers", 1) == 1 and s.summary is not None]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
+    for axis, group, expected, unit in ((axes[0][0], ring + bulk, EXPECTED_GB_PER_S, "GB/s"),
+                                        (axes[0][1], steps, EXPECTED_STEP_US, "µs per step")):
+        labels = [display(s.contender).split(" (textbook")[0] for s in group]
+        medians = [s.summary.median for s in group]  # type: ignore[union-attr]
+        low = [s.summary.median - s.summary.min for s in group]  # type: ignore[union-attr]
+        high = [s.summary.max - s.summary.median for s in group]  # type: ignore[union-attr]
+        positions = list(range(len(group)))
+        axis.bar(positions, medians, yerr=[low, high], capsize=3,
+                 color=[COLORS.get(s.contender, "tab:cyan") for s in group])
+        marks = [(i, expected[s.contender]) for i, s in enumerate(group)
+                 if s.contender in expected]
+        if marks:
+            axis.scatter([m[0] for m in marks], [m[1] for m in marks], marker="_", s=400,
+                         color="black", label="textbook expectation", zorder=3)
+            axis.legend(fontsize=7)
+        axis.set_xticks(positions)
+        axis.set_xticklabels(labels, rotation=30, ha="right", fontsize=7)
+        axis.set_yscale("log")
+        axis.set_ylabel(unit)
+        axis.grid(True, axis="y", which="both", alpha=0.3)
+    axes[0][0].set_title(f"bulk bytes, {format_bytes(size or 0)} messages, 1 reader")
+    axes[0][1].set_title("one scheduling step of 256 requests, encode + decode")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
 def plot_cdf(results: Results, path: Path, *, bench: str, metric: str, panel: str,
              title: str) -> bool:
     """Empirical CDFs of the observations of ``bench``/``metric``, one panel per value of
@@ -178,6 +224,7 @@ def write_plots(results: Results, directory: str | Path) -> list[Path]:
         ("peers-rtt-cdf.png", lambda p: plot_cdf(
             results, p, bench="peers", metric="rtt_p50_us", panel="transport",
             title="ADD to first output")),
+        ("textbook.png", lambda p: plot_textbook(results, p)),
     ]
     for name, job in jobs:
         path = folder / name

@@ -7,7 +7,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from enginewire.bench.results import BORROWED, Results, Series, benches_of, format_bytes
+from enginewire.bench.results import (
+    BORROWED,
+    RAW,
+    Results,
+    Series,
+    benches_of,
+    format_bytes,
+)
 from enginewire.bench.stats import Spread
 
 #: How contenders are shown.
@@ -19,6 +26,16 @@ DISPLAY = {
     "msgspec": "raw msgspec (ceiling)",
     "router_dealer": "bare ROUTER/DEALER (ceiling)",
     "router_dealer+proxy": "bare ROUTER/DEALER through zmq.proxy (forwarding floor)",
+    "minimal_ring": "minimal ring (ceiling)",
+    # textbook contenders, with the figure an IPC chapter leads one to expect
+    "pipe": "pipe, default 64 KiB buffer (textbook ~1.6 GB/s)",
+    "pipe_1mib": "pipe, F_SETPIPE_SZ to pipe-max-size (textbook ~1.6 GB/s)",
+    "unix_socket": "Unix domain socket (textbook ~7.9 GB/s)",
+    "shm_handshake": "shared memory, one-byte handshake (textbook ~11 GB/s)",
+    "pickle": "pickle, 256 dataclasses (textbook ~376 µs)",
+    "msgspec_structs": "msgspec structs (textbook ~200 µs)",
+    "int_arrays": "flattened integer arrays (textbook ~3 µs)",
+    "previous_release": "previous release",
 }
 TITLES = {
     ("ring", "messages_per_s"): "ring: messages per second",
@@ -30,12 +47,20 @@ TITLES = {
     ("peers", "rtt_p50_us"): "peers: ADD to first output, p50 (µs)",
     ("peers", "rtt_p99_us"): "peers: ADD to first output, p99 (µs)",
     ("peers", "tap_steps_per_s"): "peers: steps per second enginewire tap forwards and decodes",
+    ("textbook", "gb_per_s"): "textbook: bulk bytes between two processes (GB/s)",
+    ("textbook_step", "step_us"): "textbook: one scheduling step, encode plus decode (µs)",
+    ("explorer", "states_per_s"): "explorer: states per second, reference ring",
+    ("explorer", "search_s"): "explorer: time of the search (s), reference ring",
+    ("explorer", "states"): "explorer: states visited, reference ring",
 }
 #: Contender order inside a case: implementations first, then vLLM, baselines, ceilings.
 ROLE_ORDER = {"target": 0, "vllm": 1, "baseline": 2, "ceiling": 3}
 
 
 def display(contender: str) -> str:
+    raw = contender.removesuffix(RAW)
+    if raw != contender:
+        return f"{DISPLAY.get(raw, raw)}, raw buffers (enqueue_buffers, dequeue_views)"
     base = contender.removesuffix(BORROWED)
     if base != contender:
         return f"{DISPLAY.get(base, base)}, zero-copy reads"
@@ -134,9 +159,11 @@ def render_goals(results: Results) -> str:
              "| target | measured ratio | needed | met |", "|---|---:|---:|---|"]
     for goal in goals:
         ratio, met = results.evaluate(goal)
-        against = {"vllm": "vLLM", "reference": "without the tap"}.get(goal.against,
-                                                                        "ceiling")
+        against = {"vllm": "vLLM", "reference": "without the tap",
+                   "ceiling": "ceiling"}.get(goal.against, display(goal.against))
         needed = f"{'>=' if goal.at_least else '<='} {goal.threshold:g}x {against}"
+        if goal.every_round:
+            needed += ", every round"
         verdict = "not measured" if met is None else ("yes" if met else "**no**")
         lines.append(f"| {goal.description} | {ratio_text(ratio)} | {needed} | {verdict} |")
     lines.append("")
@@ -230,7 +257,8 @@ def render_markdown(results: Results, plot_dir: str | None = None,
         for name, title in (("ring-throughput.png", "ring throughput"),
                             ("ring-bandwidth.png", "ring bandwidth"),
                             ("ring-latency-cdf.png", "ring latency"),
-                            ("peers-rtt-cdf.png", "round trips")):
+                            ("peers-rtt-cdf.png", "round trips"),
+                            ("textbook.png", "textbook contenders")):
             lines.append(f"![{title}]({link(Path(plot_dir) / name)})")
         lines.append("")
     return "\n".join(lines)

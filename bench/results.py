@@ -35,6 +35,12 @@ TAPPED = "reference+tap"
 PROXIED = "router_dealer+proxy"
 #: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
 BORROWED = "+borrowed"
+#: The suffix of a ring contender sending raw buffers (``enqueue_buffers``, no pickle) whose
+#: readers take views valid until their next read (``dequeue_views``).
+RAW = "+raw"
+#: The minimal broadcast ring (flags plus memcpy, :mod:`.minimal_ring`): the ceiling of the
+#: ring's message rate, measured beside the ring targets.
+MINIMAL_RING = "minimal_ring"
 #: Roles of contenders: implementations under test, vLLM, baselines and ceilings.
 ROLES = ("target", "vllm", "baseline", "ceiling")
 
@@ -100,10 +106,14 @@ class Goal:
     bench: str
     metric: str
     case: dict[str, Any]
-    against: str  # "vllm", "ceiling" or "reference" (the same session without the tap)
+    #: "vllm", "ceiling", or the contender of the same case to divide by ("reference": the
+    #: same session without the tap; :data:`MINIMAL_RING`).
+    against: str
     threshold: float
     at_least: bool  # True: ratio >= threshold; False: ratio <= threshold
     contender: str = "reference"
+    #: Met only when the ratio of every round meets the threshold (not only the median).
+    every_round: bool = False
 
 
 @dataclass
@@ -182,7 +192,7 @@ class Results:
             return []
         goals: list[Goal] = []
         for series in self.series:
-            if series.contender not in ("reference", "reference" + BORROWED):
+            if series.contender not in ("reference", "reference" + BORROWED, "reference" + RAW):
                 continue
             case = series.case
             borrowed = series.contender != "reference"
@@ -192,15 +202,29 @@ class Results:
                     "payload_bytes": 1024, "readers": 2, "chunks": 10}:
                 goals.append(Goal(
                     "ring-messages-vs-vllm",
-                    "ring messages/s at 1 KiB with 2 readers: at least 3x vLLM's",
-                    "ring", "messages_per_s", case, "vllm", 3.0, at_least=True))
+                    "ring messages/s at 1 KiB with 2 readers: at least 3x vLLM's in every round",
+                    "ring", "messages_per_s", case, "vllm", 3.0, at_least=True,
+                    every_round=True))
+                goals.append(Goal(
+                    "ring-messages-vs-minimal",
+                    "ring messages/s at 1 KiB with 2 readers: at least half a minimal "
+                    "broadcast ring's (flags plus memcpy)",
+                    "ring", "messages_per_s", case, MINIMAL_RING, 0.5, at_least=True))
             elif ((series.bench, series.metric) == ("ring", "gb_per_s")
                   and case.get("chunks") == 10 and case.get("readers") == 1):
                 size = format_bytes(case["payload_bytes"])
-                reads = "zero-copy reads" if borrowed else "copying reads"
+                raw = series.contender.endswith(RAW)
+                reads = ("raw buffers, zero-copy views" if raw else
+                         "zero-copy reads" if borrowed else "copying reads")
+                if not borrowed and case["payload_bytes"] == 1 << 20:
+                    goals.append(Goal(
+                        "ring-pickled-1MiB-vs-vllm",
+                        "ring GB/s at 1 MiB (1 reader, pickled array, copying reads): at "
+                        "least 1.3x vLLM's",
+                        "ring", "gb_per_s", case, "vllm", 1.3, at_least=True))
                 goals.append(Goal(
                     f"ring-bandwidth-{size.replace(' ', '')}"
-                    + ("-zero-copy" if borrowed else ""),
+                    + ("-raw" if raw else "-zero-copy" if borrowed else ""),
                     f"ring GB/s at {size} (1 reader, {reads}): at least 80% of memcpy",
                     "ring", "gb_per_s", case, "ceiling", 0.8, at_least=True,
                     contender=series.contender))
@@ -231,16 +255,22 @@ class Results:
         series = self.find(goal.bench, goal.metric, goal.contender, goal.case)
         if series is None:
             return None, None
-        if goal.against == "reference":
-            other = self.find(goal.bench, goal.metric, "reference", goal.case)
-            ratio = None if other is None else spread(paired_ratios(series.samples,
-                                                                   other.samples))
-        elif goal.against == "vllm":
-            ratio = self.vs_vllm(series)
+        if goal.against == "vllm":
+            other = self.vllm_of(series)
+        elif goal.against == "ceiling":
+            other = self.ceiling_of(series)
         else:
-            ratio = self.vs_ceiling(series)
+            other = self.find(goal.bench, goal.metric, goal.against, goal.case)
+        ratios = [] if other is None else paired_ratios(series.samples, other.samples)
+        ratio = spread(ratios)
         if ratio is None:
             return None, None
+        if goal.every_round:
+            # The worst round decides; a round without a ratio (a failed cell) fails the goal.
+            worst = ratio.min if goal.at_least else ratio.max
+            met = None not in ratios and (worst >= goal.threshold if goal.at_least
+                                          else worst <= goal.threshold)
+            return ratio, met
         met = ratio.median >= goal.threshold if goal.at_least else ratio.median <= goal.threshold
         return ratio, met
 

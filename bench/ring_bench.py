@@ -58,6 +58,8 @@ PRELOAD_MODULES = {
 #: (sequence number, send time in monotonic ns); warm-up messages have sequence -1.
 HEADER = struct.Struct("<qq")
 WARMUP_SEQ = -1
+#: The sequence number of the last message of a minimal-ring cell (that ring has no None).
+END_SEQ = -2
 #: Latency warm-up messages before the recorded ones.
 LATENCY_WARMUP = 5
 #: vLLM's ring (and the reference's pickle codec) send buffers of this size and more out of
@@ -127,8 +129,20 @@ def _borrowing(reader: Any, timeout: float) -> Callable[[], Any]:
     return receive
 
 
+def _raw(reader: Any, timeout: float) -> Callable[[], Any]:
+    """A receive function over raw-buffer reads (``dequeue_views``): the header is copied out
+    of the view, the rest stays in the slot until the next read; an empty message ends."""
+    views = reader.dequeue_views
+
+    def receive() -> bytes | None:
+        main = views(timeout)[0]
+        return main[:HEADER.size].tobytes() if main.nbytes else None
+
+    return receive
+
+
 def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, latency: bool,
-               timeout: float, borrowed: bool = False) -> dict[str, Any]:
+               timeout: float, borrowed: bool = False, raw: bool = False) -> dict[str, Any]:
     from enginewire.conformance.targets.resolve import load_target
 
     target = targets.get(text)
@@ -137,7 +151,7 @@ def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, laten
     reader = target.ring.attach_reader(handle, rank)
     try:
         reader.wait_until_ready(timeout)
-        receive = (_borrowing(reader, timeout) if borrowed
+        receive = (_raw(reader, timeout) if raw else _borrowing(reader, timeout) if borrowed
                    else functools.partial(reader.dequeue, timeout))
         return _consume(receive, latency)
     finally:
@@ -167,12 +181,36 @@ def _read_zmq(conn: Connection, address: str, hwm: int, latency: bool,
         context.term()
 
 
+def _read_minimal(conn: Connection, name: str, n_reader: int, chunks: int, size: int,
+                  rank: int, latency: bool, timeout: float) -> dict[str, Any]:
+    from enginewire.bench.minimal_ring import MinimalReader
+    from enginewire.reference.ring.shm import attach_untracked
+
+    shm = attach_untracked(name)
+    try:
+        reader = MinimalReader(shm.buf, n_reader, chunks, size, rank)  # type: ignore[arg-type]
+        conn.send(("connected", None))
+        read = functools.partial(reader.read, timeout)
+        unpack = HEADER.unpack_from
+
+        def receive() -> bytes | None:
+            data = read()
+            return None if unpack(data)[0] == END_SEQ else data
+
+        return _consume(receive, latency)
+    finally:
+        del reader
+        shm.close()
+
+
 def reader_main(conn: Connection, preload: Sequence[str]) -> None:
     """A reader worker: load the targets, then run commands from ``conn`` until ``exit``.
 
-    Commands: ``("ring", target_text, handle, rank, latency, timeout, borrowed)`` and
-    ``("zmq", address, hwm, latency, timeout)``; each is answered by one ``("report", dict)``
-    (``dict["error"]`` set when it failed), the zmq one preceded by ``("connected", None)``.
+    Commands: ``("ring", target_text, handle, rank, latency, timeout, borrowed, raw)``,
+    ``("zmq", address, hwm, latency, timeout)`` and ``("minimal", segment_name, n_reader,
+    chunks, size, rank, latency, timeout)``; each is answered by one ``("report", dict)``
+    (``dict["error"]`` set when it failed), the zmq and minimal ones preceded by
+    ``("connected", None)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, also on Ctrl-C
     from enginewire.conformance.targets.resolve import load_target
@@ -201,6 +239,8 @@ def reader_main(conn: Connection, preload: Sequence[str]) -> None:
                 report = _read_ring(targets, *args)
             elif kind == "zmq":
                 report = _read_zmq(conn, *args)
+            elif kind == "minimal":
+                report = _read_minimal(conn, *args)
             else:
                 report = {"error": f"unknown command {kind!r}"}
         except Exception as exc:  # the parent records the failed cell
@@ -411,14 +451,16 @@ class RingBench:
     # --- ring targets ---
 
     def throughput(self, text: str, target: Any, payload_bytes: int, readers: int,
-                   chunks: int, borrowed: bool = False) -> dict[str, float]:
+                   chunks: int, borrowed: bool = False, raw: bool = False) -> dict[str, float]:
         """``messages_per_s`` and ``gb_per_s`` of one cell of ``target``'s ring; ``borrowed``:
-        the readers use zero-copy reads (``dequeue_borrowed``)."""
+        the readers use zero-copy reads (``dequeue_borrowed``); ``raw``: the writer sends the
+        payload as a raw buffer (``enqueue_buffers``, no pickle) and the readers take views
+        (``dequeue_views``)."""
         payload = self.payload(payload_bytes)
         reports, sent = self._ring_cell(text, target, readers, chunks, latency=False,
                                         send=lambda enqueue: self._stream(enqueue, payload,
                                                                           chunks),
-                                        borrowed=borrowed)
+                                        borrowed=borrowed, raw=raw)
         rate = _rate(reports, sent)
         return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
 
@@ -432,7 +474,7 @@ class RingBench:
 
     def _ring_cell(self, text: str, target: Any, readers: int, chunks: int, *, latency: bool,
                    send: Callable[[Callable[..., None]], int],
-                   borrowed: bool = False) -> tuple[list[dict], int]:
+                   borrowed: bool = False, raw: bool = False) -> tuple[list[dict], int]:
         timeout = self.config.timeout
         writer = target.ring.create_writer(n_reader=readers,
                                            max_chunk_bytes=self.config.chunk_bytes,
@@ -441,9 +483,15 @@ class RingBench:
         failed = False
         try:
             workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout,
-                                         borrowed) for rank in range(readers)])
+                                         borrowed, raw) for rank in range(readers)])
             writer.wait_until_ready(timeout)
-            bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame of its own
+            if raw:
+                enqueue_buffers = writer.enqueue_buffers
+
+                def bounded(payload: Any) -> None:
+                    enqueue_buffers([b""] if payload is None else [payload], timeout)
+            else:
+                bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame
             sent = send(bounded)
             bounded(None)
             reports = self.pool.reports(workers)
@@ -535,6 +583,45 @@ class RingBench:
             size = max(self.config.chunks) * self.config.chunk_bytes
             self._segment = shared_memory.SharedMemory(create=True, size=size)
         return self._segment
+
+    # --- minimal broadcast ring (ceiling of the message rate) ---
+
+    def minimal_throughput(self, payload_bytes: int, readers: int,
+                           chunks: int) -> dict[str, float]:
+        """``messages_per_s`` of :mod:`.minimal_ring` with ``readers`` reader processes: flags
+        and memcpy, nothing else, timed exactly as a ring target's cell."""
+        from enginewire.bench.minimal_ring import MinimalWriter, create
+
+        timeout = self.config.timeout
+        payload = self.payload(payload_bytes)
+        segment = create(readers, chunks, payload_bytes)
+        workers: list[_Worker] = []
+        failed = False
+        writer = None
+        try:
+            writer = MinimalWriter(segment.buf, readers, chunks,  # type: ignore[arg-type]
+                                   payload_bytes)
+            workers = self.pool.submit([("minimal", segment.name, readers, chunks,
+                                         payload_bytes, rank, False, timeout)
+                                        for rank in range(readers)])
+            self.pool.wait_status(workers, "connected")
+            write = writer.write
+            sent = self._stream(lambda data: write(data, timeout), payload, chunks)
+            end = bytearray(memoryview(payload).cast("B"))  # type: ignore[arg-type]
+            HEADER.pack_into(end, 0, END_SEQ, 0)
+            write(end, timeout)
+            reports = self.pool.reports(workers)
+        except Exception:
+            failed = True
+            raise
+        finally:
+            del writer
+            segment.close()
+            segment.unlink()
+            if failed and workers:
+                self.pool.abandon(workers)
+        rate = _rate(reports, sent)
+        return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
 
     # --- ZMQ PUSH/PULL baseline ---
 

@@ -27,11 +27,13 @@ from functools import partial
 from typing import Any, TextIO
 
 from enginewire.bench.config import BenchConfig
-from enginewire.bench.results import BORROWED, Results, Series
+from enginewire.bench.results import BORROWED, MINIMAL_RING, RAW, Results, Series
 from enginewire.bench.stats import percentile
 
 #: Contender names of the baselines.
 MEMCPY, ZMQ, MSGSPEC, ROUTER_DEALER = "memcpy", "zmq_push_pull", "msgspec", "router_dealer"
+#: The explorer of the previous release of the bench (:mod:`.explorer_bench`).
+PREVIOUS_RELEASE = "previous_release"
 #: Payloads from this size on also get a GB/s figure (and zero-copy read contenders).
 BANDWIDTH_FROM = 1 << 20
 
@@ -127,6 +129,7 @@ class Run:
         self.ring: Any = None
         self.codec_ops: dict[str, Any] = {}
         self.peers: dict[tuple[str, str], Any] = {}
+        self.explorers: dict[str, Any] = {}  # contender -> explorer_bench.Checkout
 
     # --- set-up ---------------------------------------------------------------------------
 
@@ -154,6 +157,7 @@ class Run:
             self.stack.callback(target.close)
             self.roles[text] = "vllm" if text == "vllm" else "target"
             self.roles[text + BORROWED] = "target"
+            self.roles[text + RAW] = "target"
 
     def ring_targets(self) -> list[str]:
         found = []
@@ -172,6 +176,7 @@ class Run:
         from enginewire.bench.ring_bench import RingBench
 
         self.ring = RingBench(self.config, self.wanted())
+        self.roles[MINIMAL_RING] = "ceiling"
         self.stack.callback(self.ring.close)
         self.ring.start()
 
@@ -235,6 +240,35 @@ class Run:
             self.peers[(name, transport)] = session
         return names
 
+    def set_up_explorer(self) -> None:
+        """This tree's explorer, and the previous release's unpacked from git when asked."""
+        import tempfile
+        from pathlib import Path
+
+        from enginewire.bench import explorer_bench
+
+        self.explorers["reference"] = explorer_bench.Checkout(None)
+        if not self.config.explorer_previous:
+            self.results.notes.append(
+                "explorer: the previous release's explorer runs in the full bench only")
+            return
+        repo = explorer_bench.repository_root()
+        revision = None if repo is None else explorer_bench.previous_release(repo)
+        if repo is None or revision is None:
+            self.results.notes.append(
+                "explorer: no git checkout with a committed results file: the previous "
+                "release is not measured")
+            return
+        folder = self.stack.enter_context(tempfile.TemporaryDirectory(prefix="ew-bench-"))
+        try:
+            self.explorers[PREVIOUS_RELEASE] = explorer_bench.unpack(repo, revision,
+                                                                     Path(folder))
+        except Exception as exc:  # recorded; this tree's explorer is still measured
+            self.results.notes.append(f"explorer: could not unpack {revision[:12]}: {exc}")
+            return
+        self.results.notes.append(f"explorer: previous release = {revision[:12]} (the "
+                                  f"revision that last changed {explorer_bench.RESULTS_FILE})")
+
     # --- steps ----------------------------------------------------------------------------
 
     def _series(self, bench: str, metric: str, unit: str, better: str,
@@ -279,8 +313,17 @@ class Run:
                 contenders += [(text + BORROWED, _pair(partial(
                     ring.throughput, text, self.targets[text], payload, readers, chunks,
                     borrowed=True))) for text in texts if _borrows(self.targets[text])]
+                if chunks == config.base_chunks and readers in (1, config.base_readers):
+                    # Raw buffers: at the headline cells only (each costs a ring cell).
+                    contenders += [(text + RAW, _pair(partial(
+                        ring.throughput, text, self.targets[text], payload, readers, chunks,
+                        raw=True))) for text in texts
+                        if getattr(self.targets[text].ring, "raw_buffers", False)]
             contenders.append((ZMQ, _pair(partial(ring.zmq_throughput, payload, readers,
                                                   chunks))))
+            if self._minimal_case(payload, readers, chunks):
+                contenders.append((MINIMAL_RING, _pair(partial(
+                    ring.minimal_throughput, payload, readers, chunks))))
             for name, measure in _rotate(contenders, round_index):
                 yield Step(f"ring {_label(case)} {name}",
                            _bind(self._record, "ring", case, name, measure, units))
@@ -294,6 +337,56 @@ class Run:
                 yield Step(f"ring latency {_label(case)} {name}",
                            _bind(self._record, "ring_latency", case, name, measure,
                                  latency_units))
+
+    def _minimal_case(self, payload: int, readers: int, chunks: int) -> bool:
+        """Is the minimal ring measured in this cell? At the base reader and chunk counts and
+        below :data:`BANDWIDTH_FROM` (a message-rate ceiling; memcpy bounds the GB/s)."""
+        config = self.config
+        return (payload < BANDWIDTH_FROM and readers == config.base_readers
+                and chunks == config.base_chunks)
+
+    def textbook_steps(self, round_index: int) -> Iterator[Step]:
+        from enginewire.bench import textbook_bench
+
+        config = self.config
+        case = {"payload_bytes": config.textbook_bytes}
+        contenders = [(kind, _pair(partial(textbook_bench.bulk, kind, config.textbook_bytes,
+                                           config.textbook_seconds, config.timeout)))
+                      for kind in textbook_bench.TRANSPORTS]
+        for name, measure in _rotate(contenders, round_index):
+            yield Step(f"textbook bulk {name}",
+                       _bind(self._record, "textbook", case, name, measure,
+                             {"gb_per_s": ("GB/s", "higher")}))
+        operations = textbook_bench.step_operations()
+        step_case = {"step": f"{textbook_bench.STEP_REQUESTS} requests"}
+        steps = [(name, _pair(partial(_micros, "step_us", call, config.codec_seconds)))
+                 for name, call in operations.items()]
+        for name, measure in _rotate(steps, round_index):
+            yield Step(f"textbook step {name}",
+                       _bind(self._record, "textbook_step", step_case, name, measure,
+                             {"step_us": ("µs", "lower")}))
+
+    def explorer_steps(self, round_index: int) -> Iterator[Step]:
+        """The searches, in the first round only (an exhaustive one takes tens of seconds)."""
+        from enginewire.bench import explorer_bench
+
+        if round_index != 0:
+            return
+        config = self.config
+        readers, chunks, messages = config.explorer_ring
+        units = {"states_per_s": ("states/s", "higher"), "search_s": ("s", "lower"),
+                 "states": ("states", "lower")}
+        for order, model in enumerate(explorer_bench.MODELS):
+            case = {"model": model, "ring": f"{readers}x{chunks}x{messages}"}
+            contenders = []
+            for name, checkout in self.explorers.items():
+                contenders.append((name, _pair(partial(
+                    _search, checkout, model, readers, chunks, messages,
+                    config.explorer_max_states, config.timeout * 30))))
+            # One round only: the order alternates from model to model instead.
+            for name, measure in _rotate(contenders, order):
+                yield Step(f"explorer {model} {name}",
+                           _bind(self._record, "explorer", case, name, measure, units))
 
     def codec_steps(self, texts: list[str], round_index: int) -> Iterator[Step]:
         from enginewire.bench.codec_bench import OPERATIONS, WORKLOADS
@@ -338,6 +431,15 @@ class Run:
 def _borrows(target: Any) -> bool:
     """Does the target's ring offer zero-copy reads (``borrowed_reads``)?"""
     return bool(getattr(target.ring, "borrowed_reads", False))
+
+
+def _search(checkout: Any, model: str, readers: int, chunks: int, messages: int,
+            max_states: int | None, timeout: float) -> dict[str, float]:
+    from enginewire.bench.explorer_bench import search
+
+    found = search(checkout, model, readers, chunks, messages, max_states, timeout)
+    return {"states_per_s": found["states_per_s"], "search_s": found["elapsed_s"],
+            "states": float(found["states"])}
 
 
 def _micros(metric: str, call: Callable[[], Any], seconds: float) -> dict[str, float]:
@@ -420,6 +522,9 @@ def run(config: BenchConfig, *, progress: bool = True, command: str = "",
             if peers_ready:
                 state.set_up_peers()
             phase("peers")
+            if "explorer" in config.benches:
+                state.set_up_explorer()
+                phase("explorer")
             if state.ring is not None:
                 problems = state.ring.pool.wait_ready()
                 for text, problem in problems.items():
@@ -438,8 +543,12 @@ def run(config: BenchConfig, *, progress: bool = True, command: str = "",
                     yield from state.codec_steps(codec_texts, round_index)
                 if peers_ready:
                     yield from state.peers_steps(round_index)
+                if "textbook" in config.benches:
+                    yield from state.textbook_steps(round_index)
+                if "explorer" in config.benches:
+                    yield from state.explorer_steps(round_index)
 
-            total = sum(1 for _ in steps(0)) * config.rounds
+            total = sum(sum(1 for _ in steps(index)) for index in range(config.rounds))
             bar = Progress(total, stream=stream, enabled=progress)
             for round_index in range(config.rounds):
                 for step in steps(round_index):

@@ -73,6 +73,54 @@ def test_refused_globals(stream: bytes) -> None:
         PickleCodec().decode(stream, [])
 
 
+def _has_global(stream: bytes) -> bool:
+    import pickletools
+
+    refused = {"GLOBAL", "INST", "STACK_GLOBAL", "EXT1", "EXT2", "EXT4", "REDUCE", "BUILD",
+               "OBJ", "NEWOBJ", "NEWOBJ_EX", "PERSID", "BINPERSID"}
+    return any(op.name in refused for op, _, _ in pickletools.genops(stream))
+
+
+def test_the_opcode_walk_passes_binary_data_and_only_plain_streams() -> None:
+    import random
+
+    from enginewire.reference.ring.payload import _names_no_global, _opcodes_no_global
+
+    # Binary arguments full of global-opcode bytes: the byte scan refuses them, the walk that
+    # skips arguments passes them, and the codec decodes them on the fast path.
+    blob = bytes(range(256)) * 4
+    for value in (bytearray(blob), blob, blob.decode("latin-1"), [blob, 12, -3.5, None],
+                  {"k": blob}, (blob, True), 2**200, -(2**70)):
+        stream = pickle.dumps(value, protocol=5)
+        assert not _names_no_global(stream) or not isinstance(value, bytes | bytearray)
+        assert _opcodes_no_global(stream), value
+        assert PickleCodec().decode(stream, []) == value
+    # Against pickletools as the oracle: the walk never passes a stream holding an opcode that
+    # loads a global or calls something, whatever follows in the bytes.
+    rng = random.Random(7)
+    values: list[Any] = [os.makedirs, Colour.RED, _MakeDirs("x"), {1, 2}, frozenset({3}),
+                         bytearray(b"c" * 40), "\x93\x82", [1.5, b"\x63"]]
+    for protocol in range(0, 6):
+        for value in values:
+            try:
+                stream = pickle.dumps(value, protocol=protocol)
+            except (pickle.PicklingError, TypeError, AttributeError):
+                continue
+            if _opcodes_no_global(stream):
+                assert not _has_global(stream), (protocol, value)
+    for _ in range(3000):  # random byte strings, most of them not pickles at all
+        stream = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 24))) + b"."
+        if _opcodes_no_global(stream):
+            try:
+                assert not _has_global(stream), stream
+            except ValueError:
+                pass  # not a pickle pickletools can read; the walk saw plain opcodes to STOP
+    # What the walk gives up on: a global, a long stream, truncation.
+    assert not _opcodes_no_global(_malicious(Path("/nonexistent")))
+    assert not _opcodes_no_global(pickle.dumps(list(range(100)), protocol=5))
+    assert not _opcodes_no_global(pickle.dumps(bytearray(blob), protocol=5)[:-1])
+
+
 def test_trusted_opt_in_resolves_anything(tmp_path: Path) -> None:
     target = tmp_path / "made"
     PickleCodec(trusted=True).decode(_malicious(target), [])

@@ -580,3 +580,93 @@ def test_the_sleeper_check_catches_a_writer_that_skips_too_often() -> None:
                               n_reader=2, max_chunks=3, sleepers=True)
                  for seed in range(60))
     assert caught, "the mutant writer survived 60 schedules"
+
+
+# --- the fused per-message path ---------------------------------------------------------------
+
+
+class _AcqRelRecordingMemory(RecordingMemory):
+    """A recording memory whose acquire-release fence is its own event."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.fence_acq_rel = lambda: self.log.append(("acq_rel",))
+
+
+@pytest.mark.parametrize("acq_rel", [False, True])
+@pytest.mark.parametrize("max_chunks", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(4))
+def test_try_publish_makes_the_memory_events_of_the_steps(acq_rel: bool, max_chunks: int,
+                                                         seed: int) -> None:
+    """try_publish == try_acquire; write(head); write(body); commit; readers_behind, event for
+    event, over the same random schedule of writes and reads (full rings included)."""
+    layout = RingLayout(n_reader=2, max_chunk_bytes=64, max_chunks=max_chunks)
+    kind = _AcqRelRecordingMemory if acq_rel else RecordingMemory
+    stepwise, fused = kind(layout.total_size), kind(layout.total_size)
+    ends = []
+    for memory in (stepwise, fused):
+        ends.append((RingWriter(memory, layout),
+                     [RingReader(memory, layout, rank) for rank in range(2)]))
+    rng = random.Random(seed)
+    results: tuple[list[Any], list[Any]] = ([], [])
+    for number in range(60):
+        action = rng.randrange(3)
+        head, body = bytes([number % 256]) * 3, bytes([255 - number % 256]) * rng.randrange(9)
+        for side, (writer, readers) in enumerate(ends):
+            if action == 2:
+                if side == 0:
+                    index = writer.try_acquire()
+                    if index is None:
+                        results[0].append(None)
+                        continue
+                    offset = writer.chunk_offset()
+                    writer.memory.write(offset, head)
+                    writer.memory.write(offset + 7, body)
+                    writer.commit()
+                    results[0].append(not writer.readers_behind())
+                else:
+                    results[1].append(writer.try_publish(head, body, 7))
+            else:
+                reader = readers[action]
+                index = reader.try_acquire()
+                if index is not None:
+                    results[side].append(bytes(reader.memory.read(reader.chunk_offset(), 12)))
+                    reader.release()
+        assert stepwise.log == fused.log, number
+        assert results[0] == results[1]
+    assert stepwise.data == fused.data
+    assert any(r is None for r in results[0]) or max_chunks > 1
+    assert {True, False} <= {r for r in results[0] if isinstance(r, bool)} or max_chunks < 3
+
+
+def test_try_publish_refuses_while_a_chunk_is_claimed() -> None:
+    layout = RingLayout(n_reader=1, max_chunk_bytes=64, max_chunks=2)
+    writer = RingWriter(BytearrayMemory(layout.total_size), layout)
+    assert writer.try_acquire() == 0
+    with pytest.raises(RingError):
+        writer.try_publish(b"h", b"b", 7)
+
+
+def test_try_publish_calls_a_subclass_steps() -> None:
+    """A writer subclass that replaces a step (a mutant) is not bypassed by the inlined path."""
+
+    class SkipsClearingReadFlags(RingWriter):
+        def commit(self) -> None:
+            index = self._claimed
+            assert index is not None
+            self.memory.store(self._rows[index], 1)
+            self.memory.fence()
+            self._fenced = True
+            self._claimed = None
+            self.index = (index + 1) % self._max_chunks
+
+    layout = RingLayout(n_reader=1, max_chunk_bytes=64, max_chunks=1)
+    memory = RecordingMemory(layout.total_size)
+    writer, reader = SkipsClearingReadFlags(memory, layout), RingReader(memory, layout, 0)
+    assert writer.try_publish(b"h", b"1", 7) is not None
+    assert reader.try_acquire() == 0
+    reader.release()
+    assert writer.try_publish(b"h", b"2", 7) is not None
+    assert reader.try_acquire() is None  # the subclass's commit left the read flag set
+    assert RingWriter(BytearrayMemory(layout.total_size), layout)._inlined
+    assert not writer._inlined

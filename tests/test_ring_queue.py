@@ -444,3 +444,29 @@ def test_borrowed_read_views_the_slot_and_holds_it(ring_env: RingEnv) -> None:
             assert (got["a"] == numpy.arange(1000)).all()
         writer.enqueue("last", timeout=1)
         assert reader.dequeue(timeout=1) == "last"
+
+
+def test_raw_buffers_come_back_as_views_valid_until_the_next_read(ring_env: RingEnv) -> None:
+    writer, reader = pair(ring_env, max_chunk_bytes=2048, max_chunks=1)
+    with writer, reader:
+        writer.enqueue_buffers([b"main", bytearray(b"out of band")], timeout=1)
+        views = reader.dequeue_views(timeout=1)
+        assert [bytes(v) for v in views] == [b"main", b"out of band"]
+        assert all(v.readonly for v in views)  # views of the slot, not copies
+        with pytest.raises(TimeoutError):
+            writer.enqueue_buffers([b"blocked"], timeout=0.05)  # the slot is still held
+        # The next read, of whatever kind, releases the slot (and the views) first.
+        writer_done = threading.Thread(target=writer.enqueue_buffers,
+                                       args=([b"second"],), kwargs={"timeout": STEP_TIMEOUT})
+        writer_done.start()
+        assert reader.dequeue_buffers(timeout=STEP_TIMEOUT) == [b"second"]
+        writer_done.join(STEP_TIMEOUT)
+        with pytest.raises(ValueError):
+            bytes(views[0])  # released: the slot may hold another message now
+        writer.enqueue_buffers([b"x" * 3000], timeout=1)  # overflows: views of socket frames
+        assert [bytes(v) for v in reader.dequeue_views(timeout=1)] == [b"x" * 3000]
+        writer.enqueue_buffers([b"last"], timeout=1)
+        held = reader.dequeue_views(timeout=1)
+        assert bytes(held[0]) == b"last"
+    with pytest.raises(ValueError):
+        bytes(held[0])  # close released the held views

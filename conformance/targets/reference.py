@@ -88,6 +88,8 @@ class _ReferenceRingEnd:
         self.enqueue: Callable[[Any, float | None], None] = queue.enqueue
         self.dequeue: Callable[[float | None], Any] = queue.dequeue
         self.dequeue_borrowed = queue.dequeue_borrowed
+        self.enqueue_buffers = queue.enqueue_buffers
+        self.dequeue_views = queue.dequeue_views
 
     def wait_until_ready(self, timeout: float) -> None:
         self.queue.wait_until_ready(timeout=timeout)
@@ -128,6 +130,9 @@ class ReferenceRing:
 
     #: Readers offer ``dequeue_borrowed`` (the queue's zero-copy reads).
     borrowed_reads = True
+    #: Writers offer ``enqueue_buffers`` and readers ``dequeue_views`` (raw buffers, no codec,
+    #: views valid until the next read).
+    raw_buffers = True
 
     def queue_class(self) -> Any:
         """The ring end class (factory for writers and readers): a subclass of

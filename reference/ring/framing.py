@@ -44,7 +44,8 @@ MAX_BUFFER_BYTES = 0xFFFFFFFF
 Buffer = Any
 
 _HEADER = struct.Struct(">BHI")  # overflow byte, count, length of buffer 0
-_FIRST_DATA = HEADER_BYTES + LENGTH_BYTES  # where buffer 0 starts
+#: Where buffer 0 starts in an in-ring chunk.
+FIRST_DATA = _FIRST_DATA = HEADER_BYTES + LENGTH_BYTES
 _LENGTH = struct.Struct(">I")
 
 
@@ -81,6 +82,12 @@ def needs_overflow(buffers: Sequence[Buffer], max_chunk_bytes: int) -> bool:
     return overflow_total(buffers) >= max_chunk_bytes
 
 
+def single_head(length: int) -> bytes:
+    """The first :data:`FIRST_DATA` bytes of an in-ring chunk holding one buffer of ``length``
+    bytes (which follows them): what :func:`write_chunk` writes first for such a message."""
+    return _HEADER.pack(IN_RING, 1, length)
+
+
 def _check_encodable(buffers: Sequence[Buffer]) -> None:
     if not 1 <= len(buffers) <= MAX_BUFFERS:
         raise RingError("ring.framing.buffer-count",
@@ -103,7 +110,7 @@ def write_chunk(write: Callable[[int, Buffer], None], buffers: Sequence[Buffer],
     if len(buffers) == 1 and type(buffers[0]) is bytes and len(buffers[0]) <= MAX_BUFFER_BYTES:
         # The common case, a pickle stream with nothing out of band.
         first = buffers[0]
-        write(base, _HEADER.pack(IN_RING, 1, len(first)))
+        write(base, single_head(len(first)))
         write(base + _FIRST_DATA, first)
         return _FIRST_DATA + len(first)
     _check_encodable(buffers)

@@ -25,6 +25,7 @@ import copyreg
 import importlib
 import io
 import pickle
+import pickletools
 import sys
 import threading
 from collections.abc import Sequence
@@ -58,6 +59,66 @@ def _names_no_global(data: bytes) -> bool:
     int operand makes ``in`` search for one byte)."""
     return not (0x63 in data or 0x69 in data or 0x93 in data
                 or 0x82 in data or 0x83 in data or 0x84 in data)
+#: The opcodes a stream of plain data may hold. Left out: every opcode that loads a global or
+#: needs a callable (GLOBAL, INST, STACK_GLOBAL, EXT*, REDUCE, BUILD, OBJ, NEWOBJ*, the
+#: persistent ids) and the text opcodes of protocol 0, so the walk below gives up on them and
+#: the allow-list decides.
+_PLAIN_OPCODES = [
+    op for op in pickletools.opcodes
+    if op.name not in ("GLOBAL", "INST", "STACK_GLOBAL", "EXT1", "EXT2", "EXT4", "REDUCE",
+                       "BUILD", "OBJ", "NEWOBJ", "NEWOBJ_EX", "PERSID", "BINPERSID")
+    and (op.arg is None or op.arg.n != pickletools.UP_TO_NEWLINE)]
+#: pickletools' length-prefixed argument kinds -> (width of the length, signed).
+_LENGTH_PREFIX = {pickletools.TAKEN_FROM_ARGUMENT1: (1, False),
+                  pickletools.TAKEN_FROM_ARGUMENT4: (4, True),
+                  pickletools.TAKEN_FROM_ARGUMENT4U: (4, False),
+                  pickletools.TAKEN_FROM_ARGUMENT8U: (8, False)}
+#: Indexed by opcode byte: None (not plain), the argument's byte count (0: none), or
+#: ``(width, signed)`` of its length prefix.
+_ARGUMENT: list[int | tuple[int, bool] | None] = [None] * 256
+for _op in _PLAIN_OPCODES:
+    _n = 0 if _op.arg is None else _op.arg.n
+    _ARGUMENT[ord(_op.code)] = _n if _n >= 0 else _LENGTH_PREFIX[_n]
+_STOP = ord(pickle.STOP)
+#: The walk gives up after this many opcodes (a long stream of small items costs more to walk
+#: in Python than the allow-listed unpickler costs).
+WALK_OPCODES_MAX = 32
+
+
+def _opcodes_no_global(data: bytes) -> bool:
+    """True when ``data``'s opcodes, read as the unpickler reads them up to STOP, are all plain
+    (:data:`_PLAIN_OPCODES`): then unpickling it builds plain data only and calls nothing.
+
+    The byte scan :func:`_names_no_global` refuses a stream in which a global opcode's byte
+    appears anywhere, also inside a binary argument (random bytes, an array's contents); this
+    walk skips the arguments, so a stream of a few opcodes carrying binary data passes. False
+    whenever it is unsure: an opcode outside the set, a negative length, the end of the data
+    before STOP, more than :data:`WALK_OPCODES_MAX` opcodes.
+    """
+    position = 0
+    end = len(data)
+    arguments = _ARGUMENT
+    for _ in range(WALK_OPCODES_MAX):
+        if position >= end:
+            return False
+        code = data[position]
+        if code == _STOP:
+            return True
+        argument = arguments[code]
+        if argument is None:
+            return False
+        position += 1
+        if type(argument) is int:
+            position += argument
+            continue
+        width, signed = argument  # type: ignore[misc]
+        length = int.from_bytes(data[position:position + width], "little", signed=signed)
+        if length < 0:
+            return False
+        position += width + length
+    return False
+
+
 #: In-band streams up to this size are copied and searched for vLLM's module name, so that
 #: the common stream is unpickled by ``pickle.loads``; longer ones are read in place.
 SCAN_BYTES_MAX = 16 * 1024
@@ -312,11 +373,12 @@ class PickleCodec:
         if allow is not None:
             if type(main) is bytes:
                 data = main
-            elif memoryview(main).nbytes <= SCAN_BYTES_MAX:
+            elif (main.nbytes if type(main) is memoryview
+                  else memoryview(main).nbytes) <= SCAN_BYTES_MAX:
                 data = bytes(main)
             else:
                 return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
-            if _names_no_global(data):
+            if _names_no_global(data) or _opcodes_no_global(data):
                 # No byte of the stream can be an opcode that loads a global, so nothing in it
                 # can be called: the C unpickler's fast path is as safe as the allow-list.
                 return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)

@@ -50,7 +50,16 @@ from enginewire.spec import load
 
 from ..addresses import bind_ipc, ensure_ipc_dir, ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
-from .framing import Buffer, decode_chunk, needs_overflow, single_buffer, write_chunk
+from .framing import (
+    FIRST_DATA,
+    OVERFLOW_BASE,
+    Buffer,
+    decode_chunk,
+    needs_overflow,
+    single_buffer,
+    single_head,
+    write_chunk,
+)
 from .layout import RingLayout
 from .liveness import LivenessRecord
 from .payload import PayloadCodec, get_codec
@@ -224,6 +233,8 @@ class MessageQueue:
     _poller: zmq.Poller | None
     _shutting_down: bool
     _pending_overflow: int
+    #: The views :meth:`dequeue_views` returned last, whose chunk this end still holds.
+    _held_views: list[memoryview] | None
     _last_notify_drain: float
 
     def __init__(
@@ -323,6 +334,7 @@ class MessageQueue:
         self._poller = None
         self._shutting_down = False
         self._pending_overflow = 0
+        self._held_views = None
         self._last_notify_drain = time.monotonic()
 
     @classmethod
@@ -453,6 +465,9 @@ class MessageQueue:
     def close(self) -> None:
         """Close sockets, remove ipc files, unmap the segment (the creator unlinks it)."""
         self._shutting_down = True
+        held, self._held_views = self._held_views, None
+        if held is not None:
+            _release_views(held)
         self._finalizer()
 
     @property
@@ -507,6 +522,17 @@ class MessageQueue:
             if self._resources.closed:
                 raise QueueClosed("the queue is closed")
         else:
+            first = buffers[0] if len(buffers) == 1 else None
+            if type(first) is bytes and OVERFLOW_BASE + len(first) < self._chunk_bytes:
+                # The common message (one pickle stream that fits), in one protocol call: the
+                # same memory events as the steps below (RingWriter.try_publish).
+                notify_readers = writer.try_publish(single_head(len(first)), first, FIRST_DATA)
+                if notify_readers is not None:
+                    if notify_readers:
+                        notify()
+                    if self._remote_socket is not None:
+                        self._send_multipart(self._remote_socket, buffers)
+                    return
             overflow = needs_overflow(buffers, self._chunk_bytes)
             if writer.try_acquire() is None:
                 self._wait_for_chunk(writer, timeout)
@@ -603,6 +629,8 @@ class MessageQueue:
         """
         reader = self._reader
         if reader is not None:
+            if self._held_views is not None:
+                self._release_held()
             deadline = None if timeout is None else time.monotonic() + timeout
             if not self._pending_overflow:
                 index = reader.try_acquire()
@@ -615,7 +643,10 @@ class MessageQueue:
                         try:
                             return self.codec.decode(view, ())
                         finally:
-                            _release_view(view)
+                            try:  # _release_view, inline: this is every message's path
+                                view.release()
+                            except BufferError:
+                                pass
                     overflow, views = decode_chunk(chunk)
                     if not overflow:
                         try:
@@ -627,7 +658,11 @@ class MessageQueue:
                             _release_views(views)
                     self._pending_overflow += 1
                 finally:
-                    self._release_chunk(reader)
+                    # _release_chunk, inline: this is every message's path
+                    reader.release()
+                    now = time.monotonic()
+                    if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
+                        self._drain_notify(now)
             return self._decode_frames(self._recv_overflow(deadline))
         # A reader end has a remote socket exactly when it is a remote reader.
         remote_socket = self._remote_socket
@@ -638,6 +673,8 @@ class MessageQueue:
 
     def dequeue_buffers(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[bytes | bytearray]:
         """The next message as owned buffers ``[main, oob...]`` (no codec)."""
+        if self._held_views is not None:
+            self._release_held()
         if self.is_local_reader:
             deadline = None if timeout is None else time.monotonic() + timeout
             if not self._pending_overflow:
@@ -670,6 +707,8 @@ class MessageQueue:
         copy whatever must outlive the block. This trades the reader's copy for holding the
         slot; :meth:`dequeue` returns owned copies instead.
         """
+        if self._held_views is not None:
+            self._release_held()
         if self.is_local_reader and not self._pending_overflow:
             reader, chunk = self._acquire_chunk(timeout)
             deadline = None if timeout is None else time.monotonic() + timeout
@@ -698,6 +737,51 @@ class MessageQueue:
                   else self._recv_remote(deadline))
         yield self.codec.decode(frames[0].buffer, [f.buffer for f in frames[1:]])
 
+    def dequeue_views(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> list[memoryview]:
+        """The next message's buffers ``[main, oob...]`` as read-only views, no codec and no
+        copy: the raw-buffer read that pairs with :meth:`enqueue_buffers`.
+
+        The views are valid until the next read from this end (any ``dequeue*``, or
+        :meth:`close`): a local reader keeps the ring slot held until then, so the writer
+        cannot reuse it meanwhile (with fewer free chunks for the writer, as
+        :meth:`dequeue_borrowed`); the next read releases it first. Copy what must live longer.
+        An overflowed or remote message comes as views of its socket frames.
+        """
+        if self._held_views is not None:
+            self._release_held()
+        if self.is_local_reader:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            if not self._pending_overflow:
+                reader, chunk = self._acquire_chunk(timeout)
+                try:
+                    decoded = decode_chunk(chunk)
+                except BaseException:
+                    self._release_chunk(reader)
+                    raise
+                if not decoded.overflow:
+                    views = [view.toreadonly() for view in decoded.buffers]
+                    _release_views(decoded.buffers)
+                    self._held_views = views
+                    return views
+                self._pending_overflow += 1
+                self._release_chunk(reader)
+            frames = self._recv_overflow(deadline)
+        elif self.is_remote_reader:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            frames = self._recv_remote(deadline)
+        else:
+            raise RingError("ring.reader.readable-iff", "the writer end cannot dequeue")
+        return [frame.buffer.toreadonly() for frame in frames]
+
+    def _release_held(self) -> None:
+        """Let go of the views :meth:`dequeue_views` returned and release their chunk."""
+        views, self._held_views = self._held_views, None
+        if views is not None:
+            _release_views(views)
+            reader = self._reader
+            if reader is not None:
+                self._release_chunk(reader)
+
     def broadcast_object(self, obj: Any = None) -> Any:
         """vLLM's collective helper: the writer enqueues ``obj``, a reader returns the next."""
         if self.is_writer:
@@ -709,6 +793,8 @@ class MessageQueue:
     def acquire_read(self, timeout: float | None = DEFAULT_TIMEOUT_S) -> Iterator[Buffer]:
         """Wait for the next readable chunk and yield its data; release it on exit, also when
         the body raises. Do not keep the view (or slices of it) past the block."""
+        if self._held_views is not None:
+            self._release_held()
         reader, chunk = self._acquire_chunk(timeout)
         view = chunk[:]
         try:

@@ -68,7 +68,9 @@ def _create_named(size: int) -> shared_memory.SharedMemory:
             continue
 
 
-def _attach_untracked(name: str) -> shared_memory.SharedMemory:
+def attach_untracked(name: str) -> shared_memory.SharedMemory:
+    """Map the existing segment ``name`` without registering it with the resource tracker
+    (clause ring.lifecycle.attach-untracked)."""
     if _HAS_TRACK_ARG:
         return shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
     with _ATTACH_LOCK:
@@ -154,7 +156,7 @@ class ShmSegment:
         (clause ring.layout.segment).
         """
         try:
-            shm = _attach_untracked(name)
+            shm = attach_untracked(name)
         except FileNotFoundError:
             raise RingError("ring.lifecycle.creator-unlinks",
                             "no shared-memory segment of that name (writer gone or other node)",
