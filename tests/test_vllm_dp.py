@@ -17,6 +17,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from enginewire.conformance.interop import Cell, run_coordinated_dp_cell  # noqa: E402
 from enginewire.conformance.targets.vllm.dp import (  # noqa: E402
     DP_CLAUSES,
     DPRun,
@@ -44,8 +45,23 @@ def _run(coordinated: bool) -> DPRun:
 
 
 @pytest.fixture(scope="module")
-def coordinated() -> Iterator[DPRun]:
-    yield _run(coordinated=True)
+def coordinated_cell() -> Iterator[tuple[Cell, DPRun]]:
+    """The interop matrix's coordinated cell (enginewire interop), kept for its records."""
+    topology = VllmDataParallel(coordinated=True)
+    cell = run_coordinated_dp_cell(60.0, topology)
+    yield cell, topology.run
+
+
+@pytest.fixture
+def coordinated(coordinated_cell: tuple[Cell, DPRun]) -> DPRun:
+    return coordinated_cell[1]
+
+
+def test_the_interop_cell_of_coordinated_dp_passes(coordinated_cell: tuple[Cell, DPRun]) -> None:
+    cell, _ = coordinated_cell
+    assert cell.status == "passed", cell.exchanges
+    assert [e.name for e in cell.exchanges] == ["launch", "add", "utility", "shutdown",
+                                                 "dp-clauses"]
 
 
 def test_coordinated_dp_runs_vllms_own_processes_and_keeps_every_clause(
@@ -55,7 +71,7 @@ def test_coordinated_dp_runs_vllms_own_processes_and_keeps_every_clause(
     assert len(set(run.processes.values())) == 3
     assert set(run.finished_on.values()) == {0, 1}, run.finished_on
     assert all(len(tokens) == 3 for tokens in run.tokens.values()), run.tokens
-    assert run.utility == [["generate"], ["generate"]]
+    assert [list(u) for u in run.utility] == [["generate"], ["generate"]]
     assert check_records(run.records, 2, coordinated=True) == []
     seen = {(r.channel, r.sender) for r in run.records}
     assert {("coordinator_input", "coordinator"), ("coordinator_output", "engine"),
