@@ -573,7 +573,7 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
         ids = [f"interop-dp-rank{rank}" for rank in range(DP_SIZE)]
         for rank, request_id in enumerate(ids):
             client.add_request(_request(request_id, ADD_PROMPT, ADD_TOKENS), rank)
-        engine_of: dict[str, int] = {}
+        engine_of: dict[str, int | None] = {}
         deadline = time.monotonic() + timeout
         while not all(i in seen.finish for i in ids):
             try:

@@ -366,12 +366,12 @@ def check_records(records: Sequence[Any], dp_size: int, *, coordinated: bool,
 
     ranks = range(dp_size)
     # identity.little-endian-rank: one ready response per rank, from that rank's identity.
-    ready_ids = [n.record.identity for n in notes if kind(n, "input", "engine",
-                                                          "ready_response")]
+    ready_ids = [n.record.identity or b"" for n in notes if kind(n, "input", "engine",
+                                                                 "ready_response")]
     want = [r.to_bytes(2, "little") for r in ranks]
     if sorted(ready_ids) != want:
         problems.append(DPProblem("identity.little-endian-rank", "ready responses from "
-                                  f"identities {[i.hex() for i in ready_ids if i]}, expected "
+                                  f"identities {[i.hex() for i in ready_ids]}, expected "
                                   f"{[i.hex() for i in want]}"))
     for note in notes:
         if kind(note, "input", "engine", "ready_response") and note.record.identity in want:
