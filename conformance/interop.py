@@ -650,56 +650,21 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
     return cell
 
 
-def run_coordinated_dp_cell(timeout: float = STEP_TIMEOUT, topology: Any = None) -> Cell:
-    """vLLM's whole coordinated data-parallel topology
-    (:class:`enginewire.conformance.targets.vllm.dp.VllmDataParallel`: its DPLB front end,
-    launcher, DP coordinator and two MoE engine cores running request waves), with the tap on
-    every channel but the handshake. Exchanges: ``launch`` (every rank ready), ``add`` (four
-    requests through vLLM's load balancer, served by both ranks), ``utility`` (each rank),
-    ``shutdown``, and ``dp-clauses`` (:func:`...vllm.dp.check_records` on what the tap saw).
-    The reference has no DP coordinator side (neither its front end nor its engine speaks the
-    coordinator channels), so this cell pairs vLLM with vLLM only. ``topology``: the
-    (unstarted) ``VllmDataParallel`` to run, for a caller that looks at its records after."""
-    from enginewire.conformance.targets.vllm.dp import VllmDataParallel, check_records
+#: Cells of whole topologies that layers above the suite add (:func:`register_topology_cell`):
+#: name -> (the implementations the cell needs, the function that runs it with a timeout).
+_TOPOLOGY_CELLS: dict[str, tuple[frozenset[str], Callable[[float], Cell]]] = {}
 
-    cell = Cell("engine-dp-coordinated", "vllm", "vllm", "ipc")
-    script = _Script(cell)
-    if topology is None:
-        topology = VllmDataParallel(coordinated=True)
 
-    def add() -> None:
-        topology.generate(4, timeout=timeout)
-        ranks = set(topology.run.finished_on.values())
-        if ranks != set(range(topology.dp_size)):
-            raise ExchangeFailure(f"vLLM's load balancer served the requests on ranks "
-                                  f"{sorted(ranks)}", "identity.little-endian-rank", None)
+def register_topology_cell(name: str, needs: Sequence[str],
+                           run: Callable[[float], Cell]) -> None:
+    """Add a data-parallel cell of a whole topology (vLLM's coordinated one:
+    ``enginewire.tap.vllm_dp``, which watches it with the tap, a layer above this one), run
+    with the data-parallel cells when every implementation in ``needs`` is paired."""
+    _TOPOLOGY_CELLS[name] = (frozenset(needs), run)
 
-    def utility() -> None:
-        topology.utility_each("get_supported_tasks", timeout)
-        if any("generate" not in (r or []) for r in topology.run.utility):
-            raise ExchangeFailure(f"get_supported_tasks answered {topology.run.utility}",
-                                  "frames.utility-payload", "engine")
 
-    def shutdown() -> None:
-        topology.wait_for("stats_publish", "coordinator", timeout)
-        topology.stop(timeout)
-
-    def clauses() -> None:
-        problems = check_records(topology.run.records, topology.dp_size, coordinated=True)
-        if problems:
-            raise ExchangeFailure(f"{problems[0].message} (and {len(problems) - 1} more)",
-                                  problems[0].clause, None)
-
-    try:
-        script.step("launch", lambda: topology.start(timeout * 4))
-        script.step("add", add)
-        script.step("utility", utility)
-        script.step("shutdown", shutdown)
-        script.step("dp-clauses", clauses)
-    finally:
-        topology.stop(timeout)
-    classify(cell)
-    return cell
+def topology_cells() -> dict[str, tuple[frozenset[str], Callable[[float], Cell]]]:
+    return dict(_TOPOLOGY_CELLS)
 
 
 # --- ring cells ------------------------------------------------------------------------------
@@ -914,8 +879,8 @@ def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = 
                coordinated_dp: bool = True) -> list[Cell]:
     """Every front end x engine core x transport, then every ring writer x readers; with
     ``dp``, also every front end x :data:`DP_SIZE` engine cores x transport and (unless
-    ``coordinated_dp`` is false), where vLLM is one of the implementations, vLLM's
-    coordinated topology."""
+    ``coordinated_dp`` is false) the registered topology cells whose implementations are
+    paired (:func:`register_topology_cell`)."""
     cells: list[Cell] = []
     names = list(impls)
     if engine:
@@ -933,10 +898,11 @@ def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = 
                     cells.append(run_dp_cell(impls[left], impls[right], transport, timeout))
                     if progress:
                         progress(cells[-1])
-        if coordinated_dp and "vllm" in names:
-            cells.append(run_coordinated_dp_cell(timeout))
-            if progress:
-                progress(cells[-1])
+        for needs, run in (_TOPOLOGY_CELLS.values() if coordinated_dp else ()):
+            if needs <= set(names):
+                cells.append(run(timeout))
+                if progress:
+                    progress(cells[-1])
     if ring:
         for left in names:
             for right in names:

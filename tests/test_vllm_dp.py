@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's data-parallel topology on the CPU (conformance/targets/vllm/dp.py): its real
+"""vLLM 0.33.0's data-parallel topology on the CPU (tap/vllm_dp.py): its real
 front end (DPLBAsyncMPClient), launcher, DP coordinator and two engine cores, watched by the
 tap, and the data-parallel clauses checked on what it saw.
 
@@ -17,13 +17,14 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from enginewire.conformance.interop import Cell, run_coordinated_dp_cell  # noqa: E402
-from enginewire.conformance.targets.vllm.dp import (  # noqa: E402
+from enginewire.conformance.interop import Cell, topology_cells  # noqa: E402
+from enginewire.tap.vllm_dp import (  # noqa: E402
     DP_CLAUSES,
     DPRun,
     VllmDataParallel,
     check_records,
     is_unsubscription,
+    run_coordinated_dp_cell,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -174,6 +175,11 @@ def test_each_check_fails_on_broken_traffic(coordinated: DPRun, name: str) -> No
 
 def test_every_dp_clause_is_proved_failable_here() -> None:
     assert set(DP_CLAUSES) <= {clause for clause, _ in BROKEN.values()}
+
+
+def test_the_coordinated_cell_is_registered_with_the_interop_matrix() -> None:
+    needs, run = topology_cells()["vllm-coordinated-dp"]
+    assert needs == {"vllm"} and run is run_coordinated_dp_cell
 
 
 def test_zmq_unsubscriptions_are_told_apart() -> None:

@@ -20,7 +20,7 @@ step. External load balancing (``data_parallel_external_lb``: one front end per 
 launching its own engine; vLLM's coordinator then runs only for a MoE model) is not launched
 here (docs/conformance.md, "Data parallel").
 
-Watching: :class:`enginewire.tap.proxy.Tap` stands on every channel the engines and the
+Watching: :class:`.proxy.Tap` stands on every channel the engines and the
 coordinator use. The front end binds its input and output sockets at the addresses it is
 given (``client_addresses``); the launcher's ``EngineZmqAddresses`` (the object the init
 message is encoded from, ``utils.py:1542``) is given the tap's addresses in their place, and
@@ -32,7 +32,11 @@ every frame unchanged; nothing in vLLM is patched. The handshake channel itself 
 watched (vLLM's launcher and engines speak it; the engine surface's checks cover it).
 
 :func:`check_records` then checks the data-parallel clauses on what the tap saw
-(:data:`DP_CLAUSES`).
+(:data:`DP_CLAUSES`); :func:`run_coordinated_dp_cell` is the topology's cell of
+``enginewire interop`` (registered with
+:func:`enginewire.conformance.interop.register_topology_cell` when this module is imported, as
+the command line does). The module lives in the tap's layer
+because it watches with the tap; the suite below it never imports it.
 """
 
 from __future__ import annotations
@@ -49,6 +53,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from enginewire.conformance.interop import (
+    STEP_TIMEOUT,
+    Cell,
+    ExchangeFailure,
+    _Script,
+    classify,
+    register_topology_cell,
+)
 from enginewire.conformance.targets.vllm.engine_core import (
     PRELOAD,
     TINY_LLAMA,
@@ -159,7 +171,8 @@ class VllmDataParallel:
         from vllm.v1.executor.abstract import Executor
 
         from enginewire.conformance.targets.vllm.frontend_client import _LoopThread
-        from enginewire.tap.proxy import Tap, TapConfig
+
+        from .proxy import Tap, TapConfig
 
         config = engine_config(self.model_dir, dp_size=self.dp_size)
         if config.model_config.is_moe != self.coordinated:
@@ -347,7 +360,8 @@ def check_records(records: Sequence[Any], dp_size: int, *, coordinated: bool,
     expected). An empty list: every clause held."""
     from enginewire.reference.session import get_field
     from enginewire.spec import load
-    from enginewire.tap.annotate import Annotator
+
+    from .annotate import Annotator
 
     def spec_types() -> Any:
         return load().surface("request_types").types
@@ -473,3 +487,60 @@ def check_records(records: Sequence[Any], dp_size: int, *, coordinated: bool,
                                       f"[waiting, running, kv] per engine of {dp_size}), "
                                       "current_wave, engines_running]"))
     return problems
+
+
+# --- the interop matrix's cell ------------------------------------------------------------
+
+
+def run_coordinated_dp_cell(timeout: float = STEP_TIMEOUT,
+                            topology: VllmDataParallel | None = None) -> Cell:
+    """vLLM's whole coordinated data-parallel topology
+    (:class:`VllmDataParallel`: its DPLB front end,
+    launcher, DP coordinator and two MoE engine cores running request waves), with the tap on
+    every channel but the handshake. Exchanges: ``launch`` (every rank ready), ``add`` (four
+    requests through vLLM's load balancer, served by both ranks), ``utility`` (each rank),
+    ``shutdown``, and ``dp-clauses`` (:func:`check_records` on what the tap saw).
+    The reference has no DP coordinator side (neither its front end nor its engine speaks the
+    coordinator channels), so this cell pairs vLLM with vLLM only. ``topology``: the
+    (unstarted) ``VllmDataParallel`` to run, for a caller that looks at its records after."""
+    cell = Cell("engine-dp-coordinated", "vllm", "vllm", "ipc")
+    script = _Script(cell)
+    if topology is None:
+        topology = VllmDataParallel(coordinated=True)
+
+    def add() -> None:
+        topology.generate(4, timeout=timeout)
+        ranks = set(topology.run.finished_on.values())
+        if ranks != set(range(topology.dp_size)):
+            raise ExchangeFailure(f"vLLM's load balancer served the requests on ranks "
+                                  f"{sorted(ranks)}", "identity.little-endian-rank", None)
+
+    def utility() -> None:
+        topology.utility_each("get_supported_tasks", timeout)
+        if any("generate" not in (r or []) for r in topology.run.utility):
+            raise ExchangeFailure(f"get_supported_tasks answered {topology.run.utility}",
+                                  "frames.utility-payload", "engine")
+
+    def shutdown() -> None:
+        topology.wait_for("stats_publish", "coordinator", timeout)
+        topology.stop(timeout)
+
+    def clauses() -> None:
+        problems = check_records(topology.run.records, topology.dp_size, coordinated=True)
+        if problems:
+            raise ExchangeFailure(f"{problems[0].message} (and {len(problems) - 1} more)",
+                                  problems[0].clause, None)
+
+    try:
+        script.step("launch", lambda: topology.start(timeout * 4))
+        script.step("add", add)
+        script.step("utility", utility)
+        script.step("shutdown", shutdown)
+        script.step("dp-clauses", clauses)
+    finally:
+        topology.stop(timeout)
+    classify(cell)
+    return cell
+
+
+register_topology_cell("vllm-coordinated-dp", ("vllm",), run_coordinated_dp_cell)
