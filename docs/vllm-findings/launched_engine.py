@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,35 @@ class TinyWorker:
         pass
 
 
+def _segments(pids: set[int]) -> set[str]:
+    """The /dev/shm segments the processes ``pids`` map (all processes: ``pids`` empty)."""
+    found: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        if pids and int(maps.parent.name) not in pids:
+            continue
+        try:
+            found.update(re.findall(r" /dev/shm/(\S+)", maps.read_text()))
+        except OSError:
+            continue
+    return found
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and its descendants."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree = {root}
+    while True:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        if not more:
+            return tree
+        tree |= more
+
+
 class LaunchedEngine:
     """One engine core launched by vLLM in ``tmp`` (a directory of the caller's), with raw
     zmq front-end sockets. Use as a context manager; :meth:`close` shuts the engine down the
@@ -153,6 +183,10 @@ class LaunchedEngine:
         self.tmp = Path(tmp)
         self.ctx = zmq.Context()
         self.manager: Any = None
+        self.process: Any = None
+        #: Shared-memory segments of the engine's rings (with its worker), removed at close
+        #: if no process maps them any more (an engine that died does not unlink its own).
+        self.segments: set[str] = set()
         self.sockets: dict[str, Any] = {}
         self.addresses = {name: f"ipc://{tmp}/{name}"
                           for name in ("handshake", "input", "output")}
@@ -205,6 +239,7 @@ class LaunchedEngine:
         ready = self._recv(handshake, "READY")
         if msgspec.msgpack.decode(ready[1]).get("status") != "READY":
             raise RuntimeError(f"expected READY, got {ready!r}")
+        self.segments |= _segments(_tree(self.process.pid))
 
     def _recv(self, sock: Any, what: str) -> list[bytes]:
         if not sock.poll(int(START_S * 1000)):
@@ -257,9 +292,18 @@ class LaunchedEngine:
         return False
 
     def close(self) -> None:
+        if self.process is not None and self.process.pid is not None:
+            self.segments |= _segments(_tree(self.process.pid))
         if self.manager is not None:
             self.manager.shutdown(timeout=5.0)
             self.manager = None
+        if self.segments:
+            time.sleep(0.5)  # the worker exits after the engine (vLLM's death pipe)
+            for name in self.segments - _segments(set()):
+                try:
+                    os.unlink(f"/dev/shm/{name}")
+                except FileNotFoundError:
+                    pass
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.ctx.term()
