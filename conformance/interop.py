@@ -131,7 +131,7 @@ class Exchange:
 class Cell:
     """One pair: ``left`` (front end or ring writer) against ``right`` (engine or readers)."""
 
-    kind: str  # "engine" | "ring" | "api-server"
+    kind: str  # "engine" | "engine-dp" | "engine-dp-coordinated" | "ring" | "api-server"
     left: str
     right: str
     transport: str
@@ -633,6 +633,153 @@ def run_api_server_cell(engine_impl: Implementation, timeout: float = STEP_TIMEO
     return cell
 
 
+# --- data-parallel cells ----------------------------------------------------------------------
+
+#: Engines of the data-parallel cells (ranks 0 .. DP_SIZE - 1 behind one front end).
+DP_SIZE = 2
+
+
+def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, transport: str,
+                timeout: float = STEP_TIMEOUT) -> Cell:
+    """Front end ``frontend_impl`` with :data:`DP_SIZE` engine cores of ``engine_impl``
+    (engine indices 0 .. DP_SIZE - 1, data_parallel_size DP_SIZE, no coordinator) over
+    ``transport``: the ranks the way vLLM runs a dense model's (independent engines, each
+    with its own identity and engine_index). Exchanges: the handshake with every rank, one
+    request to each rank (it must finish with the engine's tokens, its outputs naming that
+    rank's engine_index), a utility call to each rank, shutdown."""
+    from enginewire.conformance.targets.contract import EngineLaunch, FrontendLaunch
+
+    cell = Cell("engine-dp", frontend_impl.name, engine_impl.name, transport)
+    script = _Script(cell)
+    handshake_address, input_address, output_address = _addresses(transport)
+    handshake = getattr(frontend_impl.frontend, "handshake", True) is not False
+    state: dict[str, Any] = {"engines": []}
+    outputs: list[_Outputs] = []
+
+    def start() -> None:
+        for surface in (frontend_impl.frontend, engine_impl.engine):
+            prepare = getattr(surface, "prepare", None)
+            if prepare is not None:
+                prepare()
+        launch = FrontendLaunch(handshake_address, input_address, output_address,
+                                engine_count=DP_SIZE)
+        if not handshake:
+            state["launcher"] = HandshakeLauncher(handshake_address, input_address,
+                                                  output_address, engine_count=DP_SIZE)
+        for rank in range(DP_SIZE):
+            state["engines"].append(engine_impl.engine.start_engine(EngineLaunch(
+                handshake_address, engine_index=rank, dp_size=DP_SIZE,
+                init_timeout=timeout)))
+        state["client"] = frontend_impl.frontend.start_frontend(launch)
+        if "launcher" in state:
+            state["launcher"].serve(timeout)
+        try:
+            state["client"].wait_ready(timeout)
+        except TimeoutError as exc:
+            raise ExchangeFailure(f"the front end was not ready within {timeout:g} s: {exc}",
+                                  "handshake.frontend.bounded-handshake") from exc
+        outputs.append(_Outputs(state["client"]))
+
+    def add_each_rank() -> None:
+        assert engine_impl.expected_tokens is not None
+        client, seen = state["client"], outputs[0]
+        ids = [f"interop-dp-rank{rank}" for rank in range(DP_SIZE)]
+        for rank, request_id in enumerate(ids):
+            client.add_request(_request(request_id, ADD_PROMPT, ADD_TOKENS), rank)
+        engine_of: dict[str, int | None] = {}
+        deadline = time.monotonic() + timeout
+        while not all(i in seen.finish for i in ids):
+            try:
+                batch = _neutral(client.next_outputs(max(deadline - time.monotonic(), 0.0)))
+            except TimeoutError as exc:
+                raise ExchangeFailure(
+                    f"requests {sorted(set(ids) - set(seen.finish))} did not finish within "
+                    f"{timeout:g} s", "frames.outputs-payload", "engine") from exc
+            except ConnectionError as exc:
+                raise ExchangeFailure(f"the front end saw an engine die: {exc}",
+                                      "frames.engine-core-dead-fatal", "engine") from exc
+            for output in (batch or {}).get("outputs") or []:
+                request_id = output["request_id"]
+                engine_of[request_id] = (batch or {}).get("engine_index")
+                seen.tokens.setdefault(request_id, []).extend(output.get("new_token_ids")
+                                                              or [])
+                if output.get("finish_reason") is not None:
+                    seen.finish[request_id] = int(output["finish_reason"])
+        expected = engine_impl.expected_tokens(ADD_PROMPT, ADD_TOKENS)
+        for rank, request_id in enumerate(ids):
+            if engine_of.get(request_id) != rank:
+                raise ExchangeFailure(
+                    f"the request sent to rank {rank} came back with engine_index "
+                    f"{engine_of.get(request_id)}", "transport.output-has-no-identity",
+                    "engine")
+            got = (seen.tokens.get(request_id, []), seen.finish[request_id])
+            if got != (expected, FINISH_LENGTH):
+                raise ExchangeFailure(
+                    f"rank {rank}: expected tokens {expected} and finish_reason length, got "
+                    f"tokens {got[0]} and finish_reason {got[1]}", None, "engine")
+
+    def utility_each_rank() -> None:
+        for rank in range(DP_SIZE):
+            result = _neutral(state["client"].call_utility("get_supported_tasks", [], rank,
+                                                           timeout))
+            if not isinstance(result, list | tuple) or "generate" not in result:
+                raise ExchangeFailure(
+                    f"rank {rank}: get_supported_tasks answered {result!r}, expected a list "
+                    "with 'generate'", "frames.utility-payload", "engine")
+
+    def shutdown() -> None:
+        client, engines = state.pop("client"), state.pop("engines")
+        state["engines"] = []
+        client.stop(timeout)
+        for engine in engines:
+            engine.stop(timeout)
+        running = [f"engine {rank}" for rank, engine in enumerate(engines) if engine.alive()]
+        if client.alive():
+            running.insert(0, "front end")
+        if running:
+            raise ExchangeFailure(f"still running after stop: {', '.join(running)}", None,
+                                  "engine" if running[-1].startswith("engine") else "frontend")
+        left = _left_files([input_address, output_address])
+        if left:
+            raise ExchangeFailure(f"the front end left its ipc socket files {left}",
+                                  "transport.ipc-files-removed", "frontend")
+
+    try:
+        script.step("handshake" if handshake else "ready-response", start)
+        script.step("add-each-rank", add_each_rank)
+        script.step("utility-each-rank", utility_each_rank)
+        script.step("shutdown", shutdown)
+    finally:
+        peers = [state.pop("client", None), *state.pop("engines", [])]
+        for peer in peers:
+            if peer is not None:
+                with contextlib.suppress(Exception):
+                    peer.stop(timeout)
+        launcher = state.pop("launcher", None)
+        if launcher is not None:
+            launcher.close()
+        _remove_files([handshake_address, input_address, output_address])
+    classify(cell)
+    return cell
+
+
+#: Cells of whole topologies that layers above the suite add (:func:`register_topology_cell`):
+#: name -> (the implementations the cell needs, the function that runs it with a timeout).
+_TOPOLOGY_CELLS: dict[str, tuple[frozenset[str], Callable[[float], Cell]]] = {}
+
+
+def register_topology_cell(name: str, needs: Sequence[str],
+                           run: Callable[[float], Cell]) -> None:
+    """Add a data-parallel cell of a whole topology (vLLM's coordinated one:
+    ``enginewire.tap.vllm_dp``, which watches it with the tap, a layer above this one), run
+    with the data-parallel cells when every implementation in ``needs`` is paired."""
+    _TOPOLOGY_CELLS[name] = (frozenset(needs), run)
+
+
+def topology_cells() -> dict[str, tuple[frozenset[str], Callable[[float], Cell]]]:
+    return dict(_TOPOLOGY_CELLS)
+
+
 # --- ring cells ------------------------------------------------------------------------------
 
 
@@ -841,10 +988,13 @@ def implementations(names: Sequence[str],
 
 def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = TRANSPORTS,
                ring: bool = True, engine: bool = True, timeout: float = STEP_TIMEOUT,
-               progress: Callable[[Cell], None] | None = None,
-               api_server: bool = True) -> list[Cell]:
-    """Every front end x engine core x transport, then every ring writer x readers, then
-    (when ``vllm`` is among ``impls``) vLLM's API server x every engine core."""
+               progress: Callable[[Cell], None] | None = None, dp: bool = False,
+               coordinated_dp: bool = True, api_server: bool = True) -> list[Cell]:
+    """Every front end x engine core x transport, then every ring writer x readers; with
+    ``dp``, also every front end x :data:`DP_SIZE` engine cores x transport and (unless
+    ``coordinated_dp`` is false) the registered topology cells whose implementations are
+    paired (:func:`register_topology_cell`); then (with ``api_server``, when ``vllm`` is
+    among ``impls``) vLLM's API server x every engine core."""
     cells: list[Cell] = []
     names = list(impls)
     if engine:
@@ -855,6 +1005,18 @@ def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = 
                                                  timeout))
                     if progress:
                         progress(cells[-1])
+    if dp:
+        for left in names:
+            for right in names:
+                for transport in transports:
+                    cells.append(run_dp_cell(impls[left], impls[right], transport, timeout))
+                    if progress:
+                        progress(cells[-1])
+        for needs, run in (_TOPOLOGY_CELLS.values() if coordinated_dp else ()):
+            if needs <= set(names):
+                cells.append(run(timeout))
+                if progress:
+                    progress(cells[-1])
     if ring:
         for left in names:
             for right in names:
@@ -908,11 +1070,14 @@ def render_html(matrix: Matrix) -> str:
              "</title><style>td,th{border:1px solid #999;padding:4px 8px;vertical-align:top}"
              "table{border-collapse:collapse;margin-bottom:1em}</style></head><body>",
              "<h1>enginewire interop</h1>"]
-    for kind, title, right in (("engine", "Front end (rows) x engine core (columns)",
-                                "engine"), ("ring", "Ring writer (rows) x readers (columns)",
-                                            "readers"),
-                               ("api-server", "vLLM API server (rows) x engine core "
-                                "(columns)", "engine")):
+    for kind, title, right in (
+            ("engine", "Front end (rows) x engine core (columns)", "engine"),
+            ("engine-dp", f"Front end (rows) x {DP_SIZE} engine cores, data parallel "
+                          "(columns)", "engines"),
+            ("engine-dp-coordinated", "vLLM's coordinated data parallel (front end, DP "
+                                      "coordinator, engine cores)", "engines"),
+            ("ring", "Ring writer (rows) x readers (columns)", "readers"),
+            ("api-server", "vLLM API server (rows) x engine core (columns)", "engine")):
         cells = [c for c in matrix.cells if c.kind == kind]
         if not cells:
             continue
@@ -969,9 +1134,12 @@ def register(subparsers: Any) -> None:
                         help=f"implementations to pair (default: {','.join(PEERS)})")
     parser.add_argument("--transport", action="append", choices=TRANSPORTS, default=[],
                         help="run engine cells over this transport only; may repeat")
-    parser.add_argument("--only", choices=("engine", "ring", "api-server"), default=None,
-                        help="run only the engine cells, the ring cells or the API server "
-                             "cells (vLLM's `vllm serve` x each engine core)")
+    parser.add_argument("--only", choices=("engine", "dp", "ring", "api-server"), default=None,
+                        help="run only the engine cells, only the data-parallel engine "
+                             "cells, only the ring cells, or only the API server cells "
+                             "(vLLM's `vllm serve` x each engine core)")
+    parser.add_argument("--no-dp", action="store_true",
+                        help="leave out the data-parallel engine cells")
     parser.add_argument("--json", metavar="PATH", type=writable_file,
                         help="write the matrix as JSON here")
     parser.add_argument("--html", metavar="PATH", type=writable_file,
@@ -994,7 +1162,9 @@ def main(args: argparse.Namespace) -> int:
     with implementations(args.peers) as (impls, unavailable):
         cells = run_matrix(impls, transports=transports, ring=args.only in (None, "ring"),
                            engine=args.only in (None, "engine"), timeout=timeout,
-                           progress=progress, api_server=args.only in (None, "api-server"))
+                           progress=progress,
+                           dp=args.only in (None, "dp") and not args.no_dp,
+                           api_server=args.only in (None, "api-server"))
     matrix = Matrix(cells, args.peers, unavailable)
     if args.json:
         Path(args.json).write_text(json.dumps(matrix.to_builtins(), indent=2) + "\n")

@@ -38,6 +38,9 @@ COMMAND_MODULES = (
 #: Modules that register ``--target PREFIX:NAME`` providers with
 #: :func:`enginewire.conformance.targets.resolve.register_provider` when imported.
 TARGET_PROVIDER_MODULES = ("enginewire.fuzz.mutants",)
+#: Modules that add cells of whole topologies to ``enginewire interop`` with
+#: :func:`enginewire.conformance.interop.register_topology_cell` when imported.
+INTEROP_CELL_MODULES = ("enginewire.tap.vllm_dp",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Wire specification and conformance suite for LLM engine IPC (vLLM V1).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in TARGET_PROVIDER_MODULES + COMMAND_MODULES:
+    for module_name in TARGET_PROVIDER_MODULES + INTEROP_CELL_MODULES + COMMAND_MODULES:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

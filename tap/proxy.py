@@ -28,7 +28,9 @@ DP coordinator (data parallel > 1), where the init names its addresses: coordina
 coordinator; subscriptions go up, START_DP_WAVE and READY come down. coordinator_output (the
 coordinator's PULL): the tap binds a PULL and connects a PUSH, like the output channel. The
 front end's stats publisher (``frontend_stats_publish_address``) is front end <-> coordinator
-traffic that engines never see: it is left as it is.
+traffic that engines never see and the init does not carry: it is left as it is, unless a
+caller puts the tap there itself (:meth:`Tap.add_coordinator` with ``stats_publish``: an XPUB
+for the front ends, an XSUB connected to the coordinator).
 
 :class:`Tap` runs on a thread of its own (:meth:`start` / :meth:`close`); every wait is a
 bounded poll, and :meth:`close` closes every socket and removes the ipc files it bound.
@@ -207,16 +209,19 @@ class Tap:
         found = self._coordinator.get((channel, upstream))
         if found is not None:
             return found
+        # The far end of a coordinator channel: the engines', or the front ends' on the
+        # stats channel.
+        far = "frontend" if channel == "stats_publish" else "engine"
         listen = self._open(channel, "coordinator", local_address_like(upstream))
-        up = self._open(channel, "engine", upstream)
+        up = self._open(channel, far, upstream)
         self._coordinator[(channel, upstream)] = listen
 
-        def engine_side(frames: list[zmq.Frame]) -> None:
+        def far_side(frames: list[zmq.Frame]) -> None:
             up.socket.send_multipart(frames, copy=False)
-            self._observe(channel, "engine", None, frames)
+            self._observe(channel, far, None, frames)
 
-        self._watch(listen, engine_side)
-        if channel == "coordinator_input":
+        self._watch(listen, far_side)
+        if channel in ("coordinator_input", "stats_publish"):
 
             def coordinator_side(frames: list[zmq.Frame]) -> None:
                 listen.socket.send_multipart(frames, copy=False)
@@ -224,6 +229,13 @@ class Tap:
 
             self._watch(up, coordinator_side)
         return listen
+
+    def add_coordinator(self, channel: str, upstream: str) -> str:
+        """Stand for the DP coordinator's ``upstream`` address of ``channel``
+        (``coordinator_input``, ``coordinator_output``, or ``stats_publish``, the channel the
+        init does not carry: front ends are given it directly) and return the address to give
+        the engines or front ends instead. Call before :meth:`start`."""
+        return self._add_coordinator(channel, upstream).address
 
     # --- forwarding ----------------------------------------------------------------------
 

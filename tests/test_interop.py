@@ -151,10 +151,11 @@ def test_command_prints_and_writes_the_matrix(tmp_path: Path, capsys: Any) -> No
                        "--json", str(out_json), "--html", str(out_html)])
     assert status == 0
     table = capsys.readouterr().out
-    assert "2 passed, 0 documented deviations, 0 failed" in table
+    assert "3 passed, 0 documented deviations, 0 failed" in table
     data = json.loads(out_json.read_text())
     assert data["ok"] is True
     assert [(c["kind"], c["status"]) for c in data["cells"]] == [("engine", "passed"),
+                                                                  ("engine-dp", "passed"),
                                                                   ("ring", "passed")]
     assert "<table>" in out_html.read_text()
 
@@ -172,6 +173,51 @@ def test_unknown_peer_is_a_usage_error(capsys: Any) -> None:
     assert cli_main(["interop", "--peers", "reference,nope"]) == 2
 
 
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_reference_front_end_and_two_data_parallel_engines(reference: Implementation,
+                                                           transport: str) -> None:
+    cell = interop.run_dp_cell(reference, reference, transport, TIMEOUT)
+    assert cell.status == "passed", cell.exchanges
+    assert cell.kind == "engine-dp"
+    assert [e.name for e in cell.exchanges] == ["handshake", "add-each-rank",
+                                                 "utility-each-rank", "shutdown"]
+
+
+class _RankZeroOutputsEngine(ReferenceEngine):
+    """A broken engine: every rank's outputs say engine_index 0."""
+
+    def _step(self) -> None:
+        send = self.connection.send
+
+        def rank_zero(kind: str, value: Any, **options: Any) -> Any:
+            if kind == "outputs":
+                value.engine_index = 0
+            return send(kind, value, **options)
+
+        self.connection.send = rank_zero  # type: ignore[method-assign]
+        try:
+            super()._step()
+        finally:
+            self.connection.send = send  # type: ignore[method-assign]
+
+
+def test_dp_cell_fails_when_an_engine_names_another_rank(reference: Implementation) -> None:
+    cell = interop.run_dp_cell(reference, reference_implementation(_RankZeroOutputsEngine),
+                               "ipc", TIMEOUT)
+    failure = cell.first_failure
+    assert cell.status == "failed" and failure is not None and failure.name == "add-each-rank"
+    assert failure.clause == "transport.output-has-no-identity", failure
+
+
+def test_dp_cells_run_by_default_and_can_be_left_out(capsys: Any) -> None:
+    assert cli_main(["interop", "--peers", "reference", "--transport", "tcp",
+                     "--only", "dp"]) == 0
+    assert "engine-dp  reference" in capsys.readouterr().out
+    assert cli_main(["interop", "--peers", "reference", "--transport", "tcp", "--only",
+                     "engine", "--no-dp"]) == 0
+    assert "engine-dp" not in capsys.readouterr().out
+
+
 @pytest.mark.slow
 @pytest.mark.vllm
 def test_full_matrix_with_vllm() -> None:
@@ -180,6 +226,11 @@ def test_full_matrix_with_vllm() -> None:
         assert not unavailable
         # The API server cells run in tests/test_vllm_serve.py.
         cells = interop.run_matrix(impls, timeout=60.0, api_server=False)
+        # The data-parallel cells over ipc (tcp adds nothing DP-specific); vLLM's coordinated
+        # topology runs in tests/test_vllm_dp.py, which keeps its records.
+        cells += interop.run_matrix(impls, timeout=60.0, transports=["ipc"], engine=False,
+                                    ring=False, dp=True, coordinated_dp=False,
+                                    api_server=False)
     matrix = interop.Matrix(cells, ["reference", "vllm"])
     assert matrix.ok, interop.render_table(matrix)
     # Exactly the cells docs/interop.md publishes: vLLM's front end over ipc and vLLM's ring
@@ -189,8 +240,10 @@ def test_full_matrix_with_vllm() -> None:
     assert deviations == {("engine", "vllm", "reference", "ipc"),
                           ("engine", "vllm", "vllm", "ipc"),
                           ("ring", "vllm", "reference", "shm"),
-                          ("ring", "vllm", "vllm", "shm")}, interop.render_table(matrix)
-    assert len(statuses) == 4 * 2 + 4
+                          ("ring", "vllm", "vllm", "shm"),
+                          ("engine-dp", "vllm", "reference", "ipc"),
+                          ("engine-dp", "vllm", "vllm", "ipc")}, interop.render_table(matrix)
+    assert len(statuses) == 4 * 2 + 4 + 4
     assert {c.deviation.finding for c in cells if c.deviation} == {"021"}
 
 

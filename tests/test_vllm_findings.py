@@ -321,7 +321,36 @@ def test_runner_passes_only_while_every_finding_reproduces(
     """run_all.py's verdicts, with each script's exit status stood in (no vLLM needed)."""
     run_all = _runner_module()
     script = SCRIPTS[0]
-    monkeypatch.setattr(run_all, "run_fresh", lambda path, timeout: run_all.Outcome(
+    monkeypatch.setattr(run_all, "run_fresh", lambda path, timeout, options=(): run_all.Outcome(
         path, code, 0.1, "BUG: stood in\n" if code == 1 else "fixed: stood in\n"))
     assert run_all.main([script.name[:3]]) == status
     assert says in capsys.readouterr().out
+
+
+#: The engine findings whose scripts also run on vLLM's live engine core (``--launched``).
+LAUNCHED = ("004", "005", "006", "007", "008", "019")
+
+
+def test_launched_mode_is_offered_by_exactly_the_engine_findings() -> None:
+    runner = _runner_module()
+    offered = {p.name[:3] for p in SCRIPTS if runner.LAUNCHED_MARK in p.read_text()}
+    assert offered == set(LAUNCHED)
+    assert not (FINDINGS / "launched_engine.py").read_text().count("enginewire")
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_engine_findings_reproduce_on_a_launched_engine_core(tmp_path: Path) -> None:
+    """Each of the six, with --launched, on vLLM's real engine core process (one launch per
+    message, fork): exit 1 with a verdict naming the launched process."""
+    report = tmp_path / "launched.json"
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), "--fork", "--launched", "--jobs", "2", "--json",
+         str(report)], capture_output=True, text=True, timeout=TIMEOUT_S * 3)
+    outcomes = json.loads(report.read_text())
+    assert sorted(name[:3] for name in outcomes) == list(LAUNCHED)
+    for name, outcome in outcomes.items():
+        assert outcome["code"] == 1, (name, outcome["output"][-3000:])
+        assert re.search(r"^BUG: .*engine core process", outcome["output"], re.MULTILINE), \
+            outcome["output"][-3000:]
+    assert proc.returncode == 0, proc.stdout[-3000:]

@@ -11,6 +11,11 @@ reads are set (no tensor IPC receiver, the two queues, a ready response). A raw 
 plays the front end: it sends the bad message, then a valid ABORT as a probe, and waits at
 most WAIT_S seconds for the probe to reach the engine's input queue.
 
+With ``--launched`` the script shows the same on vLLM's real engine core process, launched by
+vLLM's own CoreEngineProcManager with only the model layer stood in (launched_engine.py beside
+this script; a few seconds per engine start): after the message the live engine serves no
+further request.
+
 Exit 1: the probe never came (the thread died: the bug reproduces). Exit 0: it came (fixed).
 Exit 2: the reproduction itself failed. Needs only vLLM, pyzmq and msgspec; CPU only.
 """
@@ -33,6 +38,8 @@ import zmq  # noqa: E402
 
 WAIT_S = 3.0
 HARD_STOP_S = 60
+#: ``--launched``: engine starts (config, fork, READY) take seconds each on a loaded machine.
+LAUNCHED_HARD_STOP_S = 300
 EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
 IDENTITY = (0).to_bytes(2, "little")
 
@@ -99,6 +106,16 @@ def reproduce(tmp: str) -> bool:
     return any(results)
 
 
+def reproduce_launched(tmp: str) -> bool:
+    """``--launched``: the same messages to vLLM's real engine core process (a fresh one per
+    message, launched by vLLM's CoreEngineProcManager with only the model layer stood in:
+    launched_engine.py beside this script); True when one stops it from serving."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launched_engine import stops_serving
+
+    return stops_serving(tmp, bad_messages(), WAIT_S * 2)
+
+
 def hard_stop() -> None:
     """Print every thread's stack and end the process with EXIT_BROKEN."""
     print(f"the reproduction did not finish within {HARD_STOP_S} s", file=sys.stderr)
@@ -110,12 +127,14 @@ def main() -> int:
     import vllm.v1.engine.core_client  # noqa: F401 - slow; not counted in the hard stop
 
     # A hard stop once vLLM is imported: a wait this script does not bound ends it (exit 2).
-    stop = threading.Timer(HARD_STOP_S, hard_stop)
+    launched = "--launched" in sys.argv[1:]
+    stop = threading.Timer(LAUNCHED_HARD_STOP_S if launched else HARD_STOP_S, hard_stop)
     stop.daemon = True
     stop.start()
     tmp = tempfile.mkdtemp(prefix="vllm-finding-")
     try:
-        return EXIT_REPRODUCED if reproduce(tmp) else EXIT_FIXED
+        found = reproduce_launched(tmp) if launched else reproduce(tmp)
+        return EXIT_REPRODUCED if found else EXIT_FIXED
     except Exception:  # noqa: BLE001 - the reproduction itself failed: neither verdict
         traceback.print_exc()
         return EXIT_BROKEN

@@ -10,6 +10,11 @@ vLLM's own input thread (EngineCoreProc.process_input_sockets, unchanged) runs i
 an EngineCoreProc built without a model and without a coordinator; a raw zmq ROUTER plays the
 front end, sends the single frame READY, then a valid ABORT as a probe.
 
+With ``--launched`` the script shows the same on vLLM's real engine core process, launched by
+vLLM's own CoreEngineProcManager with only the model layer stood in (launched_engine.py beside
+this script; a few seconds per engine start): after the message the live engine serves no
+further request.
+
 Exit 1: the probe never reached the engine (the bug reproduces). Exit 0: it did (fixed).
 Exit 2: the reproduction itself failed. Needs only vLLM, pyzmq and msgspec; CPU only.
 """
@@ -32,6 +37,8 @@ import zmq  # noqa: E402
 
 WAIT_S = 3.0
 HARD_STOP_S = 60
+#: ``--launched``: engine starts (config, fork, READY) take seconds each on a loaded machine.
+LAUNCHED_HARD_STOP_S = 300
 EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
 IDENTITY = (0).to_bytes(2, "little")
 
@@ -98,6 +105,16 @@ def reproduce(tmp: str) -> bool:
     return any(results)
 
 
+def reproduce_launched(tmp: str) -> bool:
+    """``--launched``: the same messages to vLLM's real engine core process (a fresh one per
+    message, launched by vLLM's CoreEngineProcManager with only the model layer stood in:
+    launched_engine.py beside this script); True when one stops it from serving."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launched_engine import stops_serving
+
+    return stops_serving(tmp, bad_messages(), WAIT_S * 2)
+
+
 def hard_stop() -> None:
     """Print every thread's stack and end the process with EXIT_BROKEN."""
     print(f"the reproduction did not finish within {HARD_STOP_S} s", file=sys.stderr)
@@ -109,12 +126,14 @@ def main() -> int:
     import vllm.v1.engine.core_client  # noqa: F401 - slow; not counted in the hard stop
 
     # A hard stop once vLLM is imported: a wait this script does not bound ends it (exit 2).
-    stop = threading.Timer(HARD_STOP_S, hard_stop)
+    launched = "--launched" in sys.argv[1:]
+    stop = threading.Timer(LAUNCHED_HARD_STOP_S if launched else HARD_STOP_S, hard_stop)
     stop.daemon = True
     stop.start()
     tmp = tempfile.mkdtemp(prefix="vllm-finding-")
     try:
-        return EXIT_REPRODUCED if reproduce(tmp) else EXIT_FIXED
+        found = reproduce_launched(tmp) if launched else reproduce(tmp)
+        return EXIT_REPRODUCED if found else EXIT_FIXED
     except Exception:  # noqa: BLE001 - the reproduction itself failed: neither verdict
         traceback.print_exc()
         return EXIT_BROKEN

@@ -14,6 +14,12 @@ an EngineCoreProc built without a model; a raw zmq ROUTER plays the front end an
 message to a fresh thread, followed by a valid ABORT as a probe. What reaches the input queue
 is then handed to vLLM's own EngineCoreProc._handle_client_request, as the busy loop does.
 
+With ``--launched`` the script shows the same on vLLM's real engine core process, launched by
+vLLM's own CoreEngineProcManager with only the model layer stood in (launched_engine.py beside
+this script; a few seconds per engine start): after EXECUTOR_FAILED from the front end the live
+engine serves no further request and exits (WAKEUP and START_DP_WAVE are taken silently:
+nothing shows outside).
+
 Exit 1: a message reached the input queue (reproduces). Exit 0: none did (fixed). Exit 2:
 the reproduction itself failed. Needs only vLLM, pyzmq and msgspec; CPU only.
 """
@@ -36,6 +42,8 @@ import zmq  # noqa: E402
 
 WAIT_S = 3.0
 HARD_STOP_S = 60
+#: ``--launched``: engine starts (config, fork, READY) take seconds each on a loaded machine.
+LAUNCHED_HARD_STOP_S = 300
 EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
 IDENTITY = (0).to_bytes(2, "little")
 
@@ -122,6 +130,18 @@ def reproduce(tmp: str) -> bool:
     return accepted
 
 
+def reproduce_launched(tmp: str) -> bool:
+    """``--launched``: EXECUTOR_FAILED (what shows outside the engine) to vLLM's real engine
+    core process, launched by vLLM's CoreEngineProcManager with only the model layer stood in
+    (launched_engine.py beside this script); True when it stops the engine from serving."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launched_engine import stops_serving
+
+    messages = {name: message for name, message in bad_messages().items()
+                if name.startswith("EXECUTOR_FAILED")}
+    return stops_serving(tmp, messages, WAIT_S * 2)
+
+
 def hard_stop() -> None:
     """Print every thread's stack and end the process with EXIT_BROKEN."""
     print(f"the reproduction did not finish within {HARD_STOP_S} s", file=sys.stderr)
@@ -133,12 +153,14 @@ def main() -> int:
     import vllm.v1.engine.core_client  # noqa: F401 - slow; not counted in the hard stop
 
     # A hard stop once vLLM is imported: a wait this script does not bound ends it (exit 2).
-    stop = threading.Timer(HARD_STOP_S, hard_stop)
+    launched = "--launched" in sys.argv[1:]
+    stop = threading.Timer(LAUNCHED_HARD_STOP_S if launched else HARD_STOP_S, hard_stop)
     stop.daemon = True
     stop.start()
     tmp = tempfile.mkdtemp(prefix="vllm-finding-")
     try:
-        return EXIT_REPRODUCED if reproduce(tmp) else EXIT_FIXED
+        found = reproduce_launched(tmp) if launched else reproduce(tmp)
+        return EXIT_REPRODUCED if found else EXIT_FIXED
     except Exception:  # noqa: BLE001 - the reproduction itself failed: neither verdict
         traceback.print_exc()
         return EXIT_BROKEN

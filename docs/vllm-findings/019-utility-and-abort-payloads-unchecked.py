@@ -2,14 +2,19 @@
 """Reproduction: malformed ABORT and UTILITY payloads reach the busy loop (vLLM 0.33.0).
 
 The engine decodes ABORT and UTILITY payloads with an untyped MsgpackDecoder and puts
-whatever comes out on its input queue: an ABORT payload that is a string ("req-0", which
-abort_requests then iterates character by character), an ABORT payload of integers, and a
+whatever comes out on its input queue: an ABORT payload that is a string ("req-0", which the
+busy loop then takes as one request id), an ABORT payload of integers, and a
 UTILITY call whose call_id is a string are all accepted. (A UTILITY of three elements kills
 the input thread: finding 006.)
 
 vLLM's own input thread (EngineCoreProc.process_input_sockets, unchanged) runs in-process on
 an EngineCoreProc built without a model; a raw zmq ROUTER plays the front end and sends each
 message to a fresh thread, followed by a valid ABORT as a probe.
+
+With ``--launched`` the script shows the impact on vLLM's real engine core process, launched
+by vLLM's own CoreEngineProcManager with only the model layer stood in (launched_engine.py
+beside this script): an ABORT whose payload is an integer reaches the busy loop, which raises
+TypeError; the engine serves no further request.
 
 Exit 1: a malformed payload reached the input queue (reproduces). Exit 0: none did (fixed).
 Exit 2: the reproduction itself failed. Needs only vLLM, pyzmq and msgspec; CPU only.
@@ -33,6 +38,8 @@ import zmq  # noqa: E402
 
 WAIT_S = 3.0
 HARD_STOP_S = 60
+#: ``--launched``: engine starts (config, fork, READY) take seconds each on a loaded machine.
+LAUNCHED_HARD_STOP_S = 300
 EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
 IDENTITY = (0).to_bytes(2, "little")
 
@@ -109,6 +116,18 @@ def reproduce(tmp: str) -> bool:
     return accepted
 
 
+def reproduce_launched(tmp: str) -> bool:
+    """``--launched``: on vLLM's real engine core process (launched by vLLM's
+    CoreEngineProcManager with only the model layer stood in: launched_engine.py beside this
+    script), an ABORT whose payload is an integer reaches the busy loop, whose
+    _process_aborts_queue raises TypeError (``request_ids.extend(5)``): the engine stops
+    serving. (A string payload is taken as one request id there, core.py:829-830.)"""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from launched_engine import stops_serving
+
+    messages = {"an ABORT payload that is the integer 5": [b"\x01", msgspec.msgpack.encode(5)]}
+    return stops_serving(tmp, messages, WAIT_S * 2)
+
 def hard_stop() -> None:
     """Print every thread's stack and end the process with EXIT_BROKEN."""
     print(f"the reproduction did not finish within {HARD_STOP_S} s", file=sys.stderr)
@@ -120,12 +139,14 @@ def main() -> int:
     import vllm.v1.engine.core_client  # noqa: F401 - slow; not counted in the hard stop
 
     # A hard stop once vLLM is imported: a wait this script does not bound ends it (exit 2).
-    stop = threading.Timer(HARD_STOP_S, hard_stop)
+    launched = "--launched" in sys.argv[1:]
+    stop = threading.Timer(LAUNCHED_HARD_STOP_S if launched else HARD_STOP_S, hard_stop)
     stop.daemon = True
     stop.start()
     tmp = tempfile.mkdtemp(prefix="vllm-finding-")
     try:
-        return EXIT_REPRODUCED if reproduce(tmp) else EXIT_FIXED
+        found = reproduce_launched(tmp) if launched else reproduce(tmp)
+        return EXIT_REPRODUCED if found else EXIT_FIXED
     except Exception:  # noqa: BLE001 - the reproduction itself failed: neither verdict
         traceback.print_exc()
         return EXIT_BROKEN

@@ -18,8 +18,12 @@ Modes:
   first (``VLLM_TARGET_DEVICE=cpu``; ``VLLM_ENGINE_READY_TIMEOUT_S=10``, which vLLM reads at
   import).
 
-Usage: ``python docs/vllm-findings/run_all.py [--fork] [--jobs N] [--timeout S] [--json PATH]
-[NNN ...]``. Exit status: 0 when every reproduction reproduced, 1 otherwise.
+- ``--launched``: only the engine findings with a ``--launched`` mode (004-008, 019), each
+  run with it: on vLLM's real engine core process, launched by vLLM's ``CoreEngineProcManager``
+  with only the model layer stood in (``launched_engine.py``), a few seconds per engine.
+
+Usage: ``python docs/vllm-findings/run_all.py [--fork] [--launched] [--jobs N] [--timeout S]
+[--json PATH] [NNN ...]``. Exit status: 0 when every reproduction reproduced, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: What a reproduction with a ``--launched`` mode defines.
+LAUNCHED_MARK = "def reproduce_launched("
 EXIT_FIXED, EXIT_REPRODUCED, EXIT_BROKEN = 0, 1, 2
 #: vLLM modules the reproductions import, loaded once before forking (``--fork``).
 PRELOAD = (
@@ -81,10 +87,11 @@ def runnable_scripts(selected: list[str]) -> list[Path]:
     return scripts
 
 
-def run_fresh(script: Path, timeout: float) -> Outcome:
-    """``python script`` in a fresh interpreter, killed (its process group) after ``timeout``."""
+def run_fresh(script: Path, timeout: float, options: tuple[str, ...] = ()) -> Outcome:
+    """``python script [options]`` in a fresh interpreter, killed (its process group) after
+    ``timeout``."""
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(script), *options], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -107,7 +114,8 @@ def preload() -> None:
 
 
 def run_forked(script: Path, timeout: float,
-               prepare: Callable[[], None] | None = None) -> Outcome:
+               prepare: Callable[[], None] | None = None,
+               options: tuple[str, ...] = ()) -> Outcome:
     """Fork; the child runs ``script`` as ``__main__`` with stdout and stderr in a file.
 
     ``prepare``, if given, runs in the child first (the tests use it to patch a fix into
@@ -126,7 +134,7 @@ def run_forked(script: Path, timeout: float,
                 if prepare is not None:
                     prepare()
 
-                sys.argv = [str(script)]
+                sys.argv = [str(script), *options]
                 runpy.run_path(str(script), run_name="__main__")
                 code = 0
             except SystemExit as exc:
@@ -170,18 +178,29 @@ def main(argv: list[str] | None = None) -> int:
                              "on a loaded machine)")
     parser.add_argument("--json", type=Path, metavar="PATH",
                         help="also write {script name: {code, verdict, seconds, output}} there")
+    parser.add_argument("--launched", action="store_true",
+                        help="run the engine findings that have a --launched mode (004-008, "
+                             "019) on vLLM's real engine core process, launched by vLLM")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="print each reproduction's full output")
     args = parser.parse_args(argv)
     scripts = runnable_scripts(args.only)
+    options: tuple[str, ...] = ()
+    if args.launched:
+        scripts = [p for p in scripts if LAUNCHED_MARK in p.read_text(encoding="utf-8")]
+        options = ("--launched",)
     if not scripts:
         print("no reproduction matched", file=sys.stderr)
         return 2
     if args.fork:
         preload()
-    run = run_forked if args.fork else run_fresh
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        outcomes = list(pool.map(lambda script: run(script, args.timeout), scripts))
+        if args.fork:
+            outcomes = list(pool.map(
+                lambda script: run_forked(script, args.timeout, options=options), scripts))
+        else:
+            outcomes = list(pool.map(
+                lambda script: run_fresh(script, args.timeout, options), scripts))
 
     if args.json is not None:
         args.json.write_text(json.dumps({
