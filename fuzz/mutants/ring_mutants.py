@@ -157,6 +157,21 @@ def write_chunk_one_byte_count(write: Any, buffers: Sequence[Buffer], base: int 
     return offset
 
 
+def write_chunk_length_off_by_one(write: Any, buffers: Sequence[Buffer], base: int = 0) -> int:
+    """:func:`write_chunk` with every length prefix one more than its buffer's length; the
+    buffers themselves sit where the spec puts them."""
+    write(base, struct.pack(">BHI", IN_RING, len(buffers), nbytes(buffers[0]) + 1))
+    offset = HEADER_BYTES + LENGTH_BYTES
+    write(base + offset, buffers[0])
+    offset += nbytes(buffers[0])
+    for buffer in buffers[1:]:
+        write(base + offset, struct.pack(">I", nbytes(buffer) + 1))
+        offset += LENGTH_BYTES
+        write(base + offset, buffer)
+        offset += nbytes(buffer)
+    return offset
+
+
 class _FramingQueue(MessageQueue):
     """A queue whose writer frames chunks with :meth:`frame` and decides overflow with
     :meth:`overflows` (the reference's own functions unless a subclass replaces one)."""
@@ -217,6 +232,17 @@ class OneByteBufferCount(_FramingQueue):
     every length and buffer after it is shifted by one byte."""
 
     chunk_writer = staticmethod(write_chunk_one_byte_count)
+
+
+class LengthPrefixOffByOne(_FramingQueue):
+    """Writes every length prefix one byte too long (a length taken with the terminator
+    counted, or ``<=`` for ``<`` in a copy loop; clause ring.framing.length-prefix). A reader
+    that slices the chunk by the prefix takes one byte of whatever follows: pickle ignores a
+    trailing byte after its STOP opcode, so a one-buffer message still unpickles, and only a
+    check that compares the prefix with the real buffer sees it; the buffer after a wrong
+    prefix starts one byte late."""
+
+    chunk_writer = staticmethod(write_chunk_length_off_by_one)
 
 
 # --- waiting and release ---------------------------------------------------------------------
