@@ -528,3 +528,7 @@ class RecordingMemory:
     def notify(self) -> None:
         """The writer's notification (its notify socket send), an ordered event of the log."""
         self.log.append(("notify", -1, None))
+
+    def wait_notify(self) -> None:
+        """A reader blocking on its notify socket with no recheck (a reader's ``wait()``)."""
+        self.log.append(("wait_notify", -1, None))

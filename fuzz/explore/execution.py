@@ -239,6 +239,12 @@ class ThreadMemory:
         """The writer's notification (its notify socket send): an ordered event."""
         self._record("notify")
 
+    def wait_notify(self) -> None:
+        """A reader blocks on its notify socket with no recheck of the flags. Notifications
+        are hints that may be lost (ring.notify.hint-only), so the explorer never delivers
+        one: the thread waits for good."""
+        self._record("wait_notify")
+
     def received(self, payload: Any) -> None:
         self._record("receive", data=bytes(payload))
 
@@ -547,6 +553,15 @@ class World:
         sim = self.sim
         waiting = [i for i, node in enumerate(self.nodes) if node.kind != "done"]
         if waiting:
+            trusting = [sim.specs[i].name for i in waiting
+                        if self.nodes[i].kind == "wait_notify"]
+            if trusting:
+                self.fail("lost-notification", "ring.notify.hint-only",
+                          f"{', '.join(trusting)} waits for a notification and never rechecks "
+                          "the flags: a notification is only a hint, and one that is lost "
+                          "(the notify socket drops them at SNDHWM 1) leaves it asleep on "
+                          "what the writer published", "explorer")
+                return
             parts = []
             for index in waiting:
                 name = sim.specs[index].name
@@ -627,6 +642,11 @@ class World:
             elif kind == "notify":
                 self._notify(index)
                 nodes[index] = node.next  # type: ignore[assignment]
+            elif kind == "wait_notify":
+                if self.recording:
+                    self._event(None, index, "wait", 0, 0, b"",
+                                "for a notification, with no recheck of the flags")
+                return
             elif kind == "layout":
                 self.fail("layout", node.clause,
                           f"{sim.specs[index].name}: {node.note}", sim.specs[index].name)

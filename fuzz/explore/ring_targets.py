@@ -175,7 +175,7 @@ class MemoryRingTarget(RingTarget):
                 self._read_raising(reader, context)
                 continue
             while (buffers := reader.read()) is None:
-                memory.yield_()
+                _wait(reader, memory)
             if not buffers and self.overflow_boundary:
                 buffers = context.messages[number]  # the overflow marker: over the XPUB
             sent = len(context.messages[number])
@@ -199,12 +199,23 @@ class MemoryRingTarget(RingTarget):
             except _BodyRaised:
                 return
             if buffers is None:
-                context.memory.yield_()
+                _wait(reader, context.memory)
                 continue
             # The reader swallowed the body's exception; the message still counts.
             if buffers:
                 context.received(received_form([bytes(b) for b in buffers]))
             return
+
+
+def _wait(reader: Any, memory: Any) -> None:
+    """After a read that found nothing: the reader's own ``wait()`` (how it waits:
+    ``memory.yield_()`` to recheck the flags, ``memory.wait_notify()`` to sleep until a
+    notification), else ``memory.yield_()``."""
+    wait = getattr(reader, "wait", None)
+    if callable(wait):
+        wait()
+    else:
+        memory.yield_()
 
 
 class _BodyRaised(Exception):

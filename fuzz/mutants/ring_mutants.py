@@ -289,6 +289,9 @@ class NoRecheckAfterNotification(MessageQueue):
     published chunk (clauses ring.notify.after-write and ring.notify.hint-only).
     """
 
+    #: Its ``ring.memory`` reader waits with ``memory.wait_notify()`` (no recheck) too.
+    trusts_notifications = True
+
     def _block_on_notify(self, seconds: float) -> None:
         super()._block_on_notify(3600.0)
 
@@ -413,8 +416,17 @@ class MutantRing(ReferenceRing):
                                  rank)
 
         release_on_error = getattr(self.queue_cls, "release_on_error", True)
+        trusts_notifications = getattr(self.queue_cls, "trusts_notifications", False)
 
         class _Reader:
+            def wait(self) -> None:
+                """After a read that found nothing: recheck the flags when one changes, or
+                (a reader that trusts notifications) sleep until a notification."""
+                if trusts_notifications:
+                    memory.wait_notify()
+                else:
+                    memory.yield_()
+
             def read(self, consume: Any = None) -> list[bytes] | None:
                 if reader.try_acquire() is None:
                     return None
