@@ -480,8 +480,13 @@ class World:
 
     def state_key(self, *, with_current: bool) -> bytes:
         """Identifies the state: memory, each thread's place in its tree (which fixes its
-        history, hence everything it holds) and which of its stores are still buffered."""
+        history, hence everything it holds), the publishes, releases and notifications the
+        program-order checks counted, and which of its stores are still buffered."""
         numbers = [node.id for node in self.nodes]
+        # What the program-order checks count (publishes and releases that were new as the
+        # thread saw them, notifications): not a function of a thread's history alone.
+        numbers.extend(self.flagged)
+        numbers.extend(self.notified)
         if self.sim.buffered:
             for buffer in self.buffers:
                 numbers.append(len(buffer))
