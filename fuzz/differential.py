@@ -37,7 +37,7 @@ import msgspec
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from enginewire.conformance.oracle.values import differences, neutral
+from enginewire.conformance.oracle.values import complete, differences, neutral
 from enginewire.conformance.oracle.wire import (
     THRESHOLD_DEFAULT,
     OmittableMap,
@@ -290,13 +290,13 @@ def struct_at(type_text: str, path: str, spec: Any) -> tuple[StructSpec | None, 
     expr: TypeExpr | None = parse_type(type_text)
     found: tuple[StructSpec | None, str | None] = (None, None)
     for step in steps:
-        expr = _resolve(expr, step, spec)
-        if expr is None:
+        resolved = _resolve(expr, step, spec)
+        if resolved is None:
+            expr = None
             break
-        item, fld, inner = expr  # type: ignore[misc]
+        item, fld, expr = resolved
         if item is not None:
             found = (item, fld)
-        expr = inner
     return found[0], found[1], expr
 
 
@@ -444,9 +444,10 @@ def _misread(value: Any, oracle: OracleFrames, want_frames: list[bytes], frames:
 
     def read(source: list[bytes]) -> list[str]:
         back = from_wire(raw_decode(source[index]), payload_type, spec, source[index + 1:])
-        return differences(value, back)
+        return differences(sent, back)
 
     try:
+        sent = complete(neutral(value), payload_type, spec)
         if read(want_frames):
             return None
     except Exception:  # noqa: BLE001 - the oracle cannot read its own frames: no verdict
