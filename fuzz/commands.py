@@ -13,7 +13,7 @@ from typing import Any
 
 from enginewire.cliargs import non_negative_float, positive_float, writable_dir
 
-SURFACE_CHOICES = ("codec", "engine")
+SURFACE_CHOICES = ("codec", "encoder", "engine")
 
 
 def register(subparsers: Any) -> None:
@@ -23,7 +23,9 @@ def register(subparsers: Any) -> None:
         description=(
             "Feed near-valid frames that break one spec rule each to a target. Codec surface: "
             "every case must decode or raise an error naming the clause it breaks (a wrong "
-            "clause, an exception without a clause, or a hang is a finding). Engine surface: "
+            "clause, an exception without a clause, or a hang is a finding). Encoder: the "
+            "target's codec.encode on spec-generated valid values must write the bytes the "
+            "spec's oracle writes (a difference names the struct, path and clause). Engine: "
             "after each batch of malformed input messages a valid ADD must still be served. "
             "Findings are shrunk and kept in the example database, so they replay first on "
             "the next run. The last line is 'N cases, M findings'."
@@ -32,7 +34,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--target", default="reference",
                         help="reference (default), vllm, mutant:NAME or package.module:attr")
     parser.add_argument("--surface", action="append", choices=SURFACE_CHOICES, default=[],
-                        help="surface to fuzz (default: codec); may repeat")
+                        help="surface to fuzz (default: codec): codec (malformed input to "
+                             "the decoder), encoder (differential: the encoder against the "
+                             "spec oracle), engine; may repeat")
     parser.add_argument("--kind", action="append", default=[], metavar="KIND",
                         help="codec surface: only this message kind or struct; may repeat")
     parser.add_argument("--max-examples", type=int, default=None, metavar="N",
@@ -92,7 +96,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"enginewire fuzz: {exc}", file=sys.stderr)
         return 2
     surfaces = args.surface or ["codec"]
-    missing = [s for s in surfaces if getattr(target, s, None) is None]
+    missing = [s for s in surfaces
+               if getattr(target, "codec" if s == "encoder" else s, None) is None]
     if missing:
         print(f"enginewire fuzz: target {target.name!r} does not implement "
               f"{', '.join(missing)} (it has: {', '.join(target.implemented()) or 'nothing'})",
@@ -119,6 +124,17 @@ def main(args: argparse.Namespace) -> int:
             )
             codec = target.codec
             report.merge(fuzz_codec(codec.decode, args.kind or kinds(), campaign))
+        if "encoder" in surfaces:
+            from enginewire.fuzz.differential import (
+                EncoderCampaign,
+                encoder_kinds,
+                fuzz_encoder,
+            )
+
+            codec = target.codec
+            chosen = args.kind or encoder_kinds(codec)
+            report.merge(fuzz_encoder(codec.encode, chosen, EncoderCampaign(
+                max_examples=args.max_examples or 100, seed=args.seed, progress=progress)))
         if "engine" in surfaces:
             engine_campaign = EngineCampaign(
                 target_name=_slug(target.name),

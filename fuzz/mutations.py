@@ -40,6 +40,9 @@ Mutations (``name``: what changes, then the clause a decoder must name):
   tensors.byte-length-matches-shape
 - ``tensor-shape-negative``: a negative or boolean shape entry; tensors.shape-non-negative
 - ``tensor-index``: an index 0, negative, or past the last frame; tensors.index-in-range
+- ``tensor-index-negative-alias``: an inline tensor's data moved to a new last out-of-band
+  frame and named by index -1, which a decoder indexing a Python list reads as that frame;
+  tensors.index-in-range
 - ``tensor-index-reused``: two tensors naming one frame; tensors.index-used-once
 - ``tensor-data-form``: data neither Ext(3) nor an index; tensors.data-form
 - ``tensor-tuple-layout``: a tensor tuple of 4 elements; tensors.tuple-layout
@@ -621,6 +624,17 @@ def _tensor_sites(case: _Case) -> Iterator[tuple[str, Mutation]]:
                         f"tensor IPC handle at {case.where(site)}", ())
 
             yield "tensor-ipc-handle", ipc_handle
+
+    if inline and case.oob:
+        def negative_alias(draw: st.DrawFn) -> Broken:
+            site = draw(st.sampled_from(inline))
+            frames = [*case.at(site, [*site.raw[:2], -1]), bytes(site.raw[2].data)]
+            return (frames, "tensors.index-in-range",
+                    f"the data of {case.where(site)} moved to a new last out-of-band frame "
+                    "and named by index -1, which a Python list of the frames reads as that "
+                    "frame", ())
+
+        yield "tensor-index-negative-alias", negative_alias
 
     if len(indexed) >= 2:
         def reused(draw: st.DrawFn) -> Broken:

@@ -1284,6 +1284,31 @@ def _register_bad_input() -> None:
 _register_bad_input()
 
 
+@check("codec/reject/names-the-clause", clauses=["frames.rejection-names-clause"],
+       surface="codec")
+def _names_the_clause(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(SHOULD) Every malformed input of the codec/reject checks that the codec rejects is
+    rejected with an error that names a clause (``.clause``), not only refused. (Whether it
+    is rejected at all, and with the right clause, is each codec/reject check's verdict.)"""
+    unnamed: list[str] = []
+    rejected = 0
+    for _suffix, kind, _clauses, what, make in _BAD_INPUT:
+        frames = [bytes(f) for f in make(_payload_of(codec, kind, ctx.spec))]
+        try:
+            codec.decode(kind, list(frames))
+        except Exception as exc:  # noqa: BLE001 - a rejection is what is judged
+            require_rejection(exc, f"{kind}: {what}", sent=frames)
+            rejected += 1
+            if getattr(exc, "clause", None) is None:
+                unnamed.append(f"{kind}: {what} ({type(exc).__name__}: {str(exc)[:80]})")
+    if not rejected:
+        raise CheckFailure(f"none of the {len(_BAD_INPUT)} malformed inputs was rejected")
+    if unnamed:
+        raise CheckFailure(
+            f"{len(unnamed)} of {rejected} rejections name no clause, the first: "
+            f"{unnamed[0]}", Reproduction(notes={"unnamed": unnamed[:10]}))
+
+
 @check("codec/spec/array-structs-append-only", clauses=["structs.array.append-only"],
        surface="codec")
 def _append_only(codec: CodecSurface, ctx: CheckContext) -> None:

@@ -24,12 +24,14 @@ from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.memory_log import NOTE as MEMORY_LOG
 from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
 from enginewire.conformance.peers.ring_peer import (
+    OOB_MIN_BYTES,
     Geometry,
     RecordingMemory,
     SuiteRingReader,
     SuiteRingWriter,
     frame_chunk,
     framed_size,
+    framing_differences,
     memory_log,
     parse_chunk,
     pickle_buffers,
@@ -178,33 +180,52 @@ def _ready_subscriptions(ring: RingSurface, ctx: CheckContext) -> None:
 
 @check("ring/writer/chunk-framing",
        clauses=["ring.framing.overflow-byte", "ring.framing.buffer-count",
-                "ring.framing.length-prefix", "ring.layout.data-region",
-                "ring.payload.pickle-protocol-5"],
+                "ring.framing.length-prefix", "ring.framing.within-chunk",
+                "ring.layout.data-region", "ring.payload.pickle-protocol-5",
+                "ring.payload.oob-threshold"],
        surface="ring", requires=["ring.writer"], timeout=RING_TIMEOUT)
 def _chunk_framing(ring: RingSurface, ctx: CheckContext) -> None:
-    """A small message lands in chunk 0 as [0][count=1 BE][len BE4][pickle]."""
-    writer = _target_writer(ring, ctx, 1)
+    """Two messages, framed as [0][count BE2]([len BE4][buffer])*: a small one (one buffer)
+    in chunk 0 and one with two out-of-band arrays of different sizes in chunk 1. The buffer
+    count and every length prefix are compared with the real buffers (the pickle stream's own
+    length, each array's bytes), bounds-checked against the chunk
+    (:func:`~enginewire.conformance.peers.ring_peer.framing_differences`): a prefix that
+    reaches past the chunk fails, it is not cut short."""
+    import numpy as np
+
+    chunk_bytes = 3 * OOB_MIN_BYTES
+    writer = _target_writer(ring, ctx, 1, chunk_bytes, 2)
     (reader,) = _suite_readers(ctx, writer.handle, [0])
     _ready(ctx, writer, [reader])
-    message = {"method": "execute_model", "args": [1, 2, 3]}
-    writer.enqueue(message, timeout=ctx.wait(5.0))
-    chunk = reader.segment.chunk(0)
-    head = chunk[:32]
-    if chunk[0] != 0 or int.from_bytes(chunk[1:3], "big") != 1:
-        raise CheckFailure(f"chunk 0 starts {head.hex()}: expected 00 0001 (inline, one buffer)",
-                           Reproduction(received=[head]))
-    length = int.from_bytes(chunk[3:7], "big")
-    body = chunk[7:7 + length]
-    if body[:2] != b"\x80\x05":
-        raise CheckFailure(f"the main buffer starts {body[:2].hex()}, expected 8005 (pickle "
-                           "protocol 5)", Reproduction(received=[chunk[:7 + length]]))
-    try:
-        value = unpickle_buffers([body])
-    except Exception as exc:  # noqa: BLE001
-        raise CheckFailure(f"the {length}-byte buffer in chunk 0 does not unpickle: {exc}",
-                           Reproduction(received=[chunk[:7 + length]])) from exc
-    if value != message:
-        raise CheckFailure(f"chunk 0 holds {value!r}, expected {message!r}")
+    small = {"method": "execute_model", "args": [1, 2, 3]}
+    first = np.arange(OOB_MIN_BYTES // 8, dtype="<i8")
+    second = np.full(OOB_MIN_BYTES // 4 + 5, 7, dtype="<i4")
+    large = {"method": "load", "first": first, "second": second}
+    for index, (message, oob) in enumerate(((small, []),
+                                            (large, [first.tobytes(), second.tobytes()]))):
+        writer.enqueue(message, timeout=ctx.wait(5.0))
+        chunk = reader.segment.chunk(index)
+        problems = [what for _, what in framing_differences(chunk, [None, *oob])]
+        what = "the small message" if index == 0 else "the message with two out-of-band arrays"
+        if problems:
+            raise CheckFailure(
+                f"chunk {index} ({what}): {problems[0]}"
+                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+                Reproduction(received=[chunk[:64]], notes={"differences": problems[:10]}))
+        buffers = parse_chunk(chunk, chunk_bytes)
+        assert buffers is not None  # framing_differences found byte 0 == 0
+        if buffers[0][:2] != b"\x80\x05":
+            raise CheckFailure(f"chunk {index}: the main buffer starts {buffers[0][:2].hex()}, "
+                               "expected 8005 (pickle protocol 5)")
+        try:
+            value = unpickle_buffers(buffers)
+        except Exception as exc:  # noqa: BLE001
+            raise CheckFailure(f"chunk {index}: its buffers do not unpickle: {exc}") from exc
+        if index == 0 and value != message:
+            raise CheckFailure(f"chunk 0 holds {value!r}, expected {message!r}")
+        if index == 1 and not (np.array_equal(value["first"], first)
+                               and np.array_equal(value["second"], second)):
+            raise CheckFailure("chunk 1's arrays unpickle to other values")
 
 
 @check("ring/writer/flags-after-write", clauses=["ring.state.flag-values",

@@ -80,8 +80,10 @@ def _is_tensor(obj: Any) -> bool:
     return False
 
 
-def neutral(obj: Any) -> Any:
-    """Normalize a decoded value (any Python implementation's types) to the neutral model."""
+def neutral(obj: Any, *, keep_tensors: bool = False) -> Any:
+    """Normalize a decoded value (any Python implementation's types) to the neutral model.
+    ``keep_tensors``: torch tensors and numpy arrays stay as they are (the form the target
+    contract's ``encode`` takes), everything else is normalized."""
     if obj is None or isinstance(obj, bool | int | float | str):
         if isinstance(obj, enum.Enum):
             return obj.value
@@ -93,30 +95,33 @@ def neutral(obj: Any) -> Any:
     if isinstance(obj, TensorValue):
         return obj
     if _is_tensor(obj):
-        return tensor_value(obj)
+        return obj if keep_tensors else tensor_value(obj)
     if isinstance(obj, Mapping):
-        return {_key(k): neutral(v) for k, v in obj.items()}
+        return {_key(k): neutral(v, keep_tensors=keep_tensors) for k, v in obj.items()}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return {name: neutral(getattr(obj, name)) for name in obj._fields}
+        return {name: neutral(getattr(obj, name), keep_tensors=keep_tensors)
+                for name in obj._fields}
     if isinstance(obj, list | tuple):
-        return [neutral(v) for v in obj]
+        return [neutral(v, keep_tensors=keep_tensors) for v in obj]
     if isinstance(obj, set | frozenset):
-        return {neutral(v) for v in obj}
+        return {neutral(v, keep_tensors=keep_tensors) for v in obj}
     if isinstance(obj, slice):
         return obj
     fields = getattr(type(obj), "__struct_fields__", None)
     if fields is not None:
-        return {name: neutral(getattr(obj, name)) for name in fields}
+        return {name: neutral(getattr(obj, name), keep_tensors=keep_tensors) for name in fields}
     factory = vllm_mm_factory(obj)
     if factory is not None:
         # vLLM holds the field object where the wire has [factory_name, kwargs].
-        return [factory, {f.name: neutral(getattr(obj, f.name)) for f in dataclasses.fields(obj)}]
+        return [factory, {f.name: neutral(getattr(obj, f.name), keep_tensors=keep_tensors)
+                         for f in dataclasses.fields(obj)}]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: neutral(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: neutral(getattr(obj, f.name), keep_tensors=keep_tensors)
+                for f in dataclasses.fields(obj)}
     if hasattr(obj, "result") and type(obj).__name__ == "UtilityResult":
         # vLLM's wrapper class: on the wire it is [type_info, value], type_info null unless
         # insecure serialization is on.
-        return {"type_info": None, "value": neutral(obj.result)}
+        return {"type_info": None, "value": neutral(obj.result, keep_tensors=keep_tensors)}
     return obj
 
 

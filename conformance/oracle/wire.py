@@ -54,10 +54,17 @@ class OmittableMap(dict):
     leniently."""
 
     omitted: dict[Any, Any]
+    #: Every field name of the struct, in declaration order (the order msgspec writes them).
+    order: list[Any]
 
     def __init__(self, *args: Any, omitted: dict[Any, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.omitted = dict(omitted or {})
+        self.order = list(self)
+
+
+class WireSet(list):
+    """An expected set: a msgpack array whose order the spec leaves open (structs.set.array)."""
 
 
 @dataclass
@@ -121,7 +128,8 @@ class _ToWire(TypeVisitor[Any]):
     def visit_list(self, expr: TypeExpr, value: Any) -> Any:
         return [self.wire(expr.args[0], v) for v in value]
 
-    visit_set = visit_list
+    def visit_set(self, expr: TypeExpr, value: Any) -> Any:
+        return WireSet(self.wire(expr.args[0], v) for v in value)
 
     def visit_tuple(self, expr: TypeExpr, value: Any) -> Any:
         if expr.variadic:
@@ -180,6 +188,7 @@ def _struct(value: Any, item: StructSpec, walk: _ToWire) -> Any:
     if item.encoding in ("array", "tuple"):
         return [walk.wire(parse_type(f.type), v) for f, v, _ in entries]
     out = OmittableMap()
+    out.order = [fld.name for fld, _, _ in entries]
     for fld, present, is_default in entries:
         if item.encoding == "map" and item.omit_defaults and is_default:
             scratch = _ToWire(walk.spec, walk.threshold, [])

@@ -25,6 +25,7 @@ from __future__ import annotations
 import inspect
 import io
 import pickle
+import pickletools
 import threading
 import time
 import uuid
@@ -150,6 +151,92 @@ def parse_chunk(chunk: bytes | memoryview, max_chunk_bytes: int) -> list[bytes] 
         out.append(data[offset:offset + length])
         offset += length
     return out
+
+
+def pickle_stream_length(data: bytes) -> int | None:
+    """Bytes of the pickle stream that starts ``data``, through its STOP opcode; None when
+    ``data`` does not start with a complete pickle stream."""
+    try:
+        for opcode, _arg, position in pickletools.genops(data):
+            if opcode.name == "STOP" and position is not None:
+                return position + 1
+    except Exception:  # noqa: BLE001 - any parse error: no complete stream
+        return None
+    return None
+
+
+def framing_differences(chunk: bytes | memoryview,
+                        buffers: Sequence[bytes | None]) -> list[tuple[str, str]]:
+    """Every way the in-ring framing in ``chunk`` differs from the real ``buffers`` of one
+    message, as ``(clause, what)``. ``buffers[0]`` None stands for a pickle stream, whose
+    real length is its own (through its STOP opcode); a buffer given is compared byte for
+    byte.
+
+    Byte 0 must be 0; the buffer count (2 bytes, big-endian) must be ``len(buffers)``; each
+    length prefix (4 bytes, big-endian) must be its buffer's real length. Every prefix is
+    bounds-checked: a prefix or a buffer that runs past the end of the chunk is a difference,
+    never truncated. The walk goes on at the offsets the spec gives the real buffers, so
+    every prefix is compared. A value that is right when read little-endian is named so.
+    """
+    data = bytes(chunk)
+    size = len(data)
+    found: list[tuple[str, str]] = []
+
+    def little(raw: bytes, want: int) -> str:
+        return " (that is the right value written little-endian)" if (
+            int.from_bytes(raw, "little") == want and raw != raw[::-1]) else ""
+
+    if size < FRAME_HEADER:
+        return [("ring.framing.within-chunk",
+                 f"the chunk is {size} bytes, shorter than the {FRAME_HEADER}-byte header")]
+    if data[0] != 0:
+        found.append(("ring.framing.overflow-byte",
+                      f"byte 0 is {data[0]}, expected 0 (an in-ring message)"))
+    count_raw = data[1:FRAME_HEADER]
+    count = int.from_bytes(count_raw, "big")
+    if count != len(buffers):
+        found.append(("ring.framing.buffer-count",
+                      f"the buffer count (bytes 1-2, {count_raw.hex()}) is {count}; the message "
+                      f"has {len(buffers)} buffer(s){little(count_raw, len(buffers))}"))
+    offset = FRAME_HEADER
+    for index, buffer in enumerate(buffers):
+        where = f"buffer {index}'s length prefix (bytes {offset}-{offset + LENGTH_PREFIX - 1})"
+        if offset + LENGTH_PREFIX > size:
+            found.append(("ring.framing.within-chunk",
+                          f"{where} runs past the end of the {size}-byte chunk"))
+            break
+        raw = data[offset:offset + LENGTH_PREFIX]
+        stated = int.from_bytes(raw, "big")
+        start = offset + LENGTH_PREFIX
+        if buffer is None:
+            real = pickle_stream_length(data[start:])
+            if real is None:
+                found.append(("ring.payload.pickle-protocol-5",
+                              f"buffer {index} at byte {start} is not a complete pickle stream"))
+                break
+        else:
+            real = len(buffer)
+        if start + stated > size:
+            found.append(("ring.framing.within-chunk",
+                          f"{where} says {stated} bytes, which runs past the end of the "
+                          f"{size}-byte chunk (to byte {start + stated}); the buffer is {real} "
+                          f"bytes{little(raw, real)}"))
+        elif stated != real:
+            found.append(("ring.framing.length-prefix",
+                          f"{where} says {stated} bytes; the buffer is {real} bytes"
+                          f"{little(raw, real)}"))
+        if buffer is not None:
+            if start + real > size:
+                found.append(("ring.framing.within-chunk",
+                              f"buffer {index} ({real} bytes at byte {start}) does not fit in "
+                              f"the {size}-byte chunk"))
+                break
+            if data[start:start + real] != bytes(buffer):
+                found.append(("ring.framing.length-prefix",
+                              f"buffer {index}'s {real} bytes at byte {start} are not the "
+                              "message's buffer"))
+        offset = start + real
+    return found
 
 
 # --- shared memory -----------------------------------------------------------------------
@@ -442,6 +529,10 @@ class RecordingMemory:
     def notify(self) -> None:
         """The writer's notification (its notify socket send), an ordered event of the log."""
         self.log.append(("notify", -1, None))
+
+    def wait_notify(self) -> None:
+        """A reader blocking on its notify socket with no recheck (a reader's ``wait()``)."""
+        self.log.append(("wait_notify", -1, None))
 
 
 def memory_field(geometry: Geometry, offset: int, length: int = 1) -> str:

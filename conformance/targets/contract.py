@@ -56,7 +56,10 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     is held, releasing it also when that raises, then re-raise), the flag protocol over a
     memory the suite provides (``load(offset)``,
     ``store(offset, value)``, ``read(offset, length)``, ``write(offset, data)``, ``fence()``,
-    ``yield_()``, ``notify()``), so the suite can log the order of every store and fence; the
+    ``yield_()``, ``notify()``, ``wait_notify()``), so the suite can log the order of every
+    store and fence; the reader may have ``wait()``, called after a ``read()`` that found
+    nothing: how it waits (``memory.yield_()``: until a flag changes, as a reader that
+    rechecks; ``memory.wait_notify()``: until a notification, with no recheck); the
     writer calls ``memory.notify()`` where it sends its notification (the notify socket send),
     so the notification is an ordered event of that log too. Optional (capability
     ``ring.remote``): ``create_remote_writer(n_reader=, n_local_reader=, max_chunk_bytes=,

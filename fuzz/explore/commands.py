@@ -51,6 +51,10 @@ def register(subparsers: Any) -> None:
                         help="messages the writer sends (default 3)")
     parser.add_argument("--payload-bytes", type=int, default=2, metavar="B",
                         help="bytes per message (default 2)")
+    parser.add_argument("--oob-buffers", type=int, default=0, metavar="N",
+                        help="out-of-band buffers per message after its main buffer (the "
+                             "ring's buffer lists; default 0); reference and ring.memory "
+                             "targets")
     parser.add_argument("--memory", choices=("sc", "tso", "weak"), default="sc",
                         help="memory model (default sc)")
     mode = parser.add_mutually_exclusive_group()
@@ -125,7 +129,8 @@ def main(args: argparse.Namespace) -> int:
         return 1 if result.findings else 0
 
     try:
-        config = RingConfig(args.readers, args.chunks, args.messages, args.payload_bytes)
+        config = RingConfig(args.readers, args.chunks, args.messages, args.payload_bytes,
+                            args.oob_buffers)
         target = resolve_target(args.target)
     except (ValueError, ImportError, AttributeError) as exc:
         return usage(str(exc))

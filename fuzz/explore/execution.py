@@ -115,15 +115,19 @@ class ThreadSpec:
 
 @dataclass
 class ThreadContext:
-    """What a target thread's body gets: its memory, the ring's layout, the messages the
-    writer sends (``payloads``), and ``received(payload)`` to report each message a reader
-    takes out of the ring."""
+    """What a target thread's body gets: its memory, the ring's layout, what each reader
+    must receive (``payloads``, one bytes per message), ``received(payload)`` to report each
+    message a reader takes out of the ring, and the buffers of each message the writer sends
+    (``messages``: one buffer, the payload, unless the configuration has out-of-band
+    buffers; a reader reports a message of several buffers by their
+    :func:`~enginewire.fuzz.explore.schedule.received_form`)."""
 
     memory: ThreadMemory
     layout: RingLayout
     payloads: list[bytes]
     received: Callable[[bytes], None]
     rank: int | None
+    messages: list[list[bytes]] = field(default_factory=list)
 
 
 @dataclass(slots=True, eq=False)
@@ -235,6 +239,12 @@ class ThreadMemory:
         """The writer's notification (its notify socket send): an ordered event."""
         self._record("notify")
 
+    def wait_notify(self) -> None:
+        """A reader blocks on its notify socket with no recheck of the flags. Notifications
+        are hints that may be lost (ring.notify.hint-only), so the explorer never delivers
+        one: the thread waits for good."""
+        self._record("wait_notify")
+
     def received(self, payload: Any) -> None:
         self._record("receive", data=bytes(payload))
 
@@ -253,10 +263,12 @@ class ThreadProgram:
     """The tree of one thread's operations, grown by running its code on demand."""
 
     def __init__(self, spec: ThreadSpec, layout: RingLayout, payloads: list[bytes],
-                 ids: itertools.count, check_layout: bool = True) -> None:
+                 ids: itertools.count, check_layout: bool = True,
+                 messages: list[list[bytes]] | None = None) -> None:
         self.spec = spec
         self.layout = layout
         self.payloads = payloads
+        self.messages = messages if messages is not None else [[p] for p in payloads]
         self._ids = ids
         self._root: Node | None = None
         self.runs = 0
@@ -287,7 +299,7 @@ class ThreadProgram:
         expected.reverse()
         memory = ThreadMemory(feed, expected, self._ids, self._amap)
         context = ThreadContext(memory, self.layout, self.payloads, memory.received,
-                                self.spec.rank)
+                                self.spec.rank, self.messages)
         previous = getattr(_local, "memory", None)
         _local.memory = memory
         try:
@@ -337,11 +349,12 @@ class Simulator:
     def __init__(self, *, layout: RingLayout, model: MemoryModel, threads: Sequence[ThreadSpec],
                  payloads: Sequence[bytes], check_protocol: bool = True,
                  max_steps: int = 10_000, framing: str | None = None,
-                 check_layout: bool = True) -> None:
+                 check_layout: bool = True,
+                 messages: Sequence[Sequence[bytes]] | None = None) -> None:
         self.layout = layout
         #: What a published chunk must hold (checked when the writer sets its written flag):
         #: None (nothing: the target moves raw bytes), ``"valid"`` (the spec's chunk framing)
-        #: or ``"buffers"`` (that framing around exactly the message's payload).
+        #: or ``"buffers"`` (that framing around exactly the message's buffers).
         self.framing = framing
         #: Accesses, publish and release indices checked against the spec's ring.
         self.check_layout = check_layout
@@ -349,12 +362,16 @@ class Simulator:
         self.model = model
         self.specs = list(threads)
         self.payloads = list(payloads)
+        #: The buffers of each message the writer sends (default: the payload alone).
+        self.messages = ([list(m) for m in messages] if messages is not None
+                         else [[p] for p in self.payloads])
         self.check_protocol = check_protocol
         self.max_steps = max_steps
         self.discipline = FlagDiscipline(self.amap)
         self.buffered = model.buffered
         ids = itertools.count()
-        self.programs = [ThreadProgram(spec, layout, self.payloads, ids, check_layout)
+        self.programs = [ThreadProgram(spec, layout, self.payloads, ids, check_layout,
+                                       self.messages)
                          for spec in self.specs]
         self._footprints: dict[tuple[int, str, int, int], Footprint] = {}
         self._node_actions: dict[int, Action] = {}
@@ -463,8 +480,13 @@ class World:
 
     def state_key(self, *, with_current: bool) -> bytes:
         """Identifies the state: memory, each thread's place in its tree (which fixes its
-        history, hence everything it holds) and which of its stores are still buffered."""
+        history, hence everything it holds), the publishes, releases and notifications the
+        program-order checks counted, and which of its stores are still buffered."""
         numbers = [node.id for node in self.nodes]
+        # What the program-order checks count (publishes and releases that were new as the
+        # thread saw them, notifications): not a function of a thread's history alone.
+        numbers.extend(self.flagged)
+        numbers.extend(self.notified)
         if self.sim.buffered:
             for buffer in self.buffers:
                 numbers.append(len(buffer))
@@ -536,6 +558,15 @@ class World:
         sim = self.sim
         waiting = [i for i, node in enumerate(self.nodes) if node.kind != "done"]
         if waiting:
+            trusting = [sim.specs[i].name for i in waiting
+                        if self.nodes[i].kind == "wait_notify"]
+            if trusting:
+                self.fail("lost-notification", "ring.notify.hint-only",
+                          f"{', '.join(trusting)} waits for a notification and never rechecks "
+                          "the flags: a notification is only a hint, and one that is lost "
+                          "(the notify socket drops them at SNDHWM 1) leaves it asleep on "
+                          "what the writer published", "explorer")
+                return
             parts = []
             for index in waiting:
                 name = sim.specs[index].name
@@ -616,6 +647,11 @@ class World:
             elif kind == "notify":
                 self._notify(index)
                 nodes[index] = node.next  # type: ignore[assignment]
+            elif kind == "wait_notify":
+                if self.recording:
+                    self._event(None, index, "wait", 0, 0, b"",
+                                "for a notification, with no recheck of the flags")
+                return
             elif kind == "layout":
                 self.fail("layout", node.clause,
                           f"{sim.specs[index].name}: {node.note}", sim.specs[index].name)
@@ -704,7 +740,7 @@ class World:
         if spec.role == WRITER and sim.framing is not None and count < len(sim.payloads):
             lo = sim.layout.chunk_offset(place.chunk)
             chunk = self._view(index, lo, lo + sim.layout.max_chunk_bytes)
-            problem = framing_problem(chunk, sim.payloads[count] if sim.framing == "buffers"
+            problem = framing_problem(chunk, sim.messages[count] if sim.framing == "buffers"
                                       else None)
             if problem is not None:
                 clause, message = problem
@@ -836,27 +872,21 @@ class World:
                                  note))
 
 
-def framing_problem(chunk: bytes, payload: bytes | None) -> tuple[str, str] | None:
+def framing_problem(chunk: bytes, buffers: Sequence[bytes] | None) -> tuple[str, str] | None:
     """The framing clause a published in-ring chunk breaks, with what it holds, or None.
 
-    Every count and length prefix is compared with what the spec says it must be, and
-    bounds-checked against the chunk (``decode_chunk`` of the reference, whose errors name
-    their clause). With ``payload``, the chunk must hold exactly that one buffer.
+    With ``buffers`` (the message's), the buffer count and every length prefix are compared
+    with the real buffers, bounds-checked, and every buffer's bytes with the message's
+    (:func:`~enginewire.conformance.peers.ring_peer.framing_differences`); then, and without
+    them, the chunk must decode (``decode_chunk`` of the reference, whose errors name their
+    clause). A chunk with the overflow marker is not compared (its buffers go over the XPUB).
     """
-    if payload is not None and chunk[:1] == b"\x00":
-        count = int.from_bytes(chunk[1:3], "big")
-        if count != 1:
-            swapped = int.from_bytes(chunk[1:3], "little")
-            hint = " (1 written little-endian)" if swapped == 1 else ""
-            return ("ring.framing.buffer-count",
-                    f"bytes 1-2 hold the buffer count {count}{hint}; the message is 1 buffer")
-        length = int.from_bytes(chunk[3:7], "big")
-        if length != len(payload):
-            swapped = int.from_bytes(chunk[3:7], "little")
-            hint = " (written little-endian)" if swapped == len(payload) else ""
-            return ("ring.framing.length-prefix",
-                    f"bytes 3-6 hold the length {length}{hint}; the buffer is {len(payload)} "
-                    "bytes")
+    if buffers is not None and chunk[:1] == b"\x00":
+        from enginewire.conformance.peers.ring_peer import framing_differences
+
+        found = framing_differences(chunk, list(buffers))
+        if found:
+            return found[0]
     try:
         decode_chunk(chunk)
     except RingError as exc:

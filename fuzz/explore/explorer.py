@@ -199,11 +199,15 @@ class _Session:
         self.target = target
         self.config = config
         self.model = model
+        if config.oob_buffers and not target.oob:
+            raise ExplorerError(f"{target.name} sends every message as one buffer: it cannot be "
+                             "explored with out-of-band buffers (+N)")
         self.sim = Simulator(layout=target.layout(config), model=model,
                              threads=target.threads(config), payloads=config.payloads(),
                              check_protocol=check == "all",
                              max_steps=max_steps or default_max_steps(config),
-                             framing=target.framing, check_layout=target.spec_layout)
+                             framing=target.framing, check_layout=target.spec_layout,
+                             messages=config.messages_sent())
 
     def lenient(self, keys: Sequence[str]) -> Outcome:
         return run_forward(self.sim, ReplayStrategy(keys, strict=False))

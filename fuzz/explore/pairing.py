@@ -53,6 +53,7 @@ class PairedTarget(RingTarget):
         self.name = f"{writer.name}>{readers.name}"
         self.framing = writer.framing
         self.spec_layout = writer.spec_layout and readers.spec_layout
+        self.oob = writer.oob and readers.oob
 
     def layout(self, config: RingConfig) -> RingLayout:
         return self.writer.layout(config)

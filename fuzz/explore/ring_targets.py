@@ -25,7 +25,7 @@ import contextlib
 from typing import Any
 
 from enginewire.fuzz.explore.execution import READER, WRITER, ThreadContext, ThreadSpec
-from enginewire.fuzz.explore.schedule import RingConfig
+from enginewire.fuzz.explore.schedule import RingConfig, received_form
 from enginewire.reference.errors import RingError
 from enginewire.reference.ring.framing import decode_chunk, framed_size, write_chunk
 from enginewire.reference.ring.layout import RingLayout
@@ -46,6 +46,9 @@ class RingTarget(abc.ABC):
     #: k % max_chunks (a violation is ``index``). False only for code that is not a ring
     #: (litmus tests).
     spec_layout: bool = True
+    #: It sends and receives messages of several buffers (``context.messages``), so it can
+    #: be explored with out-of-band buffers (``RingConfig.oob_buffers``).
+    oob: bool = False
 
     @abc.abstractmethod
     def layout(self, config: RingConfig) -> RingLayout:
@@ -53,7 +56,8 @@ class RingTarget(abc.ABC):
 
     @abc.abstractmethod
     def run_writer(self, context: ThreadContext) -> None:
-        """Send every message of ``context.payloads``, in order, then return."""
+        """Send every message of ``context.payloads`` (with :attr:`oob`: the buffers of
+        ``context.messages``), in order, then return."""
 
     @abc.abstractmethod
     def run_reader(self, context: ThreadContext) -> None:
@@ -75,6 +79,7 @@ class ReferenceTarget(RingTarget):
     """enginewire's reference ring (see the module docstring)."""
 
     framing = "buffers"
+    oob = True
 
     def __init__(self, *, writer_cls: type[RingWriter] = RingWriter,
                  reader_cls: type[RingReader] = RingReader, name: str = "reference") -> None:
@@ -83,15 +88,15 @@ class ReferenceTarget(RingTarget):
         self.name = name
 
     def layout(self, config: RingConfig) -> RingLayout:
-        return RingLayout(config.readers, framed_size([config.payload(0)]), config.chunks)
+        return RingLayout(config.readers, framed_size(config.message(0)), config.chunks)
 
     def run_writer(self, context: ThreadContext) -> None:
         memory = context.memory
         writer = self.writer_cls(memory, context.layout)  # type: ignore[arg-type]
-        for payload in context.payloads:
+        for buffers in context.messages:
             while writer.try_acquire() is None:
                 memory.yield_()
-            write_chunk(memory.write, [payload], base=writer.chunk_offset())
+            write_chunk(memory.write, buffers, base=writer.chunk_offset())
             writer.commit()
             memory.notify()
 
@@ -109,7 +114,7 @@ class ReferenceTarget(RingTarget):
                     raise RingError("ring.framing.overflow-byte",
                                     "an overflow marker where the writer wrote in-ring data",
                                     expected=0, got=1)
-                context.received(bytes(decoded.buffers[0]))
+                context.received(received_form([bytes(b) for b in decoded.buffers]))
             finally:
                 reader.release()
 
@@ -117,13 +122,16 @@ class ReferenceTarget(RingTarget):
 class MemoryRingTarget(RingTarget):
     """A ring surface with ``memory_writer``/``memory_reader`` (capability ``ring.memory``).
 
-    The writer sends each message as one buffer (``write([payload])``, yielding while it
-    returns False); each reader calls ``read()`` (yielding while it returns None) and must get
-    that one buffer back. Chunks are the spec's: ``framed_size`` of one message, so every
-    chunk the writer publishes must hold exactly the spec's framing of its message.
+    The writer sends each message's buffers (``write(buffers)``: one buffer, or the main
+    buffer and its out-of-band buffers with ``RingConfig.oob_buffers``, the buffer list the
+    ring's enqueue frames), yielding while it returns False; each reader calls ``read()``
+    (yielding while it returns None) and must get those buffers back. Chunks are the spec's:
+    ``framed_size`` of one message, so every chunk the writer publishes must hold exactly
+    the spec's framing of its message.
     """
 
     framing = "buffers"
+    oob = True
 
     def __init__(self, ring: Any, name: str, *, body_raises: int | None = None,
                  overflow_boundary: bool = False) -> None:
@@ -145,7 +153,7 @@ class MemoryRingTarget(RingTarget):
         self.overflow_boundary = overflow_boundary
 
     def layout(self, config: RingConfig) -> RingLayout:
-        chunk_bytes = framed_size([config.payload(0)]) - (1 if self.overflow_boundary else 0)
+        chunk_bytes = framed_size(config.message(0)) - (1 if self.overflow_boundary else 0)
         return RingLayout(config.readers, chunk_bytes, config.chunks)
 
     def run_writer(self, context: ThreadContext) -> None:
@@ -153,8 +161,8 @@ class MemoryRingTarget(RingTarget):
         writer = self.ring.memory_writer(memory, n_reader=layout.n_reader,
                                          max_chunk_bytes=layout.max_chunk_bytes,
                                          max_chunks=layout.max_chunks)
-        for payload in context.payloads:
-            while not writer.write([payload]):
+        for buffers in context.messages:
+            while not writer.write(list(buffers)):
                 memory.yield_()
 
     def run_reader(self, context: ThreadContext) -> None:
@@ -167,21 +175,22 @@ class MemoryRingTarget(RingTarget):
                 self._read_raising(reader, context)
                 continue
             while (buffers := reader.read()) is None:
-                memory.yield_()
+                _wait(reader, memory)
             if not buffers and self.overflow_boundary:
-                buffers = [context.payloads[number]]  # the overflow marker: over the XPUB
-            if len(buffers) != 1:
+                buffers = context.messages[number]  # the overflow marker: over the XPUB
+            sent = len(context.messages[number])
+            if len(buffers) != sent:
                 raise RingError("ring.framing.buffer-count",
                                 "the reader returned another number of buffers than the "
-                                "writer sent", expected=1, got=len(buffers))
-            context.received(bytes(buffers[0]))
+                                "writer sent", expected=sent, got=len(buffers))
+            context.received(received_form([bytes(b) for b in buffers]))
 
     @staticmethod
     def _read_raising(reader: Any, context: ThreadContext) -> None:
         """Read one message with a body that raises while the chunk is held."""
 
         def consume(buffers: list[bytes]) -> None:
-            context.received(bytes(buffers[0]))
+            context.received(received_form([bytes(b) for b in buffers]))
             raise _BodyRaised
 
         while True:
@@ -190,12 +199,23 @@ class MemoryRingTarget(RingTarget):
             except _BodyRaised:
                 return
             if buffers is None:
-                context.memory.yield_()
+                _wait(reader, context.memory)
                 continue
             # The reader swallowed the body's exception; the message still counts.
             if buffers:
-                context.received(bytes(buffers[0]))
+                context.received(received_form([bytes(b) for b in buffers]))
             return
+
+
+def _wait(reader: Any, memory: Any) -> None:
+    """After a read that found nothing: the reader's own ``wait()`` (how it waits:
+    ``memory.yield_()`` to recheck the flags, ``memory.wait_notify()`` to sleep until a
+    notification), else ``memory.yield_()``."""
+    wait = getattr(reader, "wait", None)
+    if callable(wait):
+        wait()
+    else:
+        memory.yield_()
 
 
 class _BodyRaised(Exception):

@@ -126,20 +126,28 @@ def search(sim: Simulator, *, bound: int | None,
     is explored, ``a`` sleeps in the sibling branches until an action that does not commute
     with it is taken, since any ordering that takes ``a`` before those is one already covered.
     A state reached again is explored again only for the actions that slept on its earlier
-    visits and are awake now. ``reduce=False`` turns sleep sets off (state caching stays).
+    visits and are awake now. A violation ends its branch, so a branch in which one was
+    found (at any depth, or at a state whose first visit found one) was not explored whole:
+    its action does not go to sleep, and the reduced search finds every violation the
+    unreduced one finds. ``reduce=False`` turns sleep sets off (state caching stays).
     """
     stats = SearchStats()
     bounded = bound is not None
     sleeping = reduce and not bounded
     visited: dict[bytes, Any] = {}
+    #: States whose exploration met a violation somewhere below them.
+    cut_states: set[bytes] = set()
+    # A frame: [world, actions, position, sleep, state key, cut, action being explored].
     stack: list[list[Any]] = []
     stopped = False
+    reached: list[Any] = [None, False]  # the last expanded state's key, and if it was cut
 
     def path() -> list[str]:
         return [frame[1][frame[2] - 1].key for frame in stack]
 
     def expand(world: World, sleep: dict[str, Footprint]) -> list[Action] | None:
         nonlocal stopped
+        reached[0], reached[1] = None, False
         actions: list[Action] = []
         if world.violation is None:
             actions = world.actions()
@@ -152,6 +160,7 @@ def search(sim: Simulator, *, bound: int | None,
                             "explorer")
         if world.violation is not None:
             stats.ends += 1
+            reached[1] = True
             if on_violation(world, path()):
                 stopped = True
             return None
@@ -176,6 +185,7 @@ def search(sim: Simulator, *, bound: int | None,
             todo = [action for _, action in ranked]
         else:
             key = world.state_key(with_current=False)
+            reached[0] = key
             asleep = frozenset(sleep) if sleep else _AWAKE
             old = visited.get(key)
             if old is None:
@@ -183,6 +193,7 @@ def search(sim: Simulator, *, bound: int | None,
                 todo = [a for a in actions if a.key not in asleep]
             elif old <= asleep:
                 stats.revisits += 1
+                reached[1] = key in cut_states
                 return None
             else:
                 visited[key] = old & asleep
@@ -192,15 +203,28 @@ def search(sim: Simulator, *, bound: int | None,
         stats.states += 1
         return todo
 
+    def explored(frame: list[Any], action: Action, cut: bool) -> None:
+        """The branch of ``action`` below ``frame`` is done: its action sleeps in the later
+        siblings, unless a violation cut the branch short."""
+        if cut:
+            frame[5] = True
+        elif sleeping:
+            frame[3][action.key] = action.footprint
+
     root = sim.start(tracking=False)
     first = expand(root, {})
     if first:
-        stack.append([root, first, 0, {}])
+        stack.append([root, first, 0, {}, reached[0], False, None])
     while stack and not stopped:
         frame = stack[-1]
-        world, actions, position, sleep = frame
+        world, actions, position, sleep = frame[0], frame[1], frame[2], frame[3]
         if position >= len(actions):
             stack.pop()
+            if frame[5] and frame[4] is not None:
+                cut_states.add(frame[4])
+            if stack:
+                parent = stack[-1]
+                explored(parent, parent[6], frame[5])
             continue
         frame[2] = position + 1
         action = actions[position]
@@ -211,12 +235,14 @@ def search(sim: Simulator, *, bound: int | None,
         if sleeping:
             footprint = action.footprint
             child_sleep = {k: fp for k, fp in sleep.items() if fp.independent(footprint)}
-            sleep[action.key] = footprint
         more = expand(child, child_sleep)
         if more:
-            stack.append([child, more, 0, child_sleep])
+            frame[6] = action
+            stack.append([child, more, 0, child_sleep, reached[0], False, None])
             if len(stack) > stats.depth:
                 stats.depth = len(stack)
+        else:
+            explored(frame, action, reached[1])
         if max_states is not None and stats.states >= max_states:
             stats.limited = True
             break

@@ -35,7 +35,8 @@ class Mutant:
 
     ``surface``: the conformance surface it breaks; ``conformance``: glob patterns of the
     checks run against it (the relevant ones, not the whole suite); ``fuzz_kinds``: codec
-    kinds the fuzz campaign feeds it (empty: no campaign); ``writer_cls``/``reader_cls`` and
+    kinds the fuzz campaign feeds its decoder and the differential campaign its encoder
+    (empty: no campaigns); ``writer_cls``/``reader_cls`` and
     ``explorer_model``/``explorer_config``: the flag-protocol classes the explorer runs, the
     memory model and the ring size to run them under (no classes: no explorer run).
     """
@@ -131,6 +132,9 @@ _CATALOGUE = [
     Mutant("untyped-decode-errors", "malformed frames raise ValueError without a clause",
            "vllm/v1/engine/core.py process_input_sockets (undiagnosed decode failures)",
            "codec", codec.UntypedDecodeErrors, CODEC_CHECKS, FUZZ_KINDS),
+    Mutant("floats-as-float32", "floats that float32 holds exactly are written as float32",
+           "structs.float.float64; msgpack-python use_single_float (vLLM's msgspec writes cb)",
+           "codec", codec.FloatsAsFloat32, CODEC_CHECKS, FUZZ_KINDS),
     # --- ring: flag protocol -------------------------------------------------------------
     Mutant("flag-order", "the written flag is set before the read flags are cleared",
            "vLLM issues 27858, 29389 (weak ordering)",
@@ -158,6 +162,10 @@ _CATALOGUE = [
            "shm_broadcast.py enqueue (to_bytes(4, 'big'))",
            "ring", _ring(queue_cls=ring.LittleEndianLengths), FRAMING_CHECKS,
            explorer_memory=True),
+    Mutant("length-prefix-off-by-one", "every length prefix is one more than its buffer",
+           "shm_broadcast.py enqueue (len(buf).to_bytes(4, 'big'), the buffer's own length)",
+           "ring", _ring(queue_cls=ring.LengthPrefixOffByOne), FRAMING_CHECKS,
+           explorer_memory=True),
     Mutant("buffer-count-one-byte", "the buffer count is one byte instead of two",
            "shm_broadcast.py enqueue (len(buffers).to_bytes(2, 'big'))",
            "ring", _ring(queue_cls=ring.OneByteBufferCount), FRAMING_CHECKS,
@@ -165,7 +173,8 @@ _CATALOGUE = [
     Mutant("lost-notification", "a waiting reader trusts notifications and never rechecks",
            "vLLM issue 45224 (lost notifications)",
            "ring", _ring(queue_cls=ring.NoRecheckAfterNotification),
-           ("ring/reader/finds-write-without-notification",)),
+           ("ring/reader/finds-write-without-notification",),
+           explorer_memory=True, explorer_config=(1, 1, 2)),
     Mutant("notify-before-written",
            "the notification is sent before the written flag is set",
            "shm_broadcast.py enqueue (notify at line 975, after acquire_write's written flag)",

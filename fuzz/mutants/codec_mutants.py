@@ -7,6 +7,7 @@ failure it models. They are conformance ``codec`` surfaces; the mutant catalogue
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -184,3 +185,49 @@ class UntypedDecodeErrors(ReferenceCodec):
             return super().decode(kind, frames)
         except Exception as exc:  # noqa: BLE001 - the mutation is exactly this blanket catch
             raise ValueError(f"cannot decode {kind}: {exc}") from None
+
+
+class FloatsAsFloat32(ReferenceCodec):
+    """Writes a float as msgpack float32 (``ca``) wherever float32 holds it exactly, float64
+    (``cb``) elsewhere: a "compact" encoder (msgpack-python's ``use_single_float``, or an
+    encoder that picks the smallest lossless form as it does for integers).
+
+    Every decoder in the spec's scope accepts float32 for a float field and reads the same
+    number, so a round trip, a decode-only fuzz campaign and a comparison of decoded values
+    all pass; the bytes differ from vLLM's (clause structs.float.float64: an encoder writes
+    float64), which golden vectors, message hashes and re-encoding peers see. Only a check
+    that compares the encoder's bytes catches it.
+    """
+
+    def encode(self, kind: str, value: Any) -> Sequence[Any]:
+        frames = list(super().encode(kind, value))
+        index = _payload_index(kind)
+        if index is not None and index < len(frames):
+            frames[index] = _single_floats(bytes(frames[index]))
+        return frames
+
+
+def _payload_index(kind: str) -> int | None:
+    """The msgpack frame of ``kind`` (a message kind or a struct name)."""
+    from enginewire.reference.codec import default_codec
+
+    codec = default_codec()
+    if kind not in codec.message_kinds:
+        return 0
+    layout = codec.layout(kind)
+    return None if layout.payload is None else len(layout.prefix)
+
+
+def _single_floats(frame: bytes) -> bytes:
+    from enginewire.fuzz.differential import msgpack_tokens
+
+    out = []
+    for token in msgpack_tokens(frame):
+        raw = token.raw
+        if token.kind == "float64":
+            (number,) = struct.unpack(">d", raw[1:])
+            single = struct.pack(">f", number) if abs(number) < 3.4e38 else b""
+            if single and struct.unpack(">f", single)[0] == number:
+                raw = b"\xca" + single
+        out.append(raw)
+    return b"".join(out)

@@ -22,9 +22,11 @@ def register(subparsers: Any) -> None:
         description=(
             "Each mutant is the reference with one thing broken, modelled on a real failure. "
             "Against each, run what applies: its relevant conformance checks (a check kills "
-            "it when it fails on the mutant and passes on the reference), a short fuzz "
-            "campaign (codec mutants) and a bounded schedule exploration (flag-protocol "
-            "mutants; a violation the reference does not show kills it, and its trace is "
+            "it when it fails on the mutant and passes on the reference; SHOULD checks "
+            "included), a short fuzz campaign of the decoder and a differential campaign of "
+            "the encoder against the spec oracle (codec mutants) and a bounded schedule "
+            "exploration (ring mutants; "
+            "a violation the reference does not show kills it, and its trace is "
             "printed). Prints the kill matrix; exits 1 if any mutant survives."
         ),
     )

@@ -2,11 +2,15 @@
 
 Three columns, each run only where it applies to the mutant:
 
-- ``conformance``: the mutant's relevant conformance checks. A check kills the mutant when it
-  fails on the mutant and passes on the reference (a check the reference fails too says
-  nothing about the mutant).
+- ``conformance``: the mutant's relevant conformance checks, SHOULD checks included (as
+  ``enginewire check --strict`` runs them). A check kills the mutant when it fails on the
+  mutant and passes on the reference (a check the reference fails too says nothing about
+  the mutant).
 - ``fuzz``: a short malformed-input campaign against a codec mutant's decoder; any finding
   kills it.
+- ``encoder``: a short differential campaign against a codec mutant's encoder
+  (:func:`enginewire.fuzz.differential.fuzz_encoder`: its bytes against the spec oracle's on
+  spec-generated values); any finding kills it.
 - ``explorer``: a bounded schedule exploration of a flag-protocol mutant's writer and reader
   code. It kills the mutant with a violation of a kind the reference does not show under the
   same configuration, memory model and bound; the shrunk trace is kept.
@@ -22,7 +26,7 @@ from typing import Any
 from enginewire.fuzz.mutants import Mutant
 
 FUZZ_SEED = 0
-COLUMNS = ("conformance", "fuzz", "explorer")
+COLUMNS = ("conformance", "fuzz", "encoder", "explorer")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class Budget:
 
     #: Fuzz cases per kind.
     fuzz_examples: int
+    #: Differential encoder cases per kind.
+    encoder_examples: int
     #: Extra codec kinds fuzzed beyond each mutant's own.
     fuzz_extra_kinds: tuple[str, ...]
     #: Explorer preemption bound and state limit (the ring size is the mutant's own).
@@ -38,8 +44,9 @@ class Budget:
     max_states: int
 
 
-BOUNDED = Budget(fuzz_examples=10, fuzz_extra_kinds=(), preemptions=2, max_states=20_000)
-FULL = Budget(fuzz_examples=100,
+BOUNDED = Budget(fuzz_examples=10, encoder_examples=10, fuzz_extra_kinds=(), preemptions=2,
+                 max_states=20_000)
+FULL = Budget(fuzz_examples=100, encoder_examples=100,
               fuzz_extra_kinds=("abort", "utility", "outputs", "EngineCoreRequest",
                                 "EngineCoreOutput", "EngineCoreOutputs"),
               preemptions=3, max_states=500_000)
@@ -82,10 +89,11 @@ class MutantResult:
     @property
     def kills(self) -> int:
         """How many independent checks kill it: each failing conformance check, the fuzz
-        campaign (one, however many findings) and the explorer (one)."""
+        campaign (one, however many findings), the differential encoder campaign (one) and
+        the explorer (one)."""
         columns = self.columns
         return (len(columns["conformance"].kills) + int(columns["fuzz"].killed)
-                + int(columns["explorer"].killed))
+                + int(columns["encoder"].killed) + int(columns["explorer"].killed))
 
     def to_builtins(self) -> dict[str, Any]:
         return {
@@ -114,7 +122,7 @@ class _Baselines:
         from enginewire.conformance.framework.runner import run_check
 
         if item.id not in self._checks:
-            self._checks[item.id] = run_check(item, self.target, self.spec).status
+            self._checks[item.id] = run_check(item, self.target, self.spec, strict=True).status
         return self._checks[item.id]
 
     def explorer_kinds(self, model: str, config: tuple[int, int, int]) -> set[str]:
@@ -150,7 +158,7 @@ def run_conformance(mutant: Mutant, baselines: _Baselines) -> Column:
     target = mutant()
     try:
         for item in checks:
-            result = run_check(item, target, baselines.spec)
+            result = run_check(item, target, baselines.spec, strict=True)
             if result.status != FAILED:
                 continue
             if baselines.check_status(item) != PASSED:
@@ -186,6 +194,29 @@ def run_fuzz(mutant: Mutant, budget: Budget) -> Column:
     return column
 
 
+def run_encoder(mutant: Mutant, budget: Budget) -> Column:
+    from enginewire.fuzz.differential import EncoderCampaign, fuzz_encoder
+
+    column = Column(ran=True)
+    started = time.monotonic()
+    target = mutant()
+    try:
+        kinds = list(dict.fromkeys((*mutant.fuzz_kinds, *budget.fuzz_extra_kinds)))
+        report = fuzz_encoder(target.codec.encode, kinds,
+                              EncoderCampaign(max_examples=budget.encoder_examples,
+                                              seed=FUZZ_SEED))
+    finally:
+        target.close()
+    for finding in report.findings:
+        column.kills.append(f"{finding.kind}/{finding.problem} [{finding.expected[0]}] "
+                            f"{finding.got}")
+        column.details.append(finding.render(len(column.details) + 1))
+    if not report.findings and report.notes:
+        column.note = "; ".join(report.notes)
+    column.seconds = time.monotonic() - started
+    return column
+
+
 def run_explorer(mutant: Mutant, baselines: _Baselines) -> Column:
     column = Column(ran=True)
     started = time.monotonic()
@@ -217,6 +248,7 @@ def kill_matrix(mutants: Sequence[Mutant], *, budget: Budget = BOUNDED,
                 columns["conformance"] = run_conformance(mutant, baselines)
             if mutant.fuzz_kinds:
                 columns["fuzz"] = run_fuzz(mutant, budget)
+                columns["encoder"] = run_encoder(mutant, budget)
             if mutant.explorable:
                 columns["explorer"] = run_explorer(mutant, baselines)
             result = MutantResult(mutant, columns)

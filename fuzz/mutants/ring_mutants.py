@@ -157,6 +157,21 @@ def write_chunk_one_byte_count(write: Any, buffers: Sequence[Buffer], base: int 
     return offset
 
 
+def write_chunk_length_off_by_one(write: Any, buffers: Sequence[Buffer], base: int = 0) -> int:
+    """:func:`write_chunk` with every length prefix one more than its buffer's length; the
+    buffers themselves sit where the spec puts them."""
+    write(base, struct.pack(">BHI", IN_RING, len(buffers), nbytes(buffers[0]) + 1))
+    offset = HEADER_BYTES + LENGTH_BYTES
+    write(base + offset, buffers[0])
+    offset += nbytes(buffers[0])
+    for buffer in buffers[1:]:
+        write(base + offset, struct.pack(">I", nbytes(buffer) + 1))
+        offset += LENGTH_BYTES
+        write(base + offset, buffer)
+        offset += nbytes(buffer)
+    return offset
+
+
 class _FramingQueue(MessageQueue):
     """A queue whose writer frames chunks with :meth:`frame` and decides overflow with
     :meth:`overflows` (the reference's own functions unless a subclass replaces one)."""
@@ -219,6 +234,17 @@ class OneByteBufferCount(_FramingQueue):
     chunk_writer = staticmethod(write_chunk_one_byte_count)
 
 
+class LengthPrefixOffByOne(_FramingQueue):
+    """Writes every length prefix one byte too long (a length taken with the terminator
+    counted, or ``<=`` for ``<`` in a copy loop; clause ring.framing.length-prefix). A reader
+    that slices the chunk by the prefix takes one byte of whatever follows: pickle ignores a
+    trailing byte after its STOP opcode, so a one-buffer message still unpickles, and only a
+    check that compares the prefix with the real buffer sees it; the buffer after a wrong
+    prefix starts one byte late."""
+
+    chunk_writer = staticmethod(write_chunk_length_off_by_one)
+
+
 # --- waiting and release ---------------------------------------------------------------------
 
 
@@ -262,6 +288,9 @@ class NoRecheckAfterNotification(MessageQueue):
     conflated and pings get lost), so a reader that trusts pings alone sleeps through a
     published chunk (clauses ring.notify.after-write and ring.notify.hint-only).
     """
+
+    #: Its ``ring.memory`` reader waits with ``memory.wait_notify()`` (no recheck) too.
+    trusts_notifications = True
 
     def _block_on_notify(self, seconds: float) -> None:
         super()._block_on_notify(3600.0)
@@ -387,8 +416,17 @@ class MutantRing(ReferenceRing):
                                  rank)
 
         release_on_error = getattr(self.queue_cls, "release_on_error", True)
+        trusts_notifications = getattr(self.queue_cls, "trusts_notifications", False)
 
         class _Reader:
+            def wait(self) -> None:
+                """After a read that found nothing: recheck the flags when one changes, or
+                (a reader that trusts notifications) sleep until a notification."""
+                if trusts_notifications:
+                    memory.wait_notify()
+                else:
+                    memory.yield_()
+
             def read(self, consume: Any = None) -> list[bytes] | None:
                 if reader.try_acquire() is None:
                     return None

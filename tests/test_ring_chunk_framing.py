@@ -1,0 +1,114 @@
+"""ring/writer/chunk-framing compares every count and length prefix with the real buffers,
+bounds-checked: it passes the reference and fails writers whose framing is wrong in ways a
+lenient reader (slice by the prefix, unpickle) does not notice."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from enginewire.conformance.framework.outcomes import FAILED, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run
+from enginewire.conformance.peers.ring_peer import (
+    frame_chunk,
+    framing_differences,
+    parse_chunk,
+    pickle_buffers,
+    unpickle_buffers,
+)
+from enginewire.conformance.targets.contract import Target
+from enginewire.fuzz.mutants.ring_mutants import (
+    LengthPrefixOffByOne,
+    LittleEndianLengths,
+    MutantRing,
+    _FramingQueue,
+)
+from enginewire.reference.ring.framing import HEADER_BYTES, IN_RING, LENGTH_BYTES, Buffer, nbytes
+from enginewire.spec import load
+
+CHECK = "ring/writer/chunk-framing"
+
+
+def write_lengths_little_endian(write: Any, buffers: Sequence[Buffer], base: int = 0) -> int:
+    """The spec's framing with a big-endian buffer count but little-endian length prefixes."""
+    write(base, struct.pack(">BH", IN_RING, len(buffers)) + struct.pack("<I", nbytes(buffers[0])))
+    offset = HEADER_BYTES + LENGTH_BYTES
+    write(base + offset, buffers[0])
+    offset += nbytes(buffers[0])
+    for buffer in buffers[1:]:
+        write(base + offset, struct.pack("<I", nbytes(buffer)))
+        offset += LENGTH_BYTES
+        write(base + offset, buffer)
+        offset += nbytes(buffer)
+    return offset
+
+
+class LengthsOnlyLittleEndian(_FramingQueue):
+    chunk_writer = staticmethod(write_lengths_little_endian)
+
+
+def _verdict(queue_cls: type) -> Any:
+    (item,) = select(all_checks(), patterns=[CHECK])
+    target = Target(name="framing", ring=MutantRing(queue_cls=queue_cls))
+    try:
+        (result,) = run([item], target, load()).results
+    finally:
+        target.close()
+    return result
+
+
+def test_the_reference_writer_passes() -> None:
+    from enginewire.reference.ring.queue import MessageQueue
+
+    assert _verdict(MessageQueue).status == PASSED
+
+
+@pytest.mark.parametrize(("queue_cls", "words"), [
+    (LittleEndianLengths, "little-endian"),
+    (LengthsOnlyLittleEndian, "runs past the end"),
+    (LengthPrefixOffByOne, "the buffer is"),
+])
+def test_a_wrong_prefix_fails(queue_cls: type, words: str) -> None:
+    result = _verdict(queue_cls)
+    assert result.status == FAILED, result.first_line
+    assert words in result.first_line
+
+
+def test_a_lenient_reader_does_not_see_a_little_endian_length() -> None:
+    """What the check used to do (slice by the prefix, unpickle) passes both broken chunks;
+    framing_differences names each."""
+    message = {"method": "execute_model", "args": [1, 2, 3]}
+    buffers = pickle_buffers(message)
+    for writer in (write_lengths_little_endian,
+                   LengthPrefixOffByOne.chunk_writer):
+        chunk = bytearray(4096)
+
+        def write(at: int, data: Any, chunk: bytearray = chunk) -> None:
+            chunk[at:at + len(bytes(data))] = bytes(data)
+
+        writer(write, buffers)
+        length = int.from_bytes(chunk[3:7], "big")
+        assert unpickle_buffers([bytes(chunk[7:7 + length])]) == message  # lenient: passes
+        assert framing_differences(chunk, [None]), writer
+
+
+def test_framing_differences_walks_every_buffer() -> None:
+    first, second = b"\x01" * 40, b"\x02" * 50
+    main = pickle_buffers({"a": 1})[0]
+    good = frame_chunk([main, first, second]) + bytes(16)
+    assert framing_differences(good, [None, first, second]) == []
+    assert parse_chunk(good, len(good)) == [main, first, second]
+    wrong = bytearray(good)
+    at = HEADER_BYTES + LENGTH_BYTES + len(main)
+    wrong[at:at + LENGTH_BYTES] = (41).to_bytes(4, "big")
+    problems = [w for _, w in framing_differences(wrong, [None, first, second])]
+    assert problems == [f"buffer 1's length prefix (bytes {7 + len(main)}-{10 + len(main)}) "
+                        "says 41 bytes; the buffer is 40 bytes"]
+    short = good[:HEADER_BYTES + LENGTH_BYTES + len(main) + LENGTH_BYTES + 20]
+    problems = [w for _, w in framing_differences(short, [None, first, second])]
+    assert any("runs past the end" in p for p in problems)
+    assert framing_differences(good, [None, first])[0][0] == "ring.framing.buffer-count"
