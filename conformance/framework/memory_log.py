@@ -31,7 +31,7 @@ NOTE = "memory_log"
 
 #: Operations the picture colours (anything else shows plain).
 OPS = ("store", "write", "load", "read", "fence", "notify", "yield", "buffer", "drain",
-       "wait", "wake", "receive")
+       "wait", "wait_notify", "wake", "receive")
 
 SWIMLANE_CSS = """
 .lanes{display:grid;gap:0 1em;font-family:monospace;font-size:.9em;margin:.4em 0}
@@ -39,7 +39,8 @@ SWIMLANE_CSS = """
 .lanes .head{font-weight:bold;border-left:none;background:#f4f4f4}
 .lanes .step{color:#888;border-left:none;text-align:right}
 .lanes .fence{background:#fde9b6}.lanes .store,.lanes .write{background:#dcecff}
-.lanes .load,.lanes .read{background:#e6f5e6}.lanes .notify,.lanes .wake{background:#f1e0f7}
+.lanes .load,.lanes .read{background:#e6f5e6}
+.lanes .notify,.lanes .wait_notify,.lanes .wake{background:#f1e0f7}
 .lanes .receive{background:#eee}.lanes .ev .note{color:#a11}
 """
 
