@@ -435,3 +435,20 @@ def test_consistency_fails_when_derived_handshake_keys_leave_the_spec(tmp_path: 
                                              '"parallel_config_hash", "zz_new"] } }', 1))
     found = consistency.problems(data)
     assert any("READY optional keys" in p and "zz_new" in p for p in found), found
+
+
+@pytest.mark.slow
+def test_real_wheels_confirm_the_silent_break_of_0_9_1() -> None:
+    """0.9.0's and 0.9.1's own classes (each in its own subprocess, the extra dependencies
+    installed outside the repository on demand): an add message of a 0.9.0 front end decodes
+    at a 0.9.1 engine with current_wave lost (the SILENT prediction), the outputs decode."""
+    from enginewire.spec.history.compat import real_wheel_check
+
+    folder = default_wheel_dir()
+    if find_wheel(folder, "0.9.0") is None or find_wheel(folder, "0.9.1") is None:
+        pytest.skip(f"REAL-WHEEL CHECK SKIPPED: no 0.9.0 / 0.9.1 wheel in {folder}")
+    results = {r.struct: r for r in real_wheel_check("0.9.0", "0.9.1", echo=False)}
+    request, outputs = results["EngineCoreRequest"], results["EngineCoreOutputs"]
+    assert request.predicted == "silent" and request.outcome == "misdecoded", request
+    assert "current_wave" in request.detail and request.agrees
+    assert outputs.outcome == "decoded" and outputs.agrees, outputs
