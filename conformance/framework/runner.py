@@ -34,6 +34,7 @@ from enginewire.conformance.framework.registry import (
     CheckFailure,
     CheckSkip,
     NotImplementedSurface,
+    NotInRelease,
 )
 from enginewire.conformance.targets.contract import MODES, OutsideRole, Target
 
@@ -95,6 +96,8 @@ def run_check(
                            cause=exc)
         except CheckSkip as exc:
             verdict.update(status=SKIPPED, message=str(exc))
+        except NotInRelease as exc:
+            verdict.update(status=NOT_APPLICABLE, message=f"not in this release: {exc}")
         except NotImplementedSurface as exc:
             verdict.update(status=NOT_IMPLEMENTED, message=str(exc))
         except BaseException as exc:  # noqa: BLE001 - any escape from a check is its verdict
