@@ -879,7 +879,8 @@ class Codec:
             self._validate_handshake_map(kind, value)
         elif kind in ("add", "EngineCoreRequest"):
             self._validate_constraints("EngineCoreRequest", value)
-            for feature in value.mm_features or ():
+            # Releases before 0.10.2 carry no mm_features (the spec of the codec's version).
+            for feature in getattr(value, "mm_features", None) or ():
                 self._validate_mm_item(feature.data)
         elif kind == "MultiModalFeatureSpec":
             self._validate_mm_item(value.data)
@@ -912,11 +913,13 @@ class Codec:
             self._validate_utility_result(utility.result)
 
     def _validate_utility_result(self, result: Any) -> None:
-        if result is not None and result.type_info is not None and not self.allow_insecure:
+        # Before 0.10.1 a utility result is any value, with no type_info.
+        type_info = getattr(result, "type_info", None)
+        if result is not None and type_info is not None and not self.allow_insecure:
             raise PayloadError(
                 "structs.utility-result.type-info-insecure-only",
                 "UtilityResult.type_info is nil unless insecure serialization is on",
-                got=result.type_info,
+                got=type_info,
             )
 
     def _validate_constraints(self, struct: str, value: Any) -> None:

@@ -150,7 +150,12 @@ def _weigh(result: CheckResult, item: Check, record: _evidence.Evidence,
     if result.status not in (PASSED, FAILED):
         return result
     missing = _evidence.not_implemented_cause(cause)
-    if record.outside_role or isinstance(missing, OutsideRole):
+    absent = _evidence.not_in_release_cause(cause)
+    if absent is not None:
+        result.status = NOT_APPLICABLE
+        result.message = f"not in this release: {absent}"
+        result.reproduction = None
+    elif record.outside_role or isinstance(missing, OutsideRole):
         what = record.outside_role or [str(missing)]
         result.status = NOT_APPLICABLE
         result.message = "outside the codec's role: " + "; ".join(what)
