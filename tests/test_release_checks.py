@@ -73,7 +73,7 @@ def test_a_broken_older_layout_still_fails(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 #: Releases whose every applicable codec check passes with the reference built for them.
-SWEEP = ["0.22.0", "0.26.0", "0.30.0", "0.33.0"]
+SWEEP = ["0.20.2", "0.22.0", "0.24.0", "0.26.0", "0.27.1", "0.30.0", "0.33.0"]
 
 
 @pytest.mark.slow
