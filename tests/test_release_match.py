@@ -122,3 +122,14 @@ def test_spec_match_cli_probes_an_in_process_codec(mirror: Path, capsys) -> None
 def test_spec_match_cli_refuses_a_target_without_a_codec(capsys) -> None:
     assert main(["spec", "match", "none"]) == 2
     assert "no codec surface" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_spec_match_probes_an_external_codec_program(capsys) -> None:
+    """The reference served over the ``--target-cmd`` line protocol speaks 0.33.0's
+    EngineCoreOutputs, and the probe says so through the external program."""
+    server = f"{sys.executable} -m enginewire.conformance.targets.command_server --surface codec"
+    status = main(["spec", "match", "none", "--target-cmd", f"codec={server}",
+                   "--struct", "EngineCoreOutputs"])
+    assert status == 0
+    assert capsys.readouterr().out.strip() == "EngineCoreOutputs: matches 0.33.0"
