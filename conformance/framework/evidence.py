@@ -185,7 +185,7 @@ def _walk_fields(expr: TypeExpr, value: Any, spec: Any, found: list[str], depth:
             # release's type allows it (the template would have left it unset).
             field_type = parse_type(fld.type)
             if fld.required and fld.name not in out \
-                    and (field_type.nullable or field_type.name == "any") \
+                    and (field_type.nullable or kind_of(field_type) == "any") \
                     and _newest_default(item.name, fld.name) is _NO_DEFAULT:
                 out[fld.name] = None
         return out
