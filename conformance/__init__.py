@@ -9,6 +9,8 @@
 - :mod:`.oracle`: the spec-derived oracles (expected wire bytes, neutral values, samples,
   golden vectors);
 - :mod:`.checks`: the checks, one module per surface (and generated struct/golden checks);
+- :mod:`.release_match`: ``enginewire spec match TARGET`` for codec targets (which releases'
+  layouts a codec speaks, probed with each release's samples);
 - :mod:`.commands` (``enginewire check``) and :mod:`.pytest_plugin` (the checks as pytest
   items, ``--enginewire-target``); ``data/``: expected-failure lists and golden vectors.
 

@@ -14,6 +14,16 @@ from typing import Any
 
 from enginewire.cliargs import positive_float, text_file_problem, writable_file
 from enginewire.conformance.framework.registry import SURFACES
+from enginewire.spec.history.match import register_codec_matcher
+
+
+def _match_codec(target: str, commands: Any, names: Any) -> int:
+    from enginewire.conformance.release_match import run_codec_match
+
+    return run_codec_match(target, commands, names)
+
+
+register_codec_matcher(_match_codec)
 
 
 def register(subparsers: Any) -> None:

@@ -960,7 +960,8 @@ class Codec:
         for constraint, values in self._request_rules:
             if len(constraint.fields) - values(value).count(None) != 1:
                 self._violated(constraint, value)
-        features = value.mm_features
+        # Releases before 0.10.2 carry no mm_features (the spec of the codec's version).
+        features = getattr(value, "mm_features", None)
         if features:
             for feature in features:
                 self._validate_mm_item(feature.data)
@@ -985,11 +986,13 @@ class Codec:
             self._validate_utility_result(utility.result)
 
     def _validate_utility_result(self, result: Any) -> None:
-        if result is not None and result.type_info is not None and not self.allow_insecure:
+        # Before 0.10.1 a utility result is any value, with no type_info.
+        type_info = getattr(result, "type_info", None)
+        if result is not None and type_info is not None and not self.allow_insecure:
             raise PayloadError(
                 "structs.utility-result.type-info-insecure-only",
                 "UtilityResult.type_info is nil unless insecure serialization is on",
-                got=result.type_info,
+                got=type_info,
             )
 
     @staticmethod

@@ -288,8 +288,11 @@ class StructSet:
             return msgspec.field(default_factory=factory)
         raw = json.loads(fld.default or "null")
         if isinstance(raw, (list, dict)):
-            if not raw:
+            struct_typed = isinstance(annotation, type) and issubclass(annotation, msgspec.Struct)
+            if not raw and not struct_typed:
                 return msgspec.field(default_factory=type(raw))
+            # {} for a struct-typed field: the struct with its own defaults (the wheels'
+            # ``field(default_factory=PrefixCacheStats)``, derived as {}).
             # A fresh value per instance: a shared mutable default would leak between structs.
             return msgspec.field(default_factory=lambda: msgspec.convert(raw, annotation))
         return _coerce(raw, annotation)

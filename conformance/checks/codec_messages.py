@@ -31,6 +31,7 @@ from enginewire.conformance.framework.registry import (
     CheckSkip,
     Reproduction,
     check,
+    require_field,
 )
 from enginewire.conformance.oracle.samples import Sampler, minimal_outputs, minimal_request
 from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
@@ -54,6 +55,8 @@ OUTPUT = "EngineCoreOutput"
 
 
 def _index(spec: Any, struct: str, field: str) -> int:
+    """The position of ``field`` in ``struct``; NOT APPLICABLE when the release lacks it."""
+    require_field(spec, struct, field)
     return [f.name for f in spec.struct(struct).fields].index(field)
 
 
@@ -753,6 +756,7 @@ def _nested_tensors(codec: CodecSurface, ctx: CheckContext) -> None:
                                             "frames.payload-msgpack-first"], surface="codec")
 def _index_order(codec: CodecSurface, ctx: CheckContext) -> None:
     """Out-of-band values are numbered 1, 2, 3 in the order they are written."""
+    require_field(ctx.spec, OUTPUT, "pooling_output", "prompt_token_id_logprobs")
     threshold = _threshold(ctx.spec)
     first, second, third = _uint8(threshold), _uint8(threshold + 1), _uint8(threshold + 2)
     value = {
@@ -878,6 +882,7 @@ def _int_keys(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/dict/enum-keys", clauses=["structs.enum.dict-keys"], surface="codec")
 def _enum_keys(codec: CodecSurface, ctx: CheckContext) -> None:
     """PrefixCacheStats.hits_by_source keys travel as the enum's values ("device")."""
+    require_field(ctx.spec, "PrefixCacheStats", "hits_by_source")
     value = {"hits_by_source": {"device": 3, "disk": 1}}
     frames = encode(codec, "PrefixCacheStats", value)
     wire = raw_decode(frames[0])

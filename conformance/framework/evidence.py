@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from enginewire.conformance.framework.registry import NotInRelease
 from enginewire.conformance.targets.contract import CODEC_ROLES, OutsideRole, Unsupported
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+from enginewire.spec.types import TypeExpr, kind_of, members, parse_type
 
 
 @dataclass
@@ -83,6 +86,116 @@ def not_implemented_cause(exc: BaseException | None) -> BaseException | None:
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def not_in_release_cause(exc: BaseException | None) -> BaseException | None:
+    """The first :class:`NotInRelease` in ``exc``'s cause/context chain, or None."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NotInRelease):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def for_release(value: Any, kind: str, spec: Any) -> tuple[Any, list[str]]:
+    """A neutral ``value`` (of message kind or struct ``kind``, written for the newest layout)
+    as the release ``spec`` describes it: keys the release has no field for are dropped where
+    they carry nothing (:func:`_filler`: a template's filler), and listed as
+    ``Struct.field`` where they carry a value (then what the check exercises does not exist
+    in the release). A field only the release has, required and nullable there, is set to
+    nil."""
+    payload = kind if kind in spec.structs else None
+    for message in spec.surface("frames").messages:
+        if message.kind == kind:
+            payload = next((f.payload for f in message.frames if f.content == "msgpack"), None)
+    if payload is None or value is None:
+        return value, []
+    expr = parse_type(payload)
+    absent = [name for name in _type_names(expr)
+              if name not in spec.structs and name[:1].isupper()]
+    if absent:
+        return value, absent
+    found: list[str] = []
+    out = _walk_fields(parse_type(payload), value, spec, found, 0)
+    return out, sorted(set(found))
+
+
+def _type_names(expr: TypeExpr) -> list[str]:
+    """Every named type in a type expression."""
+    return [expr.name, *(n for a in expr.args for n in _type_names(a))]
+
+
+def _newest_default(struct: str, name: str) -> Any:
+    import json
+
+    from enginewire.spec.loader import load
+
+    item = load().structs.get(struct)
+    fld = next((f for f in getattr(item, "fields", []) if f.name == name), None)
+    if fld is None or fld.required:
+        return _NO_DEFAULT
+    if fld.default_factory:
+        return {"list": [], "dict": {}, "set": set()}[fld.default_factory]
+    return json.loads(fld.default) if fld.default is not None else None
+
+
+_NO_DEFAULT = object()
+
+
+def _filler(value: Any, struct: str, name: str) -> bool:
+    """Whether a value carries nothing: nil, an empty or false builtin (a template's filler),
+    or the newest release's default of that field."""
+    if value is None:
+        return True
+    if type(value) not in (bool, int, float, str, list, dict, set, tuple):
+        return False
+    if not value:
+        return True
+    try:
+        return bool(value == _newest_default(struct, name))
+    except (TypeError, ValueError):
+        return False
+
+
+def _walk_fields(expr: TypeExpr, value: Any, spec: Any, found: list[str], depth: int) -> Any:
+    if depth > 12 or value is None:
+        return value
+    family = kind_of(expr, spec.structs)
+    if family == "union":
+        for member in members(expr):
+            if kind_of(member, spec.structs) == "struct" and isinstance(value, Mapping):
+                return _walk_fields(member, value, spec, found, depth + 1)
+        return value
+    if family == "struct" and isinstance(value, Mapping):
+        item = spec.structs[expr.name]
+        names = {f.name: f for f in item.fields}
+        out = {}
+        for key, inner in value.items():
+            if key in names:
+                out[key] = _walk_fields(parse_type(names[key].type), inner, spec, found,
+                                        depth + 1)
+            elif _filler(inner, item.name, key):
+                continue
+            else:
+                found.append(f"{item.name}.{key}")
+        for fld in item.fields:
+            # A field the release requires and the newest layout does not have: nil where the
+            # release's type allows it (the template would have left it unset).
+            field_type = parse_type(fld.type)
+            if fld.required and fld.name not in out \
+                    and (field_type.nullable or kind_of(field_type) == "any") \
+                    and _newest_default(item.name, fld.name) is _NO_DEFAULT:
+                out[fld.name] = None
+        return out
+    if expr.args and isinstance(value, list | tuple) and not isinstance(value, str):
+        return type(value)(_walk_fields(expr.args[0], v, spec, found, depth + 1)
+                           for v in value)
+    if len(expr.args) == 2 and isinstance(value, Mapping):
+        return {k: _walk_fields(expr.args[1], v, spec, found, depth + 1)
+                for k, v in value.items()}
+    return value
 
 
 # --- roles -------------------------------------------------------------------------------
@@ -181,6 +294,13 @@ class GuardedCodec:
             raise
 
     def encode(self, kind: str, value: Any) -> Any:
+        if self._spec.version != REFERENCE_VLLM_VERSION:
+            # A check written for the newest layout may set a field an older release lacks:
+            # filler (nil, the default) is dropped; a value means the check does not apply to
+            # the release (NOT APPLICABLE), and the target is not asked.
+            value, unknown = for_release(value, kind, self._spec)
+            if unknown:
+                raise NotInRelease(f"vLLM {self._spec.version} has no {', '.join(unknown)}")
         return self._call("encode", kind, lambda: self._codec.encode(kind, value))
 
     def decode(self, kind: str, frames: Any) -> Any:

@@ -132,6 +132,22 @@ class CheckSkip(Exception):
     """The check cannot run in this environment (say why); it is neither passed nor failed."""
 
 
+class NotInRelease(Exception):
+    """What the check exercises does not exist in the vLLM release the suite follows (a field,
+    struct or feature added later): the check is NOT APPLICABLE, with this reason."""
+
+
+def require_field(spec: Any, struct: str, *fields: str) -> None:
+    """Raise :class:`NotInRelease` unless ``struct`` has every one of ``fields`` in ``spec``
+    (the spec of the release the suite follows)."""
+    item = spec.structs.get(struct)
+    names = {f.name for f in getattr(item, "fields", [])}
+    missing = [f for f in fields if f not in names]
+    if item is None or missing:
+        what = f"{struct}" if item is None else f"{struct}.{', '.join(missing)}"
+        raise NotInRelease(f"vLLM {spec.version} has no {what}")
+
+
 class NotImplementedSurface(Exception):
     """The target does not implement the surface or optional capability the check needs."""
 

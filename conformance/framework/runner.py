@@ -34,6 +34,7 @@ from enginewire.conformance.framework.registry import (
     CheckFailure,
     CheckSkip,
     NotImplementedSurface,
+    NotInRelease,
 )
 from enginewire.conformance.targets.contract import MODES, OutsideRole, Target
 
@@ -95,6 +96,8 @@ def run_check(
                            cause=exc)
         except CheckSkip as exc:
             verdict.update(status=SKIPPED, message=str(exc))
+        except NotInRelease as exc:
+            verdict.update(status=NOT_APPLICABLE, message=f"not in this release: {exc}")
         except NotImplementedSurface as exc:
             verdict.update(status=NOT_IMPLEMENTED, message=str(exc))
         except BaseException as exc:  # noqa: BLE001 - any escape from a check is its verdict
@@ -147,7 +150,12 @@ def _weigh(result: CheckResult, item: Check, record: _evidence.Evidence,
     if result.status not in (PASSED, FAILED):
         return result
     missing = _evidence.not_implemented_cause(cause)
-    if record.outside_role or isinstance(missing, OutsideRole):
+    absent = _evidence.not_in_release_cause(cause)
+    if absent is not None:
+        result.status = NOT_APPLICABLE
+        result.message = f"not in this release: {absent}"
+        result.reproduction = None
+    elif record.outside_role or isinstance(missing, OutsideRole):
         what = record.outside_role or [str(missing)]
         result.status = NOT_APPLICABLE
         result.message = "outside the codec's role: " + "; ".join(what)

@@ -179,7 +179,9 @@ class _Complete(TypeVisitor[Any]):
             if fld.name in value:
                 out[fld.name] = self.walk(parse_type(fld.type), value[fld.name])
             elif not fld.required:
-                out[fld.name] = default_of(fld)
+                # A struct default ({} in derived history: the struct built with its own
+                # defaults) is completed like a value.
+                out[fld.name] = self.walk(parse_type(fld.type), default_of(fld))
         for key in value:
             if key not in out:
                 out[key] = value[key]

@@ -44,7 +44,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
 
     match = spec_sub.add_parser(
         "match", help="which releases a module of msgspec structs matches, struct by struct")
-    match.add_argument("target", help="a module of msgspec structs (pkg.module)")
+    match.add_argument("target", help="a module of msgspec structs (pkg.module), compared by "
+                       "declared layout; or a codec target as `enginewire check --target` takes "
+                       "it (reference, vllm, none, pkg.module:attr), probed by encoding every "
+                       "release's samples")
+    match.add_argument("--target-cmd", action="append", default=[], metavar="CMD",
+                       help="an external codec program, as for `enginewire check` (repeatable)")
+    match.add_argument("--struct", action="append", default=[], metavar="NAME",
+                       help="only this struct (repeatable; default: every struct)")
     match.add_argument("--data-dir", type=Path, default=None)
     match.set_defaults(handler=cmd_match)
 
@@ -113,7 +120,7 @@ def cmd_releases(args: argparse.Namespace) -> int:
 def cmd_match(args: argparse.Namespace) -> int:
     from .match import run_match
 
-    return run_match(args.target, args.data_dir)
+    return run_match(args.target, args.data_dir, args.target_cmd, args.struct)
 
 
 def cmd_compat(args: argparse.Namespace) -> int:

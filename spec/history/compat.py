@@ -593,26 +593,78 @@ def run_compat(frontend: str, engine: str, *, confirm: bool = True,
     return 1 if any(v.confirmed is False for v in verdicts) else 0
 
 
-def real_wheel_check(frontend: str, engine: str) -> None:
-    """Print what the wheels' own classes do with the add and outputs messages."""
+@dataclass
+class RealWheelResult:
+    """One message of one pair, sent by the writer wheel's own class to the reader wheel's."""
+
+    struct: str
+    writer: str
+    reader: str
+    predicted: str
+    outcome: str  # see realwheels.RealOutcome
+    detail: str
+
+    @property
+    def agrees(self) -> bool | None:
+        """Whether the real classes did what the prediction says (None: skipped). A SILENT
+        prediction agrees with ``misdecoded``; IDENTICAL and COMPATIBLE with ``decoded``."""
+        if self.outcome == "skipped":
+            return None
+        expected = {"rejected": "rejected", "silent": "misdecoded"}.get(self.predicted,
+                                                                         "decoded")
+        return self.outcome == expected
+
+
+def _top_level_sample(spec: Spec, name: str, minimal: Any) -> Any:
+    """The full sample of ``name`` with every nested struct value taken from ``minimal``."""
+    full = _Sampler(spec).struct(spec.struct(name))
+
+    def nested(value: Any) -> bool:
+        return isinstance(value, dict) or (isinstance(value, list)
+                                           and any(isinstance(v, (dict, list)) for v in value))
+
+    if isinstance(full, list) and isinstance(minimal, list) and len(full) == len(minimal):
+        return [m if nested(f) else f for f, m in zip(full, minimal, strict=True)]
+    if isinstance(full, dict) and isinstance(minimal, dict):
+        return {k: minimal.get(k) if nested(v) else v for k, v in full.items()}
+    return full
+
+
+def real_wheel_check(frontend: str, engine: str, *, echo: bool = True) -> list[RealWheelResult]:
+    """What the wheels' own classes do with the add and outputs messages of a front end at
+    ``frontend`` and an engine at ``engine`` (printed with ``echo``). The sample sets every
+    top-level field it can (distinct values) and keeps nested structs minimal (vLLM's classes
+    validate nested values such as sampling parameters); when the writer's class refuses that
+    too, the minimal sample (nulls and defaults) is sent instead."""
     from .realwheels import try_pair
     from .wheels import default_wheel_dir, find_wheel
 
     folder = default_wheel_dir()
     predicted = {v.kind: v.verdict for v in predict(frontend, engine)}
+    results = []
     for name, writer, reader, kind in (("EngineCoreRequest", frontend, engine, "add"),
                                        ("EngineCoreOutputs", engine, frontend, "outputs")):
         wheels = find_wheel(folder, writer), find_wheel(folder, reader)
-        if None in wheels:
-            print(f"real wheels {name} {writer} -> {reader}: skipped: no wheel in {folder}")
-            continue
-        wspec = spec_for(writer)
-        sample = _Sampler(wspec, minimal=True).struct(wspec.struct(name))
-        outcome = try_pair(wheels[0], wheels[1], name, sample)  # type: ignore[arg-type]
-        agrees = ""
-        if outcome.outcome != "skipped":
-            expected = "rejected" if predicted.get(kind) == "rejected" else "decoded"
-            agrees = (" (agrees with the prediction)" if outcome.outcome == expected else
-                      f" (DISAGREES with the prediction {predicted.get(kind)})")
-        print(f"real wheels {name} {writer} -> {reader}: {outcome.outcome}{agrees}: "
-              f"{outcome.detail}")
+        verdict = predicted.get(kind, "absent")
+        if wheels[0] is None or wheels[1] is None:
+            result = RealWheelResult(name, writer, reader, verdict, "skipped",
+                                     f"no wheel in {folder}")
+        else:
+            wspec = spec_for(writer)
+            outcome = None
+            minimal = _Sampler(wspec, minimal=True).struct(wspec.struct(name))
+            for sample in (_top_level_sample(wspec, name, minimal), minimal):
+                outcome = try_pair(wheels[0], wheels[1], name, sample,
+                                   [f.name for f in wspec.struct(name).fields])
+                if not outcome.detail.startswith("the writer's class refused"):
+                    break
+            assert outcome is not None
+            result = RealWheelResult(name, writer, reader, verdict, outcome.outcome,
+                                     outcome.detail)
+        results.append(result)
+        if echo:
+            agrees = {None: "", True: " (agrees with the prediction)",
+                      False: f" (DISAGREES with the prediction {verdict})"}[result.agrees]
+            print(f"real wheels {name} {writer} -> {reader}: {result.outcome}{agrees}: "
+                  f"{result.detail}")
+    return results

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from .compat import SEVERITY, analyse, predict
+from .match import release_ranges
 
 #: The messages drawn, by frames-surface kind.
 DRAWN = ("add", "outputs", "ready_response", "init")
@@ -71,23 +72,12 @@ def write_matrix(releases: list[str], out: Path, *, confirm: bool = True) -> int
         for a in releases:
             ok = [b for b, v in zip(releases, table[kind][a], strict=True)
                   if SEVERITY[v] <= SEVERITY["compatible"]]
-            lines.append(f"| {a} | {_ranges(ok, releases) or 'none'} |")
+            lines.append(f"| {a} | {release_ranges(ok, releases) or 'none'} |")
         lines.append("")
     (out / "index.md").write_text("\n".join(lines))
     print(f"compat matrix of {len(releases)} releases written to {out} "
           f"({unconfirmed} unconfirmed predictions)")
     return 1 if unconfirmed else 0
-
-
-def _ranges(chosen: list[str], releases: list[str]) -> str:
-    index = {v: i for i, v in enumerate(releases)}
-    runs: list[list[str]] = []
-    for version in chosen:
-        if runs and index[version] == index[runs[-1][-1]] + 1:
-            runs[-1].append(version)
-        else:
-            runs.append([version])
-    return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def _heatmap(kind: str, releases: list[str], rows: dict[str, list[str]], path: Path) -> None:

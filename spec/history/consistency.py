@@ -6,7 +6,8 @@
 - every range in a struct file starts at a listed release and, when closed, ends at one;
 - a field or member entry's range lies inside its struct's range;
 - entries of one name never overlap (the loader refuses that too);
-- in ``history/constants.toml`` each table's ranges cover every release once;
+- in ``history/constants.toml`` each table's ranges cover every release once, and the
+  handshake keys derived for the newest release are the ones ``handshake.toml`` specifies;
 - every default fits its field's type with the structs of each release it holds for;
 - ``history/changes.toml`` lists exactly the struct changes the struct files show between
   consecutive releases (so an array struct that changes other than by appending defaulted
@@ -38,6 +39,7 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
             raw = tomllib.load(handle)
         found.extend(_check_ranges(f"structs/{path.name}", raw, listed))
     found.extend(_check_constants(data_dir, releases))
+    found.extend(_check_handshake(data_dir, releases))
     specs = {}
     for version in releases:
         try:
@@ -118,6 +120,35 @@ def _check_constants(data_dir: Path, releases: list[str]) -> list[str]:
             hits = sum(version in VersionRange.parse(row["versions"]) for row in rows)
             if hits != 1:
                 out.append(f"history/constants.toml: [[{table}]] covers {version} {hits} times")
+    return out
+
+
+def _check_handshake(data_dir: Path, releases: list[str]) -> list[str]:
+    """The handshake keys derived for the newest release are the keys ``handshake.toml``
+    specifies for HELLO and READY (required there iff in the engine's literal)."""
+    path = data_dir / "history" / "constants.toml"
+    if not path.exists():
+        return []
+    with path.open("rb") as handle:
+        rows = tomllib.load(handle).get("handshake", [])
+    newest = releases[-1]
+    derived = next((row["values"] for row in rows
+                    if newest in VersionRange.parse(row["versions"])), None)
+    if derived is None:
+        return [f"history/constants.toml: no [[handshake]] row covers {newest}"]
+    spec = load(newest, data_dir)
+    out = []
+    for message in spec.surface("handshake").messages:
+        if message.name not in ("HELLO", "READY"):
+            continue
+        keys = derived.get(message.name, {})
+        wanted = {"required": sorted(k.name for k in message.keys if k.required),
+                  "optional": sorted(k.name for k in message.keys if not k.required)}
+        for kind in ("required", "optional"):
+            if sorted(keys.get(kind, [])) != wanted[kind]:
+                out.append(f"history/constants.toml: {message.name} {kind} keys at {newest} "
+                           f"are {sorted(keys.get(kind, []))}, handshake.toml says "
+                           f"{wanted[kind]}")
     return out
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
+from .protocol_facts import chunk_framing, handshake_keys, ready_response
 from .wheels import write_releases
 
 #: Where vLLM keeps the non-struct facts (module, name).
@@ -58,6 +59,10 @@ class ReleaseFacts:
     ext_codes: dict[str, int] = field(default_factory=dict)
     threshold: int | None = None
     ring: dict[str, int | float] = field(default_factory=dict)
+    #: HELLO / READY -> required and optional keys (:mod:`.protocol_facts`).
+    handshake: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    ready_response: str = "none"
+    chunk_framing: dict[str, int | str] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,6 +120,9 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
                 facts.ext_codes[name.removeprefix("CUSTOM_TYPE_").lower()] = value
         facts.threshold = _env_default(source, THRESHOLD_ENV)
         facts.ring = _ring_constants(source)
+        facts.handshake = handshake_keys(source)
+        facts.ready_response = ready_response(source)
+        facts.chunk_framing = chunk_framing(source)
     return facts
 
 
@@ -541,6 +549,14 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
         ("tensor_threshold", f"default of {THRESHOLD_ENV} (none: no zero-copy threshold)",
          lambda r: {"threshold_default": r.threshold}),
         ("ring", "shared-memory ring constants found as literals", lambda r: dict(r.ring)),
+        ("chunk_framing", "how MessageQueue.enqueue lays a message into a ring chunk after the "
+         "overflow byte (buffers: big-endian count and lengths of these widths; pickle: one "
+         "pickle stream)", lambda r: dict(r.chunk_framing) or {"framing": None}),
+        ("handshake", "keys of the engine's handshake maps (required: in the literal; "
+         "optional: added under a condition)", lambda r: dict(r.handshake)),
+        ("ready_response", "the engine's first message on each input DEALER (struct: msgpack "
+         "EngineCoreReadyResponse; empty: an empty frame; none: no such message)",
+         lambda r: {"payload": r.ready_response}),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")
@@ -577,7 +593,7 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
     (data_dir / "history" / "structs.toml").write_text("\n".join(lines).rstrip("\n") + "\n")
 
 
-_EXTRACTOR_FILES = ("extract.py", "derive.py")
+_EXTRACTOR_FILES = ("extract.py", "derive.py", "protocol_facts.py")
 
 
 def _cached_extract(version: str, wheel: Path, structs: dict[str, SpecStruct],

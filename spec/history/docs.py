@@ -10,6 +10,8 @@ with its release pair, kinds and evidence; then the changes both sides decode th
 
 from __future__ import annotations
 
+import json
+
 from ..loader import DATA_DIR, load
 from ..schema import StructSpec
 from .breaks import read_changes
@@ -68,7 +70,39 @@ def _history(mark: str, releases: list[str]) -> str:
                 previous = cell
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    lines += _constants()
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _constants() -> list[str]:
+    """The tables of ``history/constants.toml``: each with its comment and one row per range
+    (request types, extension codes, threshold, ring constants, chunk framing, handshake
+    keys, ready response)."""
+    import tomllib
+
+    path = DATA_DIR / "history" / "constants.toml"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    raw = tomllib.loads(text)
+    comments: dict[str, str] = {}
+    previous = ""
+    for line in text.splitlines():
+        if line.startswith("# "):
+            previous = line[2:]
+        elif line.startswith("[[") and line.strip("[]") not in comments:
+            comments[line.strip("[]")] = previous
+    lines = ["## Wire constants, handshake keys and chunk framing per release", "",
+             "From `spec/data/history/constants.toml` (derived from the wheels like the "
+             "structs; newest range first).", ""]
+    for table, rows in raw.items():
+        lines += [f"### {table}", "", _pipe(comments.get(table, "")), "",
+                  "| releases | values |", "| --- | --- |"]
+        for row in rows:
+            value = json.dumps(row["values"], sort_keys=False) if row["values"] else "(none)"
+            lines.append(f"| {row['versions']} | `{_pipe(value)}` |")
+        lines.append("")
+    return lines
 
 
 def _pipe(text: str) -> str:

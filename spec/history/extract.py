@@ -210,6 +210,10 @@ class WheelSource:
             self._trees[filename] = found
         return found
 
+    def files_in(self, folder: str) -> list[str]:
+        """The ``.py`` files directly in ``folder`` (``vllm/v1/engine``), sorted."""
+        return list(self._folders.get(folder, []))
+
     def has_module(self, module: str) -> bool:
         return self.module_file(module) is not None
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
 import sys
 import types
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,24 @@ from ..schema import StructSpec
 from ..types import container_type, kind_of, parse_type, scalar_type
 from .compat import _canonical, spec_for
 from .wheels import read_releases
+
+#: Probes a codec target (``--target`` text, ``--target-cmd`` commands, the struct names to
+#: probe or None for all) and prints what it matches; returns the exit status. The conformance
+#: suite, which owns targets, registers it (:mod:`enginewire.conformance.release_match`); the
+#: spec cannot import targets itself.
+CodecMatcher = Callable[[str, Sequence[str], Sequence[str] | None], int]
+_CODEC_MATCHERS: list[CodecMatcher] = []
+
+
+def register_codec_matcher(matcher: CodecMatcher) -> None:
+    """Make ``enginewire spec match`` able to probe codec targets through ``matcher``."""
+    _CODEC_MATCHERS[:] = [matcher]
+
+
+def is_codec_target(target: str, commands: Sequence[str] = ()) -> bool:
+    """Whether ``target`` names a codec target (``reference``, ``vllm``, ``none``,
+    ``pkg.mod:attr``, a registered ``PREFIX:NAME``) rather than a module of msgspec structs."""
+    return bool(commands) or target in ("reference", "vllm", "none") or ":" in target
 
 
 @dataclass
@@ -163,7 +183,7 @@ def match_module(target: str, data_dir: Path | None = None) -> list[MatchResult]
     return results
 
 
-def _ranges(matches: list[str], releases: list[str]) -> str:
+def release_ranges(matches: list[str], releases: list[str]) -> str:
     """``0.9.0-0.9.2, 0.11.0`` for a list of releases, runs joined."""
     index = {v: i for i, v in enumerate(releases)}
     runs: list[list[str]] = []
@@ -175,7 +195,19 @@ def _ranges(matches: list[str], releases: list[str]) -> str:
     return ", ".join(r[0] if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
-def run_match(target: str, data_dir: Path | None = None) -> int:
+def run_match(target: str, data_dir: Path | None = None, commands: Sequence[str] = (),
+              names: Sequence[str] | None = None) -> int:
+    """Match a module of msgspec structs by layout, or probe a codec target."""
+    if is_codec_target(target, commands):
+        if data_dir is not None:
+            print("enginewire spec match: error: --data-dir applies to a module of structs, "
+                  "not to a codec target (probed against the package's spec)", file=sys.stderr)
+            return 2
+        if not _CODEC_MATCHERS:
+            print(f"enginewire spec match: error: {target!r} is a codec target and the "
+                  "conformance suite that probes codecs is not installed", file=sys.stderr)
+            return 2
+        return _CODEC_MATCHERS[0](target, commands, names or None)
     try:
         results = match_module(target, data_dir)
     except ImportError as exc:
@@ -186,9 +218,11 @@ def run_match(target: str, data_dir: Path | None = None) -> int:
               "knows by name", file=sys.stderr)
         return 2
     releases = read_releases(Path(data_dir) if data_dir else DATA_DIR)
+    if names:
+        results = [r for r in results if r.name in names]
     for result in results:
         if result.matches:
-            print(f"{result.name}: matches {_ranges(result.matches, releases)}")
+            print(f"{result.name}: matches {release_ranges(result.matches, releases)}")
         elif result.nearest is None:
             print(f"{result.name}: no release defines it with a comparable layout")
         else:
@@ -199,22 +233,40 @@ def run_match(target: str, data_dir: Path | None = None) -> int:
 
 
 def layout_source(version: str, names: list[str], data_dir: Path | None = None) -> str:
-    """Python source of msgspec structs with ``names``' layouts at ``version`` (types as
-    ``Any``): what a front end that mirrored that release would hold."""
+    """Python source of msgspec structs with ``names``' layouts at ``version``: what a front
+    end that mirrored that release would hold. A field whose type is another of ``names`` is
+    typed with that class (so it encodes with that struct's layout); other structs, enums,
+    tensors and arrays are ``Any``."""
     spec = load(version, data_dir)
-    lines = ["from typing import Any", "", "import msgspec", ""]
+    lines = ["from __future__ import annotations", "", "from typing import Any", "",
+             "import msgspec", ""]
     for name in names:
         item = spec.struct(name)
         array = item.encoding == "array"
         lines.append(f"class {name}(msgspec.Struct, array_like={array}):")
         for fld in item.fields:
-            lines.append(f"    {fld.name}: {_python_type(fld.type)}"
-                         + ("" if fld.required else " = None"))
+            lines.append(f"    {fld.name}: {_python_type(fld.type, set(names))}"
+                         + _python_default(fld, set(names)))
         lines.append("")
     return "\n".join(lines)
 
 
-def _python_type(text: str) -> str:
+def _python_default(fld: Any, known: set[str]) -> str:
+    """`` = default`` as the spec gives it (a struct default of ``names`` built fresh)."""
+    if fld.required:
+        return ""
+    if fld.default_factory:
+        return f" = msgspec.field(default_factory={fld.default_factory})"
+    value = None if fld.default is None else json.loads(fld.default)
+    expr = parse_type(fld.type)
+    if isinstance(value, dict) and expr.name in known and not expr.args:
+        return f" = msgspec.field(default_factory=lambda: {expr.name}(**{value!r}))"
+    if isinstance(value, (dict, list)):
+        return f" = msgspec.field(default_factory=lambda: {value!r})"
+    return f" = {value!r}"
+
+
+def _python_type(text: str, known: set[str] | None = None) -> str:
     expr = parse_type(text)
 
     def go(e: Any) -> str:
@@ -223,6 +275,8 @@ def _python_type(text: str) -> str:
             return " | ".join(go(a) for a in e.args)
         if family == "nil":
             return "None"
+        if known and e.name in known and not e.args:
+            return str(e.name)
         scalar = scalar_type(e)
         if scalar is not None:
             return scalar.__name__

@@ -1,0 +1,136 @@
+"""Handshake keys, the ready response and the ring's chunk framing of one wheel, read by ``ast``.
+
+- :func:`handshake_keys`: the msgpack maps an engine sends on the handshake channel, found as
+  dict literals with a ``"status"`` key of value ``"HELLO"`` or ``"READY"`` in ``vllm/v1``'s
+  engine modules, in functions that msgpack-encode (a map sent over a multiprocessing pipe is
+  not on the wire); a key in the literal is ``required``, a key the same function adds later
+  (``msg["key"] = ...``, in vLLM always under a condition) is ``optional``.
+- :func:`ready_response`: what the engine sends first on its input DEALER: ``struct`` (a
+  msgpack ``EngineCoreReadyResponse``), ``empty`` (an empty frame, ``send(b"")``), ``READY``
+  (the literal bytes ``b"READY"``) or ``none``.
+- :func:`chunk_framing`: how ``MessageQueue.enqueue`` lays a message into a ring chunk after
+  the overflow byte: ``buffers`` (a big-endian buffer count, then each buffer after a
+  big-endian length; the widths are the literal byte counts of its ``to_bytes_big`` calls) or
+  ``pickle`` (one pickle stream, which carries its own length).
+
+Each returns plain data for ``history/constants.toml``; an empty result means the wheel has no
+such code (the history then records ``none``).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from .extract import WheelSource
+
+#: Folders whose modules hold the engine side of the handshake, over all releases.
+HANDSHAKE_FOLDERS = ("vllm/v1/engine", "vllm/v1")
+SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
+STATUSES = ("HELLO", "READY")
+
+
+def _files(source: WheelSource) -> list[str]:
+    return [name for folder in HANDSHAKE_FOLDERS for name in source.files_in(folder)]
+
+
+def _status_of(node: ast.Dict) -> str | None:
+    for key, value in zip(node.keys, node.values, strict=True):
+        if (isinstance(key, ast.Constant) and key.value == "status"
+                and isinstance(value, ast.Constant) and value.value in STATUSES):
+            return str(value.value)
+    return None
+
+
+def _literal_keys(node: ast.Dict) -> list[str]:
+    return [str(k.value) for k in node.keys if isinstance(k, ast.Constant)]
+
+
+def handshake_keys(source: WheelSource) -> dict[str, dict[str, list[str]]]:
+    """``{"HELLO": {"required": [...], "optional": [...]}, "READY": {...}}`` (keys sorted)."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for filename in _files(source):
+        if "status" not in source.text(filename):
+            continue
+        for function in ast.walk(source.tree(filename)):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            if "msgpack.encode" not in ast.unparse(function):
+                continue
+            bound: dict[str, str] = {}
+            for node in ast.walk(function):
+                if isinstance(node, ast.Dict):
+                    status = _status_of(node)
+                    if status is not None:
+                        entry = found.setdefault(status, {"required": set(), "optional": set()})
+                        entry["required"].update(_literal_keys(node))
+                if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                        and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+                    status = _status_of(node.value)
+                    if status is not None:
+                        bound[node.targets[0].id] = status
+            for node in ast.walk(function):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                    target = node.targets[0]
+                    if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                            and target.value.id in bound
+                            and isinstance(target.slice, ast.Constant)):
+                        status = bound[target.value.id]
+                        found[status]["optional"].add(str(target.slice.value))
+    out = {}
+    for status in STATUSES:
+        if status in found:
+            entry = found[status]
+            out[status] = {"required": sorted(entry["required"]),
+                           "optional": sorted(entry["optional"] - entry["required"])}
+    return out
+
+
+def ready_response(source: WheelSource) -> str:
+    """``struct``, ``empty``, ``READY`` or ``none`` (see the module docstring)."""
+    empty = literal = False
+    for filename in _files(source):
+        text = source.text(filename)
+        if "EngineCoreReadyResponse(" in text:
+            return "struct"
+        if "send(b" not in text:
+            continue
+        for node in ast.walk(source.tree(filename)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "send" and node.args
+                    and isinstance(node.args[0], ast.Constant)):
+                receiver = ast.unparse(node.func.value)
+                if node.args[0].value == b"" and ("input" in receiver
+                                                 or filename.endswith("engine/core.py")):
+                    empty = True
+                elif node.args[0].value == b"READY" and receiver == "socket" \
+                        and filename.endswith("engine/core.py"):
+                    literal = True
+    return "empty" if empty else "READY" if literal else "none"
+
+
+def chunk_framing(source: WheelSource) -> dict[str, int | str]:
+    """``{"framing": "buffers", "count_bytes": 2, "length_bytes": 4}``, ``{"framing":
+    "pickle"}``, or ``{}`` when the wheel has no ``MessageQueue.enqueue``."""
+    queue = source.find_class("MessageQueue", [SHM_MODULE])
+    if queue is None:
+        return {}
+    enqueue = next((item for item in queue[1].body
+                    if isinstance(item, ast.FunctionDef) and item.name == "enqueue"), None)
+    if enqueue is None:
+        return {}
+    count = length = None
+    for node in ast.walk(enqueue):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "to_bytes_big" and len(node.args) == 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, int)):
+            width = node.args[1].value
+            if "len(" in ast.unparse(node.args[0]):
+                count = width
+            else:
+                length = width
+    if count is not None and length is not None:
+        return {"framing": "buffers", "count_bytes": count, "length_bytes": length}
+    if "pickle.dumps" in ast.unparse(enqueue):
+        return {"framing": "pickle"}
+    return {}
