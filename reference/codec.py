@@ -10,18 +10,19 @@ API
 
 - a message kind from ``spec/data/frames.toml``: ``hello``, ``init``, ``ready`` (handshake);
   ``ready_response``, ``add``, ``abort``, ``utility`` (input); ``outputs``, ``utility_reply``,
-  ``engine_core_dead`` (output); ``coordinator_subscribe``, ``coordinator_ready``,
-  ``start_dp_wave``, ``coordinator_outputs``, ``stats_subscribe``, ``stats_update``,
-  ``scale_elastic_ep`` (coordinator). The frames are those the sending socket writes (type byte
-  first on the input channel), without the ROUTER's identity frame; or
+  ``engine_core_dead`` (output); ``coordinator_subscribe``, ``coordinator_unsubscribe``,
+  ``coordinator_ready``, ``start_dp_wave``, ``coordinator_outputs``, ``stats_subscribe``,
+  ``stats_unsubscribe``, ``stats_update``, ``scale_elastic_ep`` (coordinator). The frames are
+  those the sending socket writes (type byte first on the input channel), without the ROUTER's
+  identity frame; or
 - a struct name from ``spec/data/structs/`` (``EngineCoreRequest``, ``EngineCoreOutputs``, ...):
   just the payload, the msgpack frame followed by its out-of-band frames.
 
 Values: struct kinds take the classes of :mod:`enginewire.reference.structs`; ``abort`` a list
 of request ids; ``utility`` ``(client_index, call_id, method, args)``; ``start_dp_wave``
 ``(new_wave, exclude_engine_index)``; ``hello``/``ready`` a dict; literal-only kinds
-(``engine_core_dead``, subscriptions, ``coordinator_ready``) ``None``; ``ready_response``
-``None`` for the empty frame older engines send.
+(``engine_core_dead``, subscriptions and unsubscriptions, ``coordinator_ready``) ``None``;
+``ready_response`` ``None`` for the empty frame older engines send.
 
 The module functions take :class:`Codec` options as keywords (``encode(kind, value,
 threshold=0)``). ``MESSAGE_PAYLOADS`` maps each message kind to its payload type expression.

@@ -97,20 +97,6 @@ DP_CLAUSES = {
 #: names.
 
 
-#: What a subscriber's XSUB sends when it goes: ZMQ's unsubscription from the empty topic,
-#: which the coordinator's XPUB (verbose) passes on and the coordinator skips
-#: (``vllm/v1/engine/coordinator.py:296-316``). The spec has no message for it (a gap this
-#: topology shows: docs/conformance.md, "Data parallel"); :func:`check_records` leaves these
-#: out of the decoding and reports them in :func:`unsubscriptions`.
-UNSUBSCRIBE = (b"\x00",)
-
-
-def is_unsubscription(record: Any) -> bool:
-    """Whether ``record`` is a subscriber's ZMQ unsubscription on a coordinator channel."""
-    return (record.channel, record.sender, record.frames) in (
-        ("coordinator_input", "engine", UNSUBSCRIBE), ("stats_publish", "frontend", UNSUBSCRIBE))
-
-
 def write_moe_model_dir(directory: Path) -> Path:
     """Write the tiny Mixtral ``config.json`` into ``directory`` (created) and return it."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -368,8 +354,9 @@ def check_records(records: Sequence[Any], dp_size: int, *, coordinated: bool,
 
     annotator = Annotator(release, explain_skew=False)
     problems: list[DPProblem] = []
-    notes = [annotator.annotate(record) for record in records
-             if not is_unsubscription(record)]
+    # A subscriber's unsubscription (coordinator_unsubscribe, stats_unsubscribe) decodes as
+    # its own kind like every other message (frames.unsubscribe-ignored).
+    notes = [annotator.annotate(record) for record in records]
     for note in notes:
         for violation in note.violations:
             problems.append(DPProblem(violation.clause, f"{note.record.channel} message from "
@@ -418,13 +405,17 @@ def check_records(records: Sequence[Any], dp_size: int, *, coordinated: bool,
                                   f"requests reached ranks {sorted(set(routed.values()))}, "
                                   f"expected every rank of {list(ranks)}"))
     # frames.coordinator-subscribe-first
-    subscribe = [n for n in notes if n.record.channel == "coordinator_input"
-                 and n.record.sender == "engine"]
-    if len(subscribe) < dp_size or any(n.record.frames != (b"\x01",) for n in subscribe):
+    # (an engine's later unsubscription, coordinator_unsubscribe, is no subscription: the
+    # coordinator ignores it, frames.unsubscribe-ignored)
+    from_engines = [n for n in notes if n.record.channel == "coordinator_input"
+                    and n.record.sender == "engine"
+                    and n.kind != "coordinator_unsubscribe"]
+    subscribe = [n for n in from_engines if n.kind == "coordinator_subscribe"]
+    if len(subscribe) < dp_size or len(subscribe) != len(from_engines):
         problems.append(DPProblem("frames.coordinator-subscribe-first",
-                                  f"engines sent {[n.record.frames for n in subscribe]} on "
+                                  f"engines sent {[n.record.frames for n in from_engines]} on "
                                   f"coordinator_input, expected {dp_size} subscriptions "
-                                  "(the single frame 01)"))
+                                  "(coordinator_subscribe)"))
     first_ready = next((i for i, n in enumerate(notes)
                         if kind(n, "coordinator_input", "coordinator", "coordinator_ready")),
                        None)

@@ -66,6 +66,7 @@ SAMPLES: dict[str, Any] = {
     ),
     "engine_core_dead": None,
     "coordinator_subscribe": None,
+    "coordinator_unsubscribe": None,
     "coordinator_ready": None,
     "start_dp_wave": (3, 1),
     "coordinator_outputs": _outputs(
@@ -73,6 +74,7 @@ SAMPLES: dict[str, Any] = {
         scheduler_stats=S.SchedulerStats(num_running_reqs=2, kv_cache_usage=0.5),
     ),
     "stats_subscribe": None,
+    "stats_unsubscribe": None,
     "stats_update": ([[1, 2, 0.5]], 4, True),
     "scale_elastic_ep": ("SCALE_ELASTIC_EP", 4),
 }

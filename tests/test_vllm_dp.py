@@ -23,7 +23,6 @@ from enginewire.tap.vllm_dp import (  # noqa: E402
     DPRun,
     VllmDataParallel,
     check_records,
-    is_unsubscription,
     run_coordinated_dp_cell,
 )
 
@@ -181,10 +180,3 @@ def test_the_coordinated_cell_is_registered_with_the_interop_matrix() -> None:
     needs, run = topology_cells()["vllm-coordinated-dp"]
     assert needs == {"vllm"} and run is run_coordinated_dp_cell
 
-
-def test_zmq_unsubscriptions_are_told_apart() -> None:
-    from enginewire.tap.capture import Record
-
-    assert is_unsubscription(Record(0, "coordinator_input", "engine", None, (b"\x00",)))
-    assert is_unsubscription(Record(0, "stats_publish", "frontend", None, (b"\x00",)))
-    assert not is_unsubscription(Record(0, "coordinator_input", "engine", None, (b"\x01",)))

@@ -527,6 +527,9 @@ _MALFORMED: list[tuple[str, list[str], str, Any, tuple, str]] = [
      "pooling_output"),
     ("tensor/index-negative-rejected", ["tensors.index-in-range"],
      "index -1", ["float32", [4], -1], (_FOUR_FLOATS,), "pooling_output"),
+    ("ndarray/index-negative-rejected", ["tensors.index-in-range"],
+     "index -1 (the last frame, read as Python indexes a list)", ["<i8", [2], -1],
+     (_FOUR_FLOATS,), "routed_experts"),
     ("tensor/index-past-end-rejected", ["tensors.index-in-range", "frames.oob-count-matches"],
      "index 2 with one out-of-band frame", ["float32", [4], 2], (_FOUR_FLOATS,),
      "pooling_output"),
@@ -1067,7 +1070,9 @@ MESSAGE_SAMPLES: dict[str, Any] = {
                             "wave_complete": 2},
     "stats_update": [[[1, 2, 0.5], [0, 3, 0.25]], 4, True],
     "coordinator_subscribe": None,
+    "coordinator_unsubscribe": None,
     "coordinator_ready": None,
+    "stats_unsubscribe": None,
 }
 
 
@@ -1139,6 +1144,8 @@ def _register_message_checks() -> None:
         "stats_update": ["frames.stats-update-payload"],
         "coordinator_subscribe": ["frames.coordinator-subscribe-first"],
         "coordinator_ready": ["frames.coordinator-subscribe-first"],
+        "coordinator_unsubscribe": ["frames.unsubscribe-ignored"],
+        "stats_unsubscribe": ["frames.unsubscribe-ignored"],
     }
     for kind, clauses in frame_clauses.items():
         slug = kind.replace("_", "-")
@@ -1174,6 +1181,34 @@ def _register_message_checks() -> None:
 
 
 _register_message_checks()
+
+#: (subscription kind, unsubscription kind) of each coordinator publisher's channel.
+_SUBSCRIPTION_PAIRS = (("coordinator_subscribe", "coordinator_unsubscribe"),
+                       ("stats_subscribe", "stats_unsubscribe"))
+
+
+def _literal_frames(spec: Any, kind: str) -> list[bytes]:
+    """The frames of a literal-only message kind, as the spec writes them."""
+    return [bytes.fromhex(f.literal_hex or "") for f in _message(spec, kind).frames]
+
+
+@check("codec/message/unsubscribe-told-apart",
+       clauses=["frames.unsubscribe-ignored", "frames.frame-count"], surface="codec")
+def _unsubscribe_told_apart(codec: CodecSurface, ctx: CheckContext) -> None:
+    """On coordinator_input and stats_publish the unsubscription (the single frame the spec
+    gives coordinator_unsubscribe / stats_unsubscribe) decodes as that kind and as nothing
+    else: not as the subscription, and the subscription not as it."""
+    for subscribe, unsubscribe in _SUBSCRIPTION_PAIRS:
+        sub_frames = _literal_frames(ctx.spec, subscribe)
+        unsub_frames = _literal_frames(ctx.spec, unsubscribe)
+        value = decode(codec, unsubscribe, unsub_frames)
+        if value is not None:
+            raise CheckFailure(f"{unsubscribe} decoded to {value!r}, expected no value",
+                               Reproduction(sent=unsub_frames, received=neutral(value)))
+        expect_rejection(codec, subscribe, unsub_frames, "frames.frame-count",
+                         f"the unsubscription as {subscribe}", spec=ctx.spec)
+        expect_rejection(codec, unsubscribe, sub_frames, "frames.frame-count",
+                         f"the subscription as {unsubscribe}", spec=ctx.spec)
 
 
 @check("codec/message/untyped-payload-no-oob", clauses=["frames.untyped-payload-no-oob"],

@@ -377,7 +377,43 @@ _LITERALS: dict[str, Callable[[], bytes]] = {
     "stats_subscribe": lambda: b"\x01",
     # vllm/v1/engine/coordinator.py:254
     "coordinator_ready": lambda: b"READY",
+    # written by ZMQ, not vLLM: what vLLM's XPUB receives when its XSUB subscriber goes
+    # (vllm/v1/engine/coordinator.py:295-315 skips it)
+    "coordinator_unsubscribe": lambda: _zmq_unsubscription(),
+    "stats_unsubscribe": lambda: _zmq_unsubscription(),
 }
+
+
+def _zmq_unsubscription(timeout_ms: int = 5000) -> bytes:
+    """The frame an XPUB made by vLLM's ``make_zmq_socket`` (XPUB_VERBOSE, as the
+    coordinator's publishers) receives when the XSUB that subscribed as vLLM does (the single
+    frame 0x01, vllm/v1/engine/core.py:1969) closes. Needs vllm and pyzmq."""
+    import zmq
+    from vllm.utils.network_utils import make_zmq_socket
+
+    ctx = zmq.Context()
+    try:
+        publisher = make_zmq_socket(ctx, "inproc://enginewire-golden-unsubscribe", zmq.XPUB,
+                                    bind=True, linger=0)
+        subscriber = make_zmq_socket(ctx, "inproc://enginewire-golden-unsubscribe", zmq.XSUB,
+                                     linger=0)
+        try:
+            subscriber.send(_LITERALS["coordinator_subscribe"]())
+            frames: list[bytes] = []
+            for step in ("subscription", "unsubscription"):
+                if not publisher.poll(timeout_ms):
+                    raise TimeoutError(f"the XPUB received no {step} in {timeout_ms} ms")
+                frame = publisher.recv()
+                assert isinstance(frame, bytes)  # a plain zmq.Context makes blocking sockets
+                frames.append(frame)
+                if step == "subscription":
+                    subscriber.close()
+            return frames[1]
+        finally:
+            subscriber.close()
+            publisher.close()
+    finally:
+        ctx.term()
 
 
 def vllm_frames(kind: str, value: Any, threshold: int) -> tuple[list[bytes], Any]:
@@ -610,6 +646,8 @@ def cases() -> list[Case]:
                                      "failure_message": "Call to nope method failed: no"})),
         Case("engine_core_dead", "engine_core_dead", "the fatal sentinel", None),
         Case("coordinator_subscribe", "coordinator_subscribe", "engine XSUB subscription", None),
+        Case("coordinator_unsubscribe", "coordinator_unsubscribe",
+             "engine XSUB unsubscription (written by ZMQ when the XSUB closes)", None),
         Case("coordinator_ready", "coordinator_ready", "coordinator READY broadcast", None),
         Case("start_dp_wave", "start_dp_wave", "start wave 3, engine 1 already runs it", [3, 1]),
         Case("coordinator_outputs", "coordinator_outputs", "stats and wave completion",
@@ -617,6 +655,8 @@ def cases() -> list[Case]:
                  "num_running_reqs": 3, "num_waiting_reqs": 1, "step_counter": 17,
                  "current_wave": 2, "kv_cache_usage": 0.25})),
         Case("stats_subscribe", "stats_subscribe", "front-end XSUB subscription", None),
+        Case("stats_unsubscribe", "stats_unsubscribe",
+             "front-end XSUB unsubscription (written by ZMQ when the XSUB closes)", None),
         Case("stats_update", "stats_update", "counts of two engines",
              [[[1, 3, 0.5], [0, 2, 0.25]], 4, True]),
         Case("stats_update_wave_only", "stats_update", "wave state only, counts nil",
