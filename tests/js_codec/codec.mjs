@@ -66,7 +66,12 @@ function dumpJson(v) {
 
 // --- msgpack ----------------------------------------------------------------------------------
 class Ext { constructor(code, data) { this.code = code; this.data = data; } }
-class Invalid extends Error {}
+// An Invalid names the spec clause the input breaks where the codec knows it (the suite's
+// SHOULD frames.rejection-names-clause); a type error in a payload breaks
+// frames.payload-matches-type, the default.
+class Invalid extends Error {
+  constructor(message, clause = "frames.payload-matches-type") { super(message); this.clause = clause; }
+}
 class Unsupported extends Error {}
 
 function pack(v, out) {
@@ -298,15 +303,20 @@ function plain(v) {
 function dec(raw, expr, path) {
   const name = expr.name;
   const bad = (what) => { throw new Invalid(`Expected \`${what}\`, got \`${kindOf(raw)}\` - at \`${path}\``); };
-  if (raw instanceof Ext) { if (raw.code === 3) throw new Unsupported("inline tensor data is not implemented"); throw new Invalid(`extension type ${raw.code} is not supported - at \`${path}\``); }
+  if (raw instanceof Ext) { if (raw.code === 3) throw new Unsupported("inline tensor data is not implemented"); // The export's codes: 1 and 2 are pickles (refused without insecure serialization),
+    // any code it does not list is unknown.
+    const known = String(raw.code) in spec.wire_encoding.msgpack.ext.codes;
+    throw new Invalid(`extension type ${raw.code} is not supported - at \`${path}\``,
+                      known ? "tensors.ext-pickle-opt-in" : "tensors.ext-codes-known"); }
   if (name === "any") return json(raw, path);
   if (name === "union") {
     if (raw === null) { if (expr.args.some((a) => a.name === "none" || a.name === "any")) return null; bad("not null"); }
     const errors = [];
     for (const a of expr.args.filter((x) => x.name !== "none")) {
-      try { return dec(raw, a, path); } catch (e) { if (e instanceof Unsupported) throw e; errors.push(e.message); }
+      try { return dec(raw, a, path); } catch (e) { if (e instanceof Unsupported) throw e; errors.push(e); }
     }
-    throw new Invalid(errors[0] || `no union member fits - at \`${path}\``);
+    // The first member's error, with the clause it names.
+    throw errors[0] || new Invalid(`no union member fits - at \`${path}\``);
   }
   if (raw === null) { if (name === "none") return null; bad(name); }
   const s = structs[name];
@@ -324,7 +334,7 @@ function dec(raw, expr, path) {
       s.fields.forEach((f, k) => { out[f.name] = k < raw.length ? dec(raw[k], typeOf(f.type), `${path}[${k}]`) : defaultOf(f); });
       // structs.utility-result.type-info-insecure-only: without insecure serialization a
       // UtilityResult's type_info is nil (it would name a class to import).
-      if (name === "UtilityResult" && out.type_info !== null) throw new Invalid(`type_info must be nil without insecure serialization - at \`${path}[0]\``);
+      if (name === "UtilityResult" && out.type_info !== null) throw new Invalid(`type_info must be nil without insecure serialization - at \`${path}[0]\``, "structs.utility-result.type-info-insecure-only");
       return out;
     }
     if (!(raw instanceof WireMap)) bad("object");
@@ -332,7 +342,7 @@ function dec(raw, expr, path) {
     for (const [k, x] of raw.entries) { if (typeof k !== "string") throw new Invalid(`Expected \`str\` - at \`key\` in \`${path}\``); got.set(k, x); }
     for (const f of s.fields) {
       if (got.has(f.name)) out[f.name] = dec(got.get(f.name), typeOf(f.type), `${path}.${f.name}`);
-      else if (f.required) throw new Invalid(`Object missing required field \`${f.name}\` - at \`${path}\``);
+      else if (f.required) throw new Invalid(`Object missing required field \`${f.name}\` - at \`${path}\``, "structs.map.absent-key-default");
       else out[f.name] = defaultOf(f);
     }
     return out;
@@ -411,16 +421,23 @@ function decodeKind(kind, frames) {
   }
   const fixed = message.frames.filter((f) => !f.repeated);
   const repeated = message.frames.some((f) => f.repeated);
-  if (bufs.length < fixed.length) throw new Invalid(`${kind} has ${fixed.length} frames, got ${bufs.length}`);
+  // The sentinel's clause covers its whole form (one frame, exactly those bytes).
+  const countClause = kind === "engine_core_dead" ? "frames.engine-core-dead-literal" : "frames.frame-count";
+  if (bufs.length < fixed.length) throw new Invalid(`${kind} has ${fixed.length} frames, got ${bufs.length}`, countClause);
   if (bufs.length > fixed.length) {
     if (repeated) throw new Unsupported("out-of-band buffers are not implemented");
-    throw new Invalid(`${kind} has ${fixed.length} frames, got ${bufs.length}`);
+    throw new Invalid(`${kind} has ${fixed.length} frames, got ${bufs.length}`, countClause);
   }
   let value = null;
   const handshake = handshakeMessages[kind.toUpperCase()];
   fixed.forEach((frame, k) => {
     if (frame.content === "type_byte" || frame.content === "literal") {
-      if (hex(bufs[k]) !== frame.literal_hex) throw new Invalid(`frame ${k} must be ${frame.literal_hex}`);
+      if (hex(bufs[k]) !== frame.literal_hex) {
+        const clause = frame.content === "literal"
+          ? (kind === "engine_core_dead" ? "frames.engine-core-dead-literal" : "frames.frame-count")
+          : (bufs[k].length === 1 ? "request_types.unknown-byte-rejected" : "request_types.one-byte-frame");
+        throw new Invalid(`frame ${k} must be ${frame.literal_hex}`, clause);
+      }
     } else if (frame.content === "msgpack") {
       value = dec(unpack(bufs[k]), typeOf(frame.payload), "$");
     } else throw new Unsupported(`frame ${frame.content}`);
@@ -429,11 +446,11 @@ function decodeKind(kind, frames) {
     // HELLO and READY are untyped maps: vLLM reads the keys the handshake surface lists.
     for (const key of handshake.keys) {
       if (!(key.name in value)) {
-        if (key.required) throw new Invalid(`${kind} is missing the key ${key.name}`);
+        if (key.required) throw new Invalid(`${kind} is missing the key ${key.name}`, "handshake.message-keys");
         continue;
       }
       dec(plain(value[key.name]), typeOf(key.type), `$.${key.name}`);
-      if (key.value !== null && value[key.name] !== key.value) throw new Invalid(`${kind}: ${key.name} must be ${key.value}`);
+      if (key.value !== null && value[key.name] !== key.value) throw new Invalid(`${kind}: ${key.name} must be ${key.value}`, "handshake.message-keys");
     }
   }
   return value;
@@ -453,7 +470,7 @@ lines.on("line", (line) => {
     else throw new Unsupported(`op ${request.op}`);
   } catch (e) {
     const kind = e instanceof Unsupported ? "unsupported" : "error";
-    answer = { ok: false, kind, error: String(e && e.message || e), clause: null };
+    answer = { ok: false, kind, error: String(e && e.message || e), clause: (e instanceof Invalid && e.clause) || null };
   }
   process.stdout.write(dumpJson({ seq: request.seq, ...answer }) + "\n");
 });
