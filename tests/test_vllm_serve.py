@@ -12,6 +12,7 @@ core's executor drives two worker processes.
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
@@ -72,6 +73,25 @@ def test_the_tiny_tokenizer_round_trips_through_transformers(tmp_path: Any) -> N
     assert tokenizer(prompt_text(API_PROMPT))["input_ids"] == API_PROMPT
     assert tokenizer.decode([103, 104]).split() == ["t103", "t104"]
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 2)
+
+
+def test_tensor_parallel_and_dev_mode_reach_vllm_serve() -> None:
+    pytest.importorskip("tokenizers")
+    with pytest.raises(ValueError, match="tp_size"):
+        ApiServer(tp_size=0)
+    for tp_size, dev_mode in ((2, True), (1, False)):
+        server = ApiServer(tp_size=tp_size, dev_mode=dev_mode)
+        try:
+            argv = server.argv()
+            assert argv[argv.index("--tensor-parallel-size") + 1] == str(tp_size)
+            # Without dev_mode the server inherits whatever the caller's environment says.
+            want = "1" if dev_mode else os.environ.get("VLLM_SERVER_DEV_MODE")
+            assert server.environment().get("VLLM_SERVER_DEV_MODE") == want
+            if not dev_mode:
+                with pytest.raises(ValueError, match="dev_mode=True"):
+                    server.collective_rpc("describe_process", 1.0)
+        finally:
+            server.stop()
 
 
 @pytest.mark.slow
