@@ -265,14 +265,23 @@ class VllmDataParallel:
             try:
                 exits = [pool.submit(cm.__exit__, None, None, None) for cm in self._launch_cms]
                 deadline = time.monotonic() + timeout
-                for done in exits:
-                    done.result(max(deadline - time.monotonic(), 0.0))
+                for rank, done in enumerate(exits):
+                    try:
+                        done.result(max(deadline - time.monotonic(), 0.0))
+                    except TimeoutError:
+                        raise TimeoutError(f"vLLM's launcher {rank} did not finish its "
+                                           f"handshakes within {timeout:g} s") from None
             finally:
                 # Not waiting: after a timeout, stop() ends the engines, which ends the
                 # handshakes still waiting for them.
                 pool.shutdown(wait=False)
             self._launch_cms.clear()
-            self._clients = [b.result(timeout) for b in built]
+            for i, future in enumerate(built):
+                try:
+                    self._clients.append(future.result(timeout))
+                except TimeoutError:
+                    raise TimeoutError(f"vLLM's front end {i} had no ready response from "
+                                       f"its engines within {timeout:g} s") from None
         except BaseException:
             self.stop()
             raise
