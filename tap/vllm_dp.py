@@ -16,9 +16,23 @@ the ranks of a mixture-of-experts model run ``DPEngineCoreProc``, joined by a
 the coordinator also runs the waves (``START_DP_WAVE``). :data:`TINY_MIXTRAL` is the tiny
 configuration that makes vLLM's ``ModelConfig.is_moe`` true (``get_num_experts() > 0``); the
 stand-in worker answers the MoE ranks' idle steps (``execute_dummy_batch``) as it does any
-step. External load balancing (``data_parallel_external_lb``: one front end per rank, each
-launching its own engine; vLLM's coordinator then runs only for a MoE model) is not launched
-here (docs/conformance.md, "Data parallel").
+step.
+
+External load balancing (``external_lb=True``, ``data_parallel_external_lb``): one front end
+per rank, each vLLM's ``DPAsyncMPClient`` managing only its own rank's engine, and one
+``launch_core_engines`` per rank with that rank's configuration (``data_parallel_rank`` set),
+as ``vllm serve --data-parallel-rank R`` runs on each node. vLLM 0.33.0 allows it only for a
+mixture-of-experts model (``EngineArgs.create_engine_config`` refuses a dense one:
+``vllm/engine/arg_utils.py:2456-2465``), so it runs the tiny Mixtral, and the coordinator runs
+(rank 0's launcher starts it: ``VllmConfig.needs_dp_coordinator`` is true for a MoE model).
+Rank 0's launcher binds its handshake ROUTER on tcp (the ranks' launchers share
+``data_parallel_rpc_port``, a free port) and does the handshake with every rank's engine
+(``launch_core_engines``, ``utils.py:1319-1336``); rank ``r > 0``'s launcher binds an ipc
+handshake and does it with its own engine only, which therefore does two handshakes
+(``EngineCoreProc._perform_handshakes``, ``core.py:1318-1345``): the coordinator's addresses
+from rank 0's init, its front end's input and output from its own launcher's. The launchers'
+handshakes run at once, one thread each (rank 0's waits for rank 1's engine, which waits for
+its own launcher too).
 
 Watching: :class:`.proxy.Tap` stands on every channel the engines and the
 coordinator use. The front end binds its input and output sockets at the addresses it is
@@ -44,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import json
 import os
 import tempfile
@@ -123,6 +138,10 @@ class DPRun:
     processes: dict[str, int] = field(default_factory=dict)
     #: Seconds from the launch to the front end's ready.
     startup_s: float = 0.0
+    #: One front end per rank (external load balancing), else one for all ranks.
+    external_lb: bool = False
+    #: Per front end, the engine identities it manages (its ``core_engines``).
+    managed: list[list[bytes]] = field(default_factory=list)
 
 
 class VllmDataParallel:
@@ -130,8 +149,12 @@ class VllmDataParallel:
     :meth:`stop` (also on error; idempotent)."""
 
     def __init__(self, *, dp_size: int = 2, coordinated: bool = True,
-                 start_method: str = "fork") -> None:
+                 start_method: str = "fork", external_lb: bool = False) -> None:
+        if external_lb and not coordinated:
+            raise ValueError("external load balancing needs coordinated=True: vLLM 0.33.0 "
+                             "refuses it for a dense model (vllm/engine/arg_utils.py:2456)")
         self.dp_size = dp_size
+        self.external_lb = external_lb
         self.coordinated = coordinated
         self.start_method = start_method
         cache_root = default_cache_root()
@@ -141,92 +164,144 @@ class VllmDataParallel:
         # A fixed path: vLLM's model-information cache is keyed by it.
         self.model_dir = writer(Path(cache_root) / name)
         self._tmp = tempfile.TemporaryDirectory(prefix="enginewire-vllm-dp-")
-        self.run = DPRun(dp_size, coordinated)
+        self.run = DPRun(dp_size, coordinated, external_lb=external_lb)
         self._tap: Any = None
-        self._launch: Any = None
-        self._launch_cm: Any = None
-        self._client: Any = None
-        self._loop: Any = None
+        #: The launchers' contexts (``launch_core_engines``) still to exit, their launches,
+        #: and the front ends with their event-loop threads (one per rank with external LB).
+        self._launch_cms: list[Any] = []
+        self._launches: list[Any] = []
+        self._clients: list[Any] = []
+        self._loops: list[Any] = []
         self._segments: set[str] = set()
 
     # -- start ----------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> None:
-        """Launch the topology and wait until the front end has every ready response."""
+        """Launch the topology and wait until every front end has its ready responses."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from vllm.v1.engine.utils import EngineZmqAddresses, launch_core_engines
         from vllm.v1.executor.abstract import Executor
 
+        from enginewire.conformance.targets.vllm.api_server import free_port
         from enginewire.conformance.targets.vllm.frontend_client import _LoopThread
 
         from .proxy import Tap, TapConfig
 
-        config = engine_config(self.model_dir, dp_size=self.dp_size)
-        if config.model_config.is_moe != self.coordinated:
-            raise RuntimeError(f"vLLM says is_moe={config.model_config.is_moe} for "
+        # One configuration per launcher: each rank's with external load balancing.
+        ranks = range(self.dp_size) if self.external_lb else [None]
+        configs = [engine_config(self.model_dir, dp_size=self.dp_size, dp_rank=rank)
+                   for rank in ranks]
+        if self.external_lb:
+            port = free_port()
+            for config in configs:
+                config.parallel_config.data_parallel_rpc_port = port
+        if configs[0].model_config.is_moe != self.coordinated:
+            raise RuntimeError(f"vLLM says is_moe={configs[0].model_config.is_moe} for "
                                f"{self.model_dir}, expected {self.coordinated}")
         for module in PRELOAD:
             __import__(module)
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = self.start_method
-        executor_class = Executor.get_class(config)
-        front_in = f"ipc://{self._tmp.name}/frontend-input"
-        front_out = f"ipc://{self._tmp.name}/frontend-output"
-        self._tap = Tap(TapConfig(upstream_inputs=[front_in], upstream_outputs=[front_out]),
+        executor_class = Executor.get_class(configs[0])
+        fronts = [(f"ipc://{self._tmp.name}/frontend-input-{i}",
+                   f"ipc://{self._tmp.name}/frontend-output-{i}") for i in range(len(configs))]
+        self._tap = Tap(TapConfig(upstream_inputs=[i for i, _ in fronts],
+                                  upstream_outputs=[o for _, o in fronts]),
                         observer=self.run.records.append)
-        addresses = EngineZmqAddresses(inputs=list(self._tap.input_addresses),
-                                       outputs=list(self._tap.output_addresses))
+        addresses = [EngineZmqAddresses(inputs=[self._tap.input_addresses[i]],
+                                        outputs=[self._tap.output_addresses[i]])
+                     for i in range(len(configs))]
         started = time.monotonic()
-        self._launch_cm = launch_core_engines(copy.deepcopy(config), executor_class, False,
-                                              addresses)
-        launch = self._launch = self._launch_cm.__enter__()
         try:
-            if launch.coordinator is None:
+            for config, address in zip(configs, addresses, strict=True):
+                cm = launch_core_engines(copy.deepcopy(config), executor_class, False, address)
+                # vLLM's multiprocessing launch (the Ray backend is not installed).
+                launch: Any = cm.__enter__()
+                self._launch_cms.append(cm)
+                self._launches.append(launch)
+                if launch.engine_manager is not None:
+                    for process in launch.engine_manager.processes:
+                        self.run.processes[process.name] = process.pid
+            coordinator = self._launches[0].coordinator
+            if coordinator is None:
                 raise RuntimeError("vLLM's launcher started no DP coordinator")
-            self.run.processes["VLLM_DP_Coordinator"] = launch.coordinator.proc.pid
-            for process in launch.engine_manager.processes:
-                self.run.processes[process.name] = process.pid
+            self.run.processes["VLLM_DP_Coordinator"] = coordinator.proc.pid
+            first = addresses[0]
             for key in ("coordinator_input", "coordinator_output"):
-                setattr(addresses, key, self._tap.add_coordinator(key, getattr(addresses, key)))
+                setattr(first, key, self._tap.add_coordinator(key, getattr(first, key)))
             # The engines echo this address in their ready responses, and the front end
-            # checks it against its own (core_client.py:900-903).
-            stats = addresses.frontend_stats_publish_address = self._tap.add_coordinator(
-                "stats_publish", addresses.frontend_stats_publish_address)
+            # checks it against its own (core_client.py:900-903); a front end given none
+            # (rank r > 0's with external load balancing) takes it from there.
+            stats = first.frontend_stats_publish_address = self._tap.add_coordinator(
+                "stats_publish", first.frontend_stats_publish_address)
             self._tap.start()
-            self._loop = _LoopThread("vllm dp front end")
-            built = self._loop.submit(lambda: self._build(config, executor_class, front_in,
-                                                          front_out, stats))
-            # The handshake (vLLM's): HELLO, init with the tap's addresses, READY.
-            self._launch_cm.__exit__(None, None, None)
-            self._launch_cm = None
-            self._client = built.result(timeout)
+            built = []
+            for i, config in enumerate(configs):
+                loop = _LoopThread(f"vllm dp front end {i}")
+                self._loops.append(loop)
+                given = {"input_address": fronts[i][0], "output_address": fronts[i][1]}
+                if i == 0:
+                    given["stats_update_address"] = stats
+                built.append(loop.submit(
+                    functools.partial(self._build, config, executor_class, given)))
+            # The handshakes (vLLM's): HELLO, init with the tap's addresses, READY; every
+            # launcher's at once (rank 0's waits for the engines of every rank).
+            pool = ThreadPoolExecutor(len(self._launch_cms),
+                                      thread_name_prefix="vllm dp launcher")
+            try:
+                exits = [pool.submit(cm.__exit__, None, None, None) for cm in self._launch_cms]
+                deadline = time.monotonic() + timeout
+                for rank, done in enumerate(exits):
+                    try:
+                        done.result(max(deadline - time.monotonic(), 0.0))
+                    except TimeoutError:
+                        raise TimeoutError(f"vLLM's launcher {rank} did not finish its "
+                                           f"handshakes within {timeout:g} s") from None
+            finally:
+                # Not waiting: after a timeout, stop() ends the engines, which ends the
+                # handshakes still waiting for them.
+                pool.shutdown(wait=False)
+            self._launch_cms.clear()
+            for i, future in enumerate(built):
+                try:
+                    self._clients.append(future.result(timeout))
+                except TimeoutError:
+                    raise TimeoutError(f"vLLM's front end {i} had no ready response from "
+                                       f"its engines within {timeout:g} s") from None
         except BaseException:
             self.stop()
             raise
+        self.run.managed = [list(client.core_engines) for client in self._clients]
         self.run.startup_s = time.monotonic() - started
 
-    async def _build(self, config: Any, executor_class: Any, front_in: str, front_out: str,
-                     stats: str) -> Any:
+    async def _build(self, config: Any, executor_class: Any, given: dict[str, str]) -> Any:
         from vllm.v1.engine.core_client import EngineCoreClient
 
-        return EngineCoreClient.make_async_mp_client(
-            config, executor_class, False,
-            client_addresses={"input_address": front_in, "output_address": front_out,
-                              "stats_update_address": stats})
+        return EngineCoreClient.make_async_mp_client(config, executor_class, False,
+                                                     client_addresses=given)
 
     # -- traffic --------------------------------------------------------------------------
 
-    def call(self, func: Callable[[], Any], timeout: float = 30.0) -> Any:
-        """Run the coroutine ``func()`` on the front end's loop."""
-        return self._loop.call(func, timeout)
+    def call(self, func: Callable[[], Any], timeout: float = 30.0, front_end: int = 0) -> Any:
+        """Run the coroutine ``func()`` on the loop of front end ``front_end``."""
+        return self._loops[front_end].call(func, timeout)
 
     def generate(self, count: int, max_tokens: int = 3, prompt: Sequence[int] = (5, 6, 7),
                  timeout: float = 30.0, prefix: str = "dp") -> None:
-        """Add ``count`` requests through the front end's load balancer and read outputs
-        until every one finished (recorded in :attr:`run`)."""
+        """Add ``count`` requests through the front end's load balancer (with external load
+        balancing: request ``i`` through front end ``i % dp_size``, as an outside balancer
+        spreads them) and read outputs until every one finished (recorded in :attr:`run`)."""
+        ids = [f"{prefix}-{i}" for i in range(count)]
+        fronts = len(self._clients)
+        for front_end in range(fronts):
+            self._generate(front_end, ids[front_end::fronts], max_tokens, prompt, timeout)
+
+    def _generate(self, front_end: int, ids: list[str], max_tokens: int,
+                  prompt: Sequence[int], timeout: float) -> None:
         from vllm import SamplingParams
         from vllm.v1.engine import EngineCoreRequest
 
-        client = self._client
-        ids = [f"{prefix}-{i}" for i in range(count)]
+        client = self._clients[front_end]
 
         async def go() -> None:
             for request_id in ids:
@@ -245,18 +320,20 @@ class VllmDataParallel:
                     if output.finish_reason is not None:
                         self.run.finished_on[output.request_id] = outputs.engine_index
 
-        self.call(go, timeout + 5.0)
+        self.call(go, timeout + 5.0, front_end)
 
     def utility_each(self, method: str, timeout: float = 10.0) -> None:
         """Call ``method`` on every engine, rank by rank (vLLM's ``_call_utility_async`` with
-        the rank's identity, as its DP clients do)."""
-        client = self._client
+        the rank's identity, as its DP clients do), each through a front end managing it."""
+        self.run.utility = []
+        for front_end, client in enumerate(self._clients):
 
-        async def go() -> list[Any]:
-            return [await asyncio.wait_for(client._call_utility_async(method, engine=engine),
-                                           timeout) for engine in client.core_engines]
+            async def go(client: Any = client) -> list[Any]:
+                return [await asyncio.wait_for(
+                    client._call_utility_async(method, engine=engine), timeout)
+                    for engine in client.core_engines]
 
-        self.run.utility = self.call(go, timeout * self.dp_size + 5.0)
+            self.run.utility += self.call(go, timeout * self.dp_size + 5.0, front_end)
 
     def wait_for(self, channel: str, sender: str, timeout: float = 5.0) -> bool:
         """Wait until the tap saw a message on ``channel`` from ``sender`` (the coordinator
@@ -285,32 +362,32 @@ class VllmDataParallel:
         then the tap; shared-memory segments a killed process left are removed."""
         with contextlib.suppress(Exception):
             self._segments |= self.segments()
-        if self._launch_cm is not None:
-            # The handshake failed or never ran: the context manager's exit waits for it.
-            cm, self._launch_cm = self._launch_cm, None
+        while self._launch_cms:
+            # A handshake failed or never ran: the context manager's exit, told so, closes
+            # its handshake socket without waiting.
+            cm = self._launch_cms.pop()
             with contextlib.suppress(BaseException):
                 cm.__exit__(RuntimeError, RuntimeError("stopped"), None)
-        if self._client is not None:
-            client, self._client = self._client, None
+        for front_end, client in enumerate(self._clients):
 
-            async def shutdown() -> None:
+            async def shutdown(client: Any = client) -> None:
                 client.shutdown()
 
             with contextlib.suppress(Exception):
-                self.call(shutdown, timeout)
+                self.call(shutdown, timeout, front_end)
             with contextlib.suppress(Exception):
                 client.resources.ctx.destroy(linger=0)
-        if self._launch is not None:
-            launch, self._launch = self._launch, None
+        self._clients = []
+        while self._launches:
+            launch = self._launches.pop()
             if launch.engine_manager is not None:
                 with contextlib.suppress(Exception):
                     launch.engine_manager.shutdown(timeout=timeout)
             if launch.coordinator is not None:
                 with contextlib.suppress(Exception):
                     launch.coordinator.shutdown()
-        if self._loop is not None:
-            loop, self._loop = self._loop, None
-            loop.close(timeout)
+        while self._loops:
+            self._loops.pop().close(timeout)
         if self._tap is not None:
             tap, self._tap = self._tap, None
             tap.close(timeout)

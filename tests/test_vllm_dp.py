@@ -1,6 +1,7 @@
 """vLLM 0.33.0's data-parallel topology on the CPU (tap/vllm_dp.py): its real
 front end (DPLBAsyncMPClient), launcher, DP coordinator and two engine cores, watched by the
-tap, and the data-parallel clauses checked on what it saw.
+tap, and the data-parallel clauses checked on what it saw; and its external load balancing
+(one DPAsyncMPClient and one launcher per rank).
 
 One launch per topology (about 5-10 s each once vLLM is imported), shared by the tests of a
 module-scoped fixture; slow (CI runs ``pytest -m slow``). The checks are also run on the
@@ -29,8 +30,8 @@ from enginewire.tap.vllm_dp import (  # noqa: E402
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def _run(coordinated: bool) -> DPRun:
-    topology = VllmDataParallel(coordinated=coordinated)
+def _run(coordinated: bool, external_lb: bool = False) -> DPRun:
+    topology = VllmDataParallel(coordinated=coordinated, external_lb=external_lb)
     try:
         topology.start()
         # Two rounds: each starts a request wave from idle engines (coordinated: the
@@ -89,6 +90,55 @@ def test_independent_dp_ranks_with_the_stats_coordinator() -> None:
     assert check_records(run.records, 2, coordinated=False) == []
     assert not [r for r in run.records if r.channel == "coordinator_input"
                 and r.frames[0] == b"\x02"]
+
+
+@pytest.fixture(scope="module")
+def external() -> DPRun:
+    """External load balancing, launched once: the tiny Mixtral (vLLM 0.33.0 refuses a dense
+    model there), one front end and one launcher per rank."""
+    return _run(coordinated=True, external_lb=True)
+
+
+def test_external_lb_one_front_end_per_rank_keeps_every_clause(external: DPRun) -> None:
+    run = external
+    assert run.external_lb
+    # Rank 0's launcher started the coordinator and its engine, rank 1's its own engine.
+    assert set(run.processes) == {"VLLM_DP_Coordinator", "EngineCore_DP0", "EngineCore_DP1"}
+    # Each front end manages its own rank's engine only.
+    assert run.managed == [[b"\x00\x00"], [b"\x01\x00"]]
+    # Request i went through front end i % 2, so to rank i % 2, and came back from it.
+    assert run.finished_on == {"dp-0": 0, "dp-1": 1, "dp-2": 0, "dp-3": 1,
+                               "second-0": 0, "second-1": 1}, run.finished_on
+    assert all(len(tokens) == 3 for tokens in run.tokens.values()), run.tokens
+    assert [list(u) for u in run.utility] == [["generate"], ["generate"]]
+    assert check_records(run.records, 2, coordinated=True) == []
+    waves = [r for r in run.records if r.channel == "coordinator_input"
+             and r.frames[0] == b"\x02"]
+    assert waves, "the coordinator started no request wave"
+    # Both front ends subscribed to the coordinator's statistics: rank 0's was given the
+    # address, rank 1's took it from its engine's ready response.
+    subscriptions = [r for r in run.records if (r.channel, r.sender, r.frames)
+                     == ("stats_publish", "frontend", (b"\x01",))]
+    assert len(subscriptions) == 2, subscriptions
+
+
+def test_external_lb_refuses_a_dense_model() -> None:
+    """vLLM 0.33.0 itself refuses external load balancing for a dense model, so the
+    topology runs the MoE model only (and says so before launching anything)."""
+    from pathlib import Path
+
+    from enginewire.conformance.targets.vllm.engine_core import (
+        default_cache_root,
+        engine_config,
+        write_model_dir,
+    )
+
+    # The path the engine target uses: vLLM's model-information cache is keyed by it.
+    dense = write_model_dir(Path(default_cache_root()) / "tiny-llama")
+    with pytest.raises(ValueError, match="Non-MoE models do not support external data"):
+        engine_config(dense, dp_size=2, dp_rank=1)
+    with pytest.raises(ValueError, match="dense model"):
+        VllmDataParallel(coordinated=False, external_lb=True)
 
 
 # --- every check fails on broken traffic ------------------------------------------------------
@@ -170,6 +220,12 @@ def test_each_check_fails_on_broken_traffic(coordinated: DPRun, name: str) -> No
     clause, breaker = BROKEN[name]
     problems = check_records(breaker(list(coordinated.records)), 2, coordinated=True)
     assert clause in {p.clause for p in problems}, (name, problems)
+
+
+def test_each_check_fails_on_broken_external_lb_traffic(external: DPRun) -> None:
+    for name, (clause, breaker) in BROKEN.items():
+        problems = check_records(breaker(list(external.records)), 2, coordinated=True)
+        assert clause in {p.clause for p in problems}, (name, problems)
 
 
 def test_every_dp_clause_is_proved_failable_here() -> None:

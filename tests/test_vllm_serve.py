@@ -3,13 +3,16 @@ behind it: vLLM's own (launched by ``vllm serve``) and the reference engine (a s
 ``enginewire serve-engine`` process doing the handshake as a remote, headless engine). A
 completion request over HTTP goes through vLLM's real front end and the engine core.
 
-The two server tests are ``slow`` (each starts vLLM's API server: about 40 s on a loaded
-2-core machine, most of it importing vLLM); the checks of a completion answer are not.
+The three server tests are ``slow`` (each starts vLLM's API server: about 20 s on a quiet
+2-core machine, 40 s and more under load, most of it importing vLLM); the checks of a
+completion answer are not. The third runs ``vllm serve --tensor-parallel-size 2``: the engine
+core's executor drives two worker processes.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import pytest
@@ -25,6 +28,7 @@ from enginewire.conformance.interop import (
     standin_tokens,
 )
 from enginewire.conformance.targets.vllm.api_server import (
+    ApiServer,
     prompt_text,
     token,
     write_serve_model_dir,
@@ -71,6 +75,25 @@ def test_the_tiny_tokenizer_round_trips_through_transformers(tmp_path: Any) -> N
     assert (tokenizer.bos_token_id, tokenizer.eos_token_id) == (1, 2)
 
 
+def test_tensor_parallel_and_dev_mode_reach_vllm_serve() -> None:
+    pytest.importorskip("tokenizers")
+    with pytest.raises(ValueError, match="tp_size"):
+        ApiServer(tp_size=0)
+    for tp_size, dev_mode in ((2, True), (1, False)):
+        server = ApiServer(tp_size=tp_size, dev_mode=dev_mode)
+        try:
+            argv = server.argv()
+            assert argv[argv.index("--tensor-parallel-size") + 1] == str(tp_size)
+            # Without dev_mode the server inherits whatever the caller's environment says.
+            want = "1" if dev_mode else os.environ.get("VLLM_SERVER_DEV_MODE")
+            assert server.environment().get("VLLM_SERVER_DEV_MODE") == want
+            if not dev_mode:
+                with pytest.raises(ValueError, match="dev_mode=True"):
+                    server.collective_rpc("describe_process", 1.0)
+        finally:
+            server.stop()
+
+
 @pytest.mark.slow
 def test_completion_through_vllm_serve_and_its_own_engine_core() -> None:
     pytest.importorskip("vllm")
@@ -93,6 +116,37 @@ def test_completion_through_vllm_serve_and_its_own_engine_core() -> None:
     [engine] = [pid for pid, parent in processes.items() if parent == server]
     assert [pid for pid, parent in processes.items() if parent == engine], processes
     assert evidence["server_status"] == 0
+
+
+@pytest.mark.slow
+def test_completion_through_vllm_serve_with_tensor_parallel_two() -> None:
+    """``vllm serve --tensor-parallel-size 2``: the completion crosses vLLM's front end, its
+    engine core and, over the executor's broadcast ring, both worker processes; the workers
+    describe themselves through vLLM's own ``POST /collective_rpc`` (its development routes)."""
+    pytest.importorskip("vllm")
+    from enginewire.conformance.targets.vllm.engine_core import STANDIN_WORKER
+
+    with ApiServer(tp_size=2, dev_mode=True) as server:
+        server.wait_ready(interop.API_READY_TIMEOUT)
+        answer = server.complete(prompt_text(API_PROMPT), API_TOKENS, TIMEOUT)
+        expected = standin_tokens(API_PROMPT, API_TOKENS)
+        check_completion(answer, API_PROMPT, expected)
+        assert answer["choices"][0]["token_ids"] == expected
+        workers = server.collective_rpc("describe_process", TIMEOUT)
+        processes = dict(server.processes())
+        status = server.stop()
+    assert status == 0, server.log_tail()
+    # The API server, the one engine core process it started, and the engine's children:
+    # the two workers (and multiprocessing's resource tracker).
+    [root] = [pid for pid, parent in processes.items() if parent not in processes]
+    [engine] = [pid for pid, parent in processes.items() if parent == root]
+    assert [w["rank"] for w in workers] == [0, 1], workers
+    assert {w["worker_class"] for w in workers} == {STANDIN_WORKER}
+    pids = {w["pid"] for w in workers}
+    assert len(pids) == 2 and pids <= set(processes), (workers, processes)
+    assert {processes[pid] for pid in pids} == {engine} == {w["parent_pid"] for w in workers}
+    # Both saw every step of the request (the scheduler's outputs reach each worker).
+    assert len({w["steps"] for w in workers}) == 1 and workers[0]["steps"] >= API_TOKENS
 
 
 @pytest.mark.slow

@@ -16,6 +16,13 @@ Two ways the server runs (:class:`ApiServer`):
   (``--worker-cls``, :mod:`.standin`), ``--load-format dummy``: the API server process starts
   vLLM's engine core process through its own ``launch_core_engines``, which starts its worker
   process under vLLM's ``MultiprocExecutor``.
+- ``engine="vllm", tp_size=2``: the same with ``--tensor-parallel-size 2``: the engine core's
+  ``MultiprocExecutor`` starts two worker processes (ranks 0 and 1) and drives them over its
+  shared-memory broadcast ring and one response ring each. Nothing else is needed on the
+  CPU: vLLM picks the ``mp`` executor backend for a world size above 1 when Ray is absent
+  (``vllm/config/parallel.py:1054-1095``), and the stand-in worker joins no
+  ``torch.distributed`` group; ``VLLM_CPU_OMP_THREADS_BIND=nobind`` (set below for every
+  server) keeps the platform from asking for a NUMA node per worker.
 - ``engine="external"``: ``vllm serve ... --data-parallel-size-local 0`` with a
   ``--data-parallel-address``/``--data-parallel-rpc-port``: vLLM's front end launches no
   engine and binds its handshake ROUTER at ``tcp://ADDRESS:RPC_PORT``
@@ -34,6 +41,12 @@ wrapping ``CpuPlatform.check_and_update_config`` to set ``fork`` once the platfo
 OpenMP kernels, which the stand-in worker never runs (as :class:`.engine_core.VllmEngines`
 does). Nothing else changes. With ``start_method="spawn"`` the child is exactly
 ``python -m vllm.entrypoints.cli.main serve ...`` (what the ``vllm`` script runs).
+
+``dev_mode=True`` sets ``VLLM_SERVER_DEV_MODE=1``, vLLM's own setting that adds its
+development routes, among them ``POST /collective_rpc`` (:meth:`ApiServer.collective_rpc`):
+the API server passes the call to the engine core as the utility ``collective_rpc``, which
+runs a method on every worker and returns their answers (``describe_process`` of the
+stand-in says which process each worker is).
 
 Clean-up: the server runs in a session (process group) of its own with a private temp
 directory (``TMPDIR`` and ``VLLM_RPC_BASE_PATH``: vLLM's ipc socket files go there).
@@ -126,12 +139,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def serve_argv(model_dir: Path, port: int, *, engine: str = "vllm",
-               rpc_port: int | None = None, host: str = "127.0.0.1") -> list[str]:
+               rpc_port: int | None = None, host: str = "127.0.0.1",
+               tp_size: int = 1) -> list[str]:
     """The ``vllm serve`` arguments (after ``serve``) for the tiny model."""
     argv = [str(model_dir), "--host", host, "--port", str(port),
             "--served-model-name", MODEL_NAME, "--load-format", "dummy", "--dtype", "float32",
             "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
-            "--worker-cls", STANDIN_WORKER, "--disable-uvicorn-access-log"]
+            "--worker-cls", STANDIN_WORKER, "--disable-uvicorn-access-log",
+            "--tensor-parallel-size", str(tp_size)]
     if engine == "external":
         if rpc_port is None:
             raise ValueError("an external engine needs the handshake's rpc_port")
@@ -149,14 +164,18 @@ class ApiServer:
     :meth:`start` / :meth:`stop`; :meth:`stop` is idempotent and runs on every exit."""
 
     def __init__(self, *, engine: str = "vllm", start_method: str = "fork",
-                 host: str = "127.0.0.1") -> None:
+                 host: str = "127.0.0.1", tp_size: int = 1, dev_mode: bool = False) -> None:
         if engine not in ENGINES:
             raise ValueError(f"engine: expected one of {ENGINES}, got {engine!r}")
         if start_method not in START_METHODS:
             raise ValueError(f"start_method: expected one of {START_METHODS}, "
                              f"got {start_method!r}")
+        if tp_size < 1:
+            raise ValueError(f"tp_size: expected a positive number of workers, got {tp_size}")
         self.engine = engine
         self.start_method = start_method
+        self.tp_size = tp_size
+        self.dev_mode = dev_mode
         self.host = host
         self._tmp = tempfile.TemporaryDirectory(prefix="enginewire-vllm-serve-")
         self.root = Path(self._tmp.name)
@@ -186,7 +205,7 @@ class ApiServer:
         module = (__name__ if self.start_method == "fork" else "vllm.entrypoints.cli.main")
         return [sys.executable, "-m", module, "serve",
                 *serve_argv(self.model_dir, self.port, engine=self.engine,
-                            rpc_port=self.rpc_port, host=self.host)]
+                            rpc_port=self.rpc_port, host=self.host, tp_size=self.tp_size)]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -196,6 +215,8 @@ class ApiServer:
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
             "TMPDIR": str(self.root), "VLLM_RPC_BASE_PATH": str(self.root),
         })
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         return env
 
@@ -277,6 +298,17 @@ class ApiServer:
         return self.post("/v1/completions", {
             "model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
             "temperature": 0.0, "return_token_ids": True}, timeout)
+
+    def collective_rpc(self, method: str, timeout: float) -> list[Any]:
+        """``POST /collective_rpc`` (``dev_mode`` only): ``method`` run on every worker
+        (no arguments); their answers in rank order."""
+        if not self.dev_mode:
+            raise ValueError("POST /collective_rpc is one of vLLM's development routes: "
+                             "start the server with dev_mode=True")
+        results: list[Any] = self.post("/collective_rpc",
+                                       {"method": method, "timeout": timeout},
+                                       timeout)["results"]
+        return results
 
     def stop(self, grace: float = STOP_GRACE_S) -> int | None:
         """SIGTERM, then SIGKILL to the whole group after ``grace``; segments and files

@@ -109,14 +109,17 @@ def write_model_dir(directory: Path) -> Path:
 
 
 def engine_config(model_dir: Path, *, dp_size: int = 1, tp_size: int = 1,
-                  worker_cls: str = STANDIN_WORKER) -> Any:
-    """A ``VllmConfig`` for the tiny model through vLLM's ``EngineArgs``."""
+                  worker_cls: str = STANDIN_WORKER, dp_rank: int | None = None) -> Any:
+    """A ``VllmConfig`` for the tiny model through vLLM's ``EngineArgs``. ``dp_rank``: the
+    configuration of that rank's front end under external load balancing
+    (``data_parallel_external_lb``, one front end per rank)."""
     from vllm.engine.arg_utils import EngineArgs
 
     args = EngineArgs(
         model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", dtype="float32",
         max_model_len=MAX_MODEL_LEN, enforce_eager=True, data_parallel_size=dp_size,
-        tensor_parallel_size=tp_size, worker_cls=worker_cls,
+        tensor_parallel_size=tp_size, worker_cls=worker_cls, data_parallel_rank=dp_rank,
+        data_parallel_external_lb=dp_rank is not None,
     )
     return args.create_engine_config()
 
