@@ -401,10 +401,44 @@ def _request(request_id: str, prompt: list[int], max_tokens: int) -> dict[str, A
     return request
 
 
+def _start_session(frontend_impl: Implementation, engine_impl: Implementation,
+                   addresses: tuple[str, str, str], launches: list[Any],
+                   state: dict[str, Any], timeout: float,
+                   started: list[Any] | None = None) -> list[Any]:
+    """Start the engines of ``launches`` and then the front end (``state["client"]``; a
+    :class:`HandshakeLauncher` in ``state["launcher"]`` for a front end without its own
+    handshake) and wait until the front end is ready. Each engine is appended to ``started``
+    as it starts, so a caller's clean-up finds it even when a later start fails; returns
+    ``started``."""
+    from enginewire.conformance.targets.contract import FrontendLaunch
+
+    engines = started if started is not None else []
+    for surface in (frontend_impl.frontend, engine_impl.engine):
+        prepare = getattr(surface, "prepare", None)
+        if prepare is not None:
+            prepare()
+    launch = FrontendLaunch(*addresses, engine_count=len(launches))
+    if getattr(frontend_impl.frontend, "handshake", True) is False:
+        state["launcher"] = HandshakeLauncher(*addresses, engine_count=len(launches))
+    # The engines first: vLLM's launcher forks them, before this process runs the front
+    # end's threads (connecting before the other end binds is fine for ZMQ).
+    for engine_launch in launches:
+        engines.append(engine_impl.engine.start_engine(engine_launch))
+    state["client"] = frontend_impl.frontend.start_frontend(launch)
+    if "launcher" in state:
+        state["launcher"].serve(timeout)
+    try:
+        state["client"].wait_ready(timeout)
+    except TimeoutError as exc:
+        raise ExchangeFailure(f"the front end was not ready within {timeout:g} s: {exc}",
+                              "handshake.frontend.bounded-handshake") from exc
+    return engines
+
+
 def run_engine_cell(frontend_impl: Implementation, engine_impl: Implementation,
                     transport: str, timeout: float = STEP_TIMEOUT) -> Cell:
     """Front end ``frontend_impl`` against engine core ``engine_impl`` over ``transport``."""
-    from enginewire.conformance.targets.contract import EngineLaunch, FrontendLaunch
+    from enginewire.conformance.targets.contract import EngineLaunch
 
     cell = Cell("engine", frontend_impl.name, engine_impl.name, transport)
     script = _Script(cell)
@@ -414,26 +448,15 @@ def run_engine_cell(frontend_impl: Implementation, engine_impl: Implementation,
     outputs: list[_Outputs] = []
 
     def start() -> None:
-        for surface in (frontend_impl.frontend, engine_impl.engine):
-            prepare = getattr(surface, "prepare", None)
-            if prepare is not None:
-                prepare()
-        launch = FrontendLaunch(handshake_address, input_address, output_address)
-        if not handshake:
-            state["launcher"] = HandshakeLauncher(handshake_address, input_address,
-                                                  output_address)
-        # The engine first: vLLM's launcher forks it, before this process runs the front
-        # end's threads (connecting before the other end binds is fine for ZMQ).
-        state["engine"] = engine_impl.engine.start_engine(
-            EngineLaunch(handshake_address, init_timeout=timeout))
-        state["client"] = frontend_impl.frontend.start_frontend(launch)
-        if "launcher" in state:
-            state["launcher"].serve(timeout)
+        started: list[Any] = []
         try:
-            state["client"].wait_ready(timeout)
-        except TimeoutError as exc:
-            raise ExchangeFailure(f"the front end was not ready within {timeout:g} s: {exc}",
-                                  "handshake.frontend.bounded-handshake") from exc
+            _start_session(
+                frontend_impl, engine_impl, (handshake_address, input_address, output_address),
+                [EngineLaunch(handshake_address, init_timeout=timeout)], state, timeout,
+                started=started)
+        finally:
+            if started:  # the clean-up below stops it, also when the front end failed
+                state["engine"] = started[0]
         outputs.append(_Outputs(state["client"]))
 
     def add() -> None:
@@ -647,7 +670,7 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
     with its own identity and engine_index). Exchanges: the handshake with every rank, one
     request to each rank (it must finish with the engine's tokens, its outputs naming that
     rank's engine_index), a utility call to each rank, shutdown."""
-    from enginewire.conformance.targets.contract import EngineLaunch, FrontendLaunch
+    from enginewire.conformance.targets.contract import EngineLaunch
 
     cell = Cell("engine-dp", frontend_impl.name, engine_impl.name, transport)
     script = _Script(cell)
@@ -657,27 +680,11 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
     outputs: list[_Outputs] = []
 
     def start() -> None:
-        for surface in (frontend_impl.frontend, engine_impl.engine):
-            prepare = getattr(surface, "prepare", None)
-            if prepare is not None:
-                prepare()
-        launch = FrontendLaunch(handshake_address, input_address, output_address,
-                                engine_count=DP_SIZE)
-        if not handshake:
-            state["launcher"] = HandshakeLauncher(handshake_address, input_address,
-                                                  output_address, engine_count=DP_SIZE)
-        for rank in range(DP_SIZE):
-            state["engines"].append(engine_impl.engine.start_engine(EngineLaunch(
-                handshake_address, engine_index=rank, dp_size=DP_SIZE,
-                init_timeout=timeout)))
-        state["client"] = frontend_impl.frontend.start_frontend(launch)
-        if "launcher" in state:
-            state["launcher"].serve(timeout)
-        try:
-            state["client"].wait_ready(timeout)
-        except TimeoutError as exc:
-            raise ExchangeFailure(f"the front end was not ready within {timeout:g} s: {exc}",
-                                  "handshake.frontend.bounded-handshake") from exc
+        _start_session(
+            frontend_impl, engine_impl, (handshake_address, input_address, output_address),
+            [EngineLaunch(handshake_address, engine_index=rank, dp_size=DP_SIZE,
+                          init_timeout=timeout) for rank in range(DP_SIZE)],
+            state, timeout, started=state["engines"])
         outputs.append(_Outputs(state["client"]))
 
     def add_each_rank() -> None:
