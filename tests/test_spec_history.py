@@ -413,6 +413,29 @@ def test_protocol_facts_read_handshake_keys_ready_response_and_framing(tmp_path:
         assert chunk_framing(source) == {"framing": "pickle"}
 
 
+def test_ready_response_is_the_ready_map_when_the_handshake_runs_on_the_input_socket(
+        tmp_path: Path) -> None:
+    """0.9.0's engine ran its handshake on the input socket: its READY map is the ready
+    message there. The same map on another socket (a handshake socket) is none."""
+    from enginewire.spec.history.protocol_facts import ready_response
+
+    core = '''
+import msgspec
+def run(input_socket, handshake_socket, n):
+    handshake_socket.send(msgspec.msgpack.encode({"status": "READY", "local": True}))
+    {send}
+'''
+    for send, expected in (
+            ('input_socket.send(msgspec.msgpack.encode({"status": "READY", "n": n}))',
+             "handshake"),
+            ('input_socket.send(msgspec.msgpack.encode({"status": "HELLO", "n": n}))', "none")):
+        wheel = tmp_path / f"{expected}.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr("vllm/v1/engine/core.py", core.replace("{send}", send))
+        with WheelSource(wheel) as source:
+            assert ready_response(source) == expected, send
+
+
 def test_committed_handshake_keys_follow_the_handshake_spec() -> None:
     """The derived keys of the newest release are the keys handshake.toml specifies, and the
     history shows the change the wheels had (HELLO gained ``headless`` in 0.10.0)."""

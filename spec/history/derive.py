@@ -554,8 +554,10 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
          "pickle stream)", lambda r: dict(r.chunk_framing) or {"framing": None}),
         ("handshake", "keys of the engine's handshake maps (required: in the literal; "
          "optional: added under a condition)", lambda r: dict(r.handshake)),
-        ("ready_response", "the engine's first message on each input DEALER (struct: msgpack "
-         "EngineCoreReadyResponse; empty: an empty frame; none: no such message)",
+        ("ready_response", "the engine's ready message on each input DEALER (struct: msgpack "
+         "EngineCoreReadyResponse; empty: an empty frame; READY: the bytes b\"READY\"; "
+         "handshake: the msgpack READY handshake map, sent on the input socket; none: no such "
+         "message)",
          lambda r: {"payload": r.ready_response}),
     ]
     for key, what, get in tables:

@@ -5,9 +5,11 @@
   engine modules, in functions that msgpack-encode (a map sent over a multiprocessing pipe is
   not on the wire); a key in the literal is ``required``, a key the same function adds later
   (``msg["key"] = ...``, in vLLM always under a condition) is ``optional``.
-- :func:`ready_response`: what the engine sends first on its input DEALER: ``struct`` (a
-  msgpack ``EngineCoreReadyResponse``), ``empty`` (an empty frame, ``send(b"")``), ``READY``
-  (the literal bytes ``b"READY"``) or ``none``.
+- :func:`ready_response`: what the engine sends on its input DEALER to say it is ready:
+  ``struct`` (a msgpack ``EngineCoreReadyResponse``), ``empty`` (an empty frame,
+  ``send(b"")``), ``READY`` (the literal bytes ``b"READY"``), ``handshake`` (the handshake's
+  msgpack READY map itself: 0.9.0 ran the HELLO / init / READY handshake on the input socket,
+  ``input_socket.send(msgspec.msgpack.encode({"status": "READY", ...}))``) or ``none``.
 - :func:`chunk_framing`: how ``MessageQueue.enqueue`` lays a message into a ring chunk after
   the overflow byte: ``buffers`` (a big-endian buffer count, then each buffer after a
   big-endian length; the widths are the literal byte counts of its ``to_bytes_big`` calls) or
@@ -85,27 +87,42 @@ def handshake_keys(source: WheelSource) -> dict[str, dict[str, list[str]]]:
     return out
 
 
+def _encodes_ready_map(node: ast.expr) -> bool:
+    """``node`` is ``<...>msgpack.encode({"status": "READY", ...})``."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "encode" and "msgpack" in ast.unparse(node.func.value)
+            and len(node.args) == 1 and isinstance(node.args[0], ast.Dict)
+            and _status_of(node.args[0]) == "READY")
+
+
 def ready_response(source: WheelSource) -> str:
-    """``struct``, ``empty``, ``READY`` or ``none`` (see the module docstring)."""
-    empty = literal = False
+    """``struct``, ``empty``, ``READY``, ``handshake`` or ``none`` (see the module docstring);
+    the first of these the wheel has, in that order."""
+    found: set[str] = set()
     for filename in _files(source):
         text = source.text(filename)
         if "EngineCoreReadyResponse(" in text:
             return "struct"
-        if "send(b" not in text:
+        if "send(" not in text:
             continue
         for node in ast.walk(source.tree(filename)):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                    and node.func.attr == "send" and node.args
-                    and isinstance(node.args[0], ast.Constant)):
-                receiver = ast.unparse(node.func.value)
-                if node.args[0].value == b"" and ("input" in receiver
-                                                 or filename.endswith("engine/core.py")):
-                    empty = True
-                elif node.args[0].value == b"READY" and receiver == "socket" \
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "send" and node.args):
+                continue
+            receiver = ast.unparse(node.func.value)
+            sent = node.args[0]
+            if isinstance(sent, ast.Constant):
+                if sent.value == b"" and ("input" in receiver
+                                          or filename.endswith("engine/core.py")):
+                    found.add("empty")
+                elif sent.value == b"READY" and receiver == "socket" \
                         and filename.endswith("engine/core.py"):
-                    literal = True
-    return "empty" if empty else "READY" if literal else "none"
+                    found.add("READY")
+            elif "input" in receiver and _encodes_ready_map(sent):
+                # The READY map on the input socket (the handshake socket of later releases
+                # is another socket, whose maps are no ready response).
+                found.add("handshake")
+    return next((kind for kind in ("empty", "READY", "handshake") if kind in found), "none")
 
 
 def chunk_framing(source: WheelSource) -> dict[str, int | str]:
