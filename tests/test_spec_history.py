@@ -475,3 +475,88 @@ def test_real_wheels_confirm_the_silent_break_of_0_9_1() -> None:
     assert request.predicted == "silent" and request.outcome == "misdecoded", request
     assert "current_wave" in request.detail and request.agrees
     assert outputs.outcome == "decoded" and outputs.agrees, outputs
+
+
+def _nested_sample(writer: str, reader: str, kind: str, name: str) -> tuple[object, frozenset]:
+    from enginewire.spec.history.compat import (
+        _Sampler,
+        _top_level_sample,
+        nested_breaks,
+        predict,
+        spec_for,
+    )
+
+    verdict = next(v for v in predict(*sorted((writer, reader), key=parse_version))
+                   if v.kind == kind)
+    wspec = spec_for(writer)
+    realistic = nested_breaks(verdict)
+    minimal = _Sampler(wspec, minimal=True).struct(wspec.struct(name))
+    return _top_level_sample(wspec, name, minimal, realistic), realistic
+
+
+def test_nested_breaks_get_realistic_nested_values_in_the_real_wheel_sample() -> None:
+    """0.22.0 <-> 0.33.0: the prediction finds breaks inside LoRARequest (add) and inside
+    EngineCoreOutput (outputs); the real-wheel sample carries those nested values (a minimal
+    one leaves them null and decodes), and classes built from the spec for the two releases
+    show the nested rejection where the prediction puts it, and the silent read of 0.33.0's
+    trace_headers as 0.22.0's all-default PrefillStats."""
+    import msgspec
+
+    from enginewire.spec.classes import build
+
+    sample, realistic = _nested_sample("0.22.0", "0.33.0", "add", "EngineCoreRequest")
+    assert realistic == {"lora_request"}
+    assert isinstance(sample, list) and isinstance(sample[6], list)
+    assert isinstance(sample[6][4], dict) and sample[6][4], sample[6]
+    writer, reader = build("0.22.0"), build("0.33.0")
+    data = msgspec.msgpack.encode(msgspec.convert(sample, writer["EngineCoreRequest"]))
+    with pytest.raises(msgspec.ValidationError, match=r"\$\[6\]\[4\]"):
+        msgspec.msgpack.decode(data, type=reader["EngineCoreRequest"])
+
+    from enginewire.spec.history.compat import predict
+
+    found = {f.path.rsplit("]", 1)[0].rsplit("[", 1)[1]: f.kind
+             for v in predict("0.22.0", "0.33.0") if v.kind == "outputs" for f in v.findings
+             if "outputs<EngineCoreOutput>[" in f.path}
+    assert found["10"] == "silent" and found["11"] == "rejected", found
+    sample, realistic = _nested_sample("0.33.0", "0.22.0", "outputs", "EngineCoreOutputs")
+    assert realistic == {"outputs"}
+    assert isinstance(sample, list)
+    output = sample[1][0]
+    assert output[9] and output[10], output  # ec_transfer_params, trace_headers set
+    writer, reader = build("0.33.0"), build("0.22.0")
+    with pytest.raises(msgspec.ValidationError, match=r"\$\[1\]\[0\]\[11\]"):
+        msgspec.msgpack.decode(msgspec.msgpack.encode(
+            msgspec.convert(sample, writer["EngineCoreOutputs"])),
+            type=reader["EngineCoreOutputs"])
+    # Positions 0-10 only (the rejections at 11 and 12 out of the way): 9 and 10 decode.
+    wire = msgspec.to_builtins(msgspec.convert(sample, writer["EngineCoreOutputs"]))
+    wire[1][0] = wire[1][0][:11]
+    read = msgspec.msgpack.decode(msgspec.msgpack.encode(wire),
+                                  type=reader["EngineCoreOutputs"])
+    assert read.outputs[0].trace_headers == output[9]  # ec_transfer_params, silently
+    assert read.outputs[0].prefill_stats == reader["PrefillStats"]()  # trace headers lost
+
+
+@pytest.mark.slow
+def test_real_wheels_confirm_the_nested_rejections_of_0_22_0_and_0_33_0() -> None:
+    """0.22.0's and 0.33.0's own classes, each in its own subprocess: with realistic nested
+    values (a LoRA request carrying a tensorizer config; an output with transfer parameters,
+    trace headers and prefill stats), the add message of a 0.22.0 front end is rejected by a
+    0.33.0 engine inside the LoRA request at the predicted position, and the outputs of a
+    0.33.0 engine are rejected by a 0.22.0 front end inside the output at position 11
+    (prefill_stats read as routed_experts); position 10 (trace_headers read as
+    prefill_stats) decodes, as the prediction says (silent)."""
+    from enginewire.spec.history.compat import real_wheel_check
+
+    folder = default_wheel_dir()
+    if find_wheel(folder, "0.22.0") is None or find_wheel(folder, "0.33.0") is None:
+        pytest.skip(f"REAL-WHEEL CHECK SKIPPED: no 0.22.0 / 0.33.0 wheel in {folder}")
+    results = {r.struct: r for r in real_wheel_check("0.22.0", "0.33.0", echo=False)}
+    request, outputs = results["EngineCoreRequest"], results["EngineCoreOutputs"]
+    assert request.outcome == "rejected" and request.agrees, request
+    assert "realistic nested lora_request" in request.detail
+    assert "$[6][4]" in request.detail, request
+    assert outputs.outcome == "rejected" and outputs.agrees, outputs
+    assert "realistic nested outputs" in outputs.detail
+    assert "$[1][0][11]" in outputs.detail, outputs

@@ -25,6 +25,7 @@ classes built for the writer's release and decodes it with the reader's
 from __future__ import annotations
 
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -122,6 +123,10 @@ def accepts(writer: TypeExpr, reader: TypeExpr, wspec: Spec, rspec: Spec) -> boo
         return True
     if wkind in ("map", "dataclass") and (rkind in ("map", "dataclass") or rfamily == "mapping"):
         return True
+    if wfamily == "mapping" and rkind in ("map", "dataclass"):
+        # A map's unknown keys are ignored: a realistic map (its keys are no field names of
+        # the reader) decodes when the reader requires no field, every field at its default.
+        return not any(f.required for f in rspec.struct(reader.name).fields)
     return {wfamily, rfamily} <= {"tensor", "nested_tensors"}
 
 
@@ -357,12 +362,15 @@ class _Sampler:
     a value read into the wrong field shows. Tensor-like and ``any`` values are left out
     (null where the type allows, else the field keeps its default)."""
 
-    def __init__(self, spec: Spec, *, minimal: bool = False) -> None:
+    def __init__(self, spec: Spec, *, minimal: bool = False, any_str: bool = False) -> None:
         self.spec = spec
         self.counter = 0
         #: Null for every nullable value and defaults for optional fields: the sample other
         #: classes (vLLM's own, with custom field types) can build.
         self.minimal = minimal
+        #: A string for ``any`` (as in the transfer-parameter maps vLLM sends) instead of null,
+        #: so that a ``dict[str, any]`` read as ``dict[str, str]`` decodes as it would in use.
+        self.any_str = any_str
 
     def next_int(self) -> int:
         self.counter += 1
@@ -397,7 +405,7 @@ class _Sampler:
             val = self.value(expr.args[1], depth + 1)
             return {} if _SKIP in (key, val) else {key: val}
         if name == "any":
-            return None
+            return f"s{self.next_int()}" if self.any_str else None
         item = self.spec.structs.get(name)
         if isinstance(item, EnumSpec):
             return item.members[-1].value if item.members else _SKIP
@@ -615,52 +623,89 @@ class RealWheelResult:
         return self.outcome == expected
 
 
-def _top_level_sample(spec: Spec, name: str, minimal: Any) -> Any:
-    """The full sample of ``name`` with every nested struct value taken from ``minimal``."""
+def _top_level_sample(spec: Spec, name: str, minimal: Any,
+                      realistic: frozenset[str] = frozenset()) -> Any:
+    """The full sample of ``name`` with every nested struct value taken from ``minimal``,
+    except the fields named in ``realistic``, which keep the full sample's nested values."""
     full = _Sampler(spec).struct(spec.struct(name))
+    rich = _Sampler(spec, any_str=True).struct(spec.struct(name)) if realistic else full
+    names = [f.name for f in spec.struct(name).fields]
 
     def nested(value: Any) -> bool:
         return isinstance(value, dict) or (isinstance(value, list)
                                            and any(isinstance(v, (dict, list)) for v in value))
 
     if isinstance(full, list) and isinstance(minimal, list) and len(full) == len(minimal):
-        return [m if nested(f) else f for f, m in zip(full, minimal, strict=True)]
+        return [r if n in realistic else m if nested(f) else f
+                for n, f, m, r in zip(names, full, minimal, rich, strict=True)]
     if isinstance(full, dict) and isinstance(minimal, dict):
-        return {k: minimal.get(k) if nested(v) else v for k, v in full.items()}
+        return {k: rich[k] if k in realistic else minimal.get(k) if nested(v) else v
+                for k, v in full.items()}
     return full
+
+
+#: ``kind<Payload>[i] field<Nested>...`` or ``kind<Payload>.field<Nested>...``: a finding
+#: inside the nested struct (or list of structs) of the payload's top-level ``field``.
+_NESTED_PATH = re.compile(r"^\w+<\w+>(?:\[\d+\] |\.)(\w+)<")
+
+
+def nested_breaks(verdict: MessageVerdict) -> frozenset[str]:
+    """The payload's top-level fields inside whose nested structs the prediction finds a
+    rejection or a silent misdecode (their sample must carry a realistic nested value for a
+    decode to show it)."""
+    found = set()
+    for finding in verdict.findings:
+        match = _NESTED_PATH.match(finding.path)
+        if match and finding.kind in ("rejected", "silent"):
+            found.add(match.group(1))
+    return frozenset(found)
 
 
 def real_wheel_check(frontend: str, engine: str, *, echo: bool = True) -> list[RealWheelResult]:
     """What the wheels' own classes do with the add and outputs messages of a front end at
     ``frontend`` and an engine at ``engine`` (printed with ``echo``). The sample sets every
     top-level field it can (distinct values) and keeps nested structs minimal (vLLM's classes
-    validate nested values such as sampling parameters); when the writer's class refuses that
-    too, the minimal sample (nulls and defaults) is sent instead."""
+    validate nested values such as sampling parameters), except where the prediction finds a
+    nested rejection or misdecode: those fields carry a full nested value (every field set,
+    ``any`` values as strings), so that the decode meets the nested layout difference. When
+    the writer's class refuses a sample, the next is tried: nested minimal, then the minimal
+    sample (nulls and defaults); the detail says which sample the outcome is for."""
     from .realwheels import try_pair
     from .wheels import default_wheel_dir, find_wheel
 
     folder = default_wheel_dir()
-    predicted = {v.kind: v.verdict for v in predict(frontend, engine)}
+    predictions = {v.kind: v for v in predict(frontend, engine)}
     results = []
     for name, writer, reader, kind in (("EngineCoreRequest", frontend, engine, "add"),
                                        ("EngineCoreOutputs", engine, frontend, "outputs")):
         wheels = find_wheel(folder, writer), find_wheel(folder, reader)
-        verdict = predicted.get(kind, "absent")
+        prediction = predictions.get(kind)
+        verdict = prediction.verdict if prediction is not None else "absent"
         if wheels[0] is None or wheels[1] is None:
             result = RealWheelResult(name, writer, reader, verdict, "skipped",
                                      f"no wheel in {folder}")
         else:
             wspec = spec_for(writer)
-            outcome = None
+            realistic = nested_breaks(prediction) if prediction is not None else frozenset()
             minimal = _Sampler(wspec, minimal=True).struct(wspec.struct(name))
-            for sample in (_top_level_sample(wspec, name, minimal), minimal):
+            samples = [(f"sample with realistic nested {', '.join(sorted(realistic))}",
+                        _top_level_sample(wspec, name, minimal, realistic))] if realistic else []
+            samples += [("sample with minimal nested structs",
+                         _top_level_sample(wspec, name, minimal)),
+                        ("minimal sample", minimal)]
+            outcome = None
+            refused = []
+            for label, sample in samples:
                 outcome = try_pair(wheels[0], wheels[1], name, sample,
                                    [f.name for f in wspec.struct(name).fields])
                 if not outcome.detail.startswith("the writer's class refused"):
                     break
+                refused.append(f"{label}: {outcome.detail}")
             assert outcome is not None
-            result = RealWheelResult(name, writer, reader, verdict, outcome.outcome,
-                                     outcome.detail)
+            detail = f"{label}: {outcome.detail}"
+            if refused and outcome.outcome != "skipped":
+                detail += f" (refused before: {'; '.join(refused)})"
+            result = RealWheelResult(name, writer, reader, verdict, outcome.outcome, detail)
         results.append(result)
         if echo:
             agrees = {None: "", True: " (agrees with the prediction)",
