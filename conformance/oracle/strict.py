@@ -29,7 +29,7 @@ from enginewire.conformance.oracle.wire import (
     WireShapeError,
     parse_type,
 )
-from enginewire.spec.types import kind_of, members
+from enginewire.spec.types import TypeVisitor, kind_of, members
 
 
 @dataclass(frozen=True)
@@ -123,94 +123,130 @@ def _fits(raw: Any, expr: TypeExpr, spec: Any) -> bool:
 
 def _check(raw: Any, expr: TypeExpr, spec: Any, path: str, field: str,
            out: list[TypeProblem]) -> None:
-    def bad() -> None:
-        out.append(TypeProblem(path, type_text(expr), msgpack_type(raw), field))
+    """Append to ``out`` every position of ``raw`` vLLM's typed decoder of ``expr`` rejects."""
+    _Checker(spec, out).check(expr, raw, path, field)
 
-    name = expr.name
-    if name == "any":
+
+class _Checker(TypeVisitor[None]):
+    """The type check as one walk over the type expression (:class:`TypeVisitor`: a handler
+    per type constructor, structs and enums from the spec), each handler given the decoded
+    value, its ``$``-path and the ``Struct.field`` it sits in."""
+
+    def __init__(self, spec: Any, out: list[TypeProblem]) -> None:
+        super().__init__(spec.structs)
+        self.spec = spec
+        self.out = out
+
+    def bad(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
+        self.out.append(TypeProblem(path, type_text(expr), msgpack_type(raw), field))
+
+    def check(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
+        # nil fits only ``none``, ``any`` and a union holding one of them.
+        if raw is None and kind_of(expr) not in ("nil", "any", "union"):
+            self.bad(expr, raw, path, field)
+            return
+        self.visit(expr, raw, path, field)
+
+    def visit_any(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         return
-    if name == "none":
+
+    def visit_none(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if raw is not None:
-            bad()
-        return
-    if name == "union":
+            self.bad(expr, raw, path, field)
+
+    def visit_union(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if raw is None:
             if not any(kind_of(a) in ("nil", "any") for a in expr.args):
-                bad()
+                self.bad(expr, raw, path, field)
             return
         candidates = members(expr)
-        if any(_fits(raw, a, spec) for a in candidates):
+        if any(_fits(raw, a, self.spec) for a in candidates):
             return
         # Report inside the member of the same msgpack shape, when one exists.
-        same = [a for a in candidates if _shape_matches(raw, a, spec)]
+        same = [a for a in candidates if _shape_matches(raw, a, self.spec)]
         if len(same) == 1:
-            _check(raw, same[0], spec, path, field, out)
+            self.check(same[0], raw, path, field)
         else:
-            bad()
-        return
-    if raw is None:
-        bad()
-        return
-    item = spec.structs.get(name)
-    if isinstance(item, StructSpec):
-        _check_struct(raw, item, spec, path, field, out)
-        return
-    if isinstance(item, EnumSpec):
+            self.bad(expr, raw, path, field)
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, raw: Any, path: str,
+                     field: str) -> None:
+        _check_struct(raw, item, self.spec, path, field, self.out)
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, raw: Any, path: str,
+                   field: str) -> None:
         values = {m.value for m in item.members}
         if isinstance(raw, bool) or raw not in values:
-            out.append(TypeProblem(path, f"{name} (one of {sorted(values, key=repr)})",
-                                   f"{msgpack_type(raw)} {raw!r}", field))
-        return
-    if name == "int":
+            self.out.append(TypeProblem(path, f"{expr.name} (one of {sorted(values, key=repr)})",
+                                        f"{msgpack_type(raw)} {raw!r}", field))
+
+    def visit_int(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not isinstance(raw, int) or isinstance(raw, bool):
-            bad()
-    elif name == "float":
+            self.bad(expr, raw, path, field)
+
+    def visit_float(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not isinstance(raw, int | float) or isinstance(raw, bool):
-            bad()
-    elif name == "str":
+            self.bad(expr, raw, path, field)
+
+    def visit_str(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not isinstance(raw, str):
-            bad()
-    elif name == "bool":
+            self.bad(expr, raw, path, field)
+
+    def visit_bool(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not isinstance(raw, bool):
-            bad()
-    elif name == "bytes":
+            self.bad(expr, raw, path, field)
+
+    def visit_bytes(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not isinstance(raw, bytes | bytearray | memoryview):
-            bad()
-    elif name in ("tensor", "ndarray"):
-        _check_tensor(raw, expr, path, field, out)
-    elif name == "nested_tensors":
+            self.bad(expr, raw, path, field)
+
+    def _tensor(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
+        _check_tensor(raw, expr, path, field, self.out)
+
+    visit_tensor = visit_ndarray = _tensor
+
+    def visit_nested_tensors(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if isinstance(raw, list) and len(raw) == 3 and isinstance(raw[0], str):
-            _check_tensor(raw, expr, path, field, out)
+            _check_tensor(raw, expr, path, field, self.out)
         elif isinstance(raw, list):
             for index, value in enumerate(raw):
-                _check(value, expr, spec, f"{path}[{index}]", field, out)
+                self.check(expr, value, f"{path}[{index}]", field)
         else:
-            bad()
-    elif name in ("list", "set") or (name == "tuple" and expr.variadic):
+            self.bad(expr, raw, path, field)
+
+    def _items(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not isinstance(raw, list):
-            bad()
+            self.bad(expr, raw, path, field)
             return
         for index, value in enumerate(raw):
-            _check(value, expr.args[0], spec, f"{path}[{index}]", field, out)
-    elif name == "tuple":
+            self.check(expr.args[0], value, f"{path}[{index}]", field)
+
+    visit_list = visit_set = _items
+
+    def visit_tuple(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
+        if expr.variadic:
+            self._items(expr, raw, path, field)
+            return
         if not isinstance(raw, list) or len(raw) != len(expr.args):
-            out.append(TypeProblem(path, type_text(expr),
-                                   f"array of {len(raw)}" if isinstance(raw, list)
-                                   else msgpack_type(raw), field))
+            self.out.append(TypeProblem(path, type_text(expr),
+                                        f"array of {len(raw)}" if isinstance(raw, list)
+                                        else msgpack_type(raw), field))
             return
         for index, (value, arg) in enumerate(zip(raw, expr.args, strict=True)):
-            _check(value, arg, spec, f"{path}[{index}]", field, out)
-    elif name == "dict":
+            self.check(arg, value, f"{path}[{index}]", field)
+
+    def visit_dict(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not isinstance(raw, dict):
-            bad()
+            self.bad(expr, raw, path, field)
             return
         for key, value in raw.items():
-            _check(key, expr.args[0], spec, f"{path}[...]", field, out)
-            _check(value, expr.args[1], spec, f"{path}[{key!r}]", field, out)
-    elif name == "slice":
+            self.check(expr.args[0], key, f"{path}[...]", field)
+            self.check(expr.args[1], value, f"{path}[{key!r}]", field)
+
+    def visit_slice(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         if not (isinstance(raw, list) and len(raw) == 3 and all(
                 v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in raw)):
-            bad()
+            self.bad(expr, raw, path, field)
 
 
 def _shape_matches(raw: Any, expr: TypeExpr, spec: Any) -> bool:

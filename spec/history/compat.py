@@ -35,7 +35,7 @@ import msgspec
 
 from ..loader import REFERENCE_VLLM_VERSION, Spec, load
 from ..schema import EnumSpec, StructSpec
-from ..types import TypeExpr, kind_of, members, parse_type, scalar_type
+from ..types import TypeExpr, TypeVisitor, kind_of, members, parse_type, scalar_type
 
 _SPECS: dict[tuple[str, str], Spec] = {}
 
@@ -357,12 +357,15 @@ def predict(frontend: str, engine: str) -> list[MessageVerdict]:
 # --- confirmation by encode/decode --------------------------------------------------------
 
 
-class _Sampler:
+class _Sampler(TypeVisitor[Any]):
     """Builtins for a type: every value differs from its default and from its neighbours, so
     a value read into the wrong field shows. Tensor-like and ``any`` values are left out
-    (null where the type allows, else the field keeps its default)."""
+    (null where the type allows, else the field keeps its default). One walk over the type
+    expression (:class:`TypeVisitor`: a handler per type constructor, structs and enums from
+    the spec); a handler returns :data:`_SKIP` for a value it cannot make."""
 
     def __init__(self, spec: Spec, *, minimal: bool = False, any_str: bool = False) -> None:
+        super().__init__(spec.structs)
         self.spec = spec
         self.counter = 0
         #: Null for every nullable value and defaults for optional fields: the sample other
@@ -377,41 +380,60 @@ class _Sampler:
         return 100 + self.counter
 
     def value(self, expr: TypeExpr, depth: int) -> Any:
-        name = expr.name
         if self.minimal and expr.nullable:
             return None
-        if name == "union":
-            for arg in members(expr):
-                found = self.value(arg, depth)
-                if found is not _SKIP:
-                    return found
-            return None if expr.nullable else _SKIP
-        if name == "str":
-            return f"s{self.next_int()}"
-        if name == "int":
-            return self.next_int()
-        if name == "float":
-            return self.next_int() + 0.5
-        if name == "bool":
-            return True
-        if name in ("list", "set") or (name == "tuple" and expr.variadic):
-            item = self.value(expr.args[0], depth + 1) if depth < 4 else _SKIP
-            return [] if item is _SKIP else [item]
-        if name == "tuple":
-            items = [self.value(a, depth + 1) for a in expr.args]
-            return _SKIP if any(i is _SKIP for i in items) else items
-        if name == "dict":
-            key = self.value(expr.args[0], depth + 1)
-            val = self.value(expr.args[1], depth + 1)
-            return {} if _SKIP in (key, val) else {key: val}
-        if name == "any":
-            return f"s{self.next_int()}" if self.any_str else None
-        item = self.spec.structs.get(name)
-        if isinstance(item, EnumSpec):
-            return item.members[-1].value if item.members else _SKIP
-        if isinstance(item, StructSpec):
-            return self.struct(item, depth + 1) if depth < 4 else _SKIP
+        return self.visit(expr, depth)
+
+    def visit_union(self, expr: TypeExpr, depth: int) -> Any:
+        for arg in members(expr):
+            found = self.value(arg, depth)
+            if found is not _SKIP:
+                return found
+        return None if expr.nullable else _SKIP
+
+    def visit_str(self, expr: TypeExpr, depth: int) -> Any:
+        return f"s{self.next_int()}"
+
+    def visit_int(self, expr: TypeExpr, depth: int) -> Any:
+        return self.next_int()
+
+    def visit_float(self, expr: TypeExpr, depth: int) -> Any:
+        return self.next_int() + 0.5
+
+    def visit_bool(self, expr: TypeExpr, depth: int) -> Any:
+        return True
+
+    def visit_any(self, expr: TypeExpr, depth: int) -> Any:
+        return f"s{self.next_int()}" if self.any_str else None
+
+    def _left_out(self, expr: TypeExpr, depth: int) -> Any:
         return _SKIP
+
+    visit_bytes = visit_none = visit_slice = visit_tensor = visit_ndarray = _left_out
+    visit_nested_tensors = _left_out
+
+    def _items(self, expr: TypeExpr, depth: int) -> Any:
+        item = self.value(expr.args[0], depth + 1) if depth < 4 else _SKIP
+        return [] if item is _SKIP else [item]
+
+    visit_list = visit_set = _items
+
+    def visit_tuple(self, expr: TypeExpr, depth: int) -> Any:
+        if expr.variadic:
+            return self._items(expr, depth)
+        items = [self.value(a, depth + 1) for a in expr.args]
+        return _SKIP if any(i is _SKIP for i in items) else items
+
+    def visit_dict(self, expr: TypeExpr, depth: int) -> Any:
+        key = self.value(expr.args[0], depth + 1)
+        val = self.value(expr.args[1], depth + 1)
+        return {} if _SKIP in (key, val) else {key: val}
+
+    def visit_enum(self, expr: TypeExpr, item: EnumSpec, depth: int) -> Any:
+        return item.members[-1].value if item.members else _SKIP
+
+    def visit_struct(self, expr: TypeExpr, item: StructSpec, depth: int) -> Any:
+        return self.struct(item, depth + 1) if depth < 4 else _SKIP
 
     def struct(self, item: StructSpec, depth: int = 0) -> Any:
         """The struct in its wire form: an array for array and tuple encodings, else a map.
