@@ -7,7 +7,9 @@ Two kinds, both plain SVG with no script and nothing fetched:
   ``sA --> sB : label``; :func:`parse_state_diagram` reads it and raises ``ValueError`` naming
   the line it cannot read). States stand in one column in the order they are declared; a
   transition to the next state is a straight arrow, a transition to itself a loop on the right,
-  any other transition an arc on the left, one lane per overlapping arc.
+  any other transition an arc on the left, one lane per overlapping arc; an arc's label
+  stands left of its lane in a gap between rows, clear of every other line and label
+  (:func:`state_diagram_layout` gives the positions, which the tests check).
 - :func:`ring_layout_svg` draws the byte layout of the spec's example ring: one row per level
   of nesting, one box per region, one column per byte.
 
@@ -69,17 +71,105 @@ def _text_width(text: str) -> float:
     return len(text) * CHAR_WIDTH
 
 
-def _label(x: float, y: float, text: str, anchor: str = "start") -> str:
-    """A label with a white background so lines behind it stay readable."""
+@dataclass(frozen=True)
+class Box:
+    """An axis-aligned rectangle of the picture (a label's background, a state's box, or a
+    line segment of zero width or height)."""
+
+    x: float
+    y: float
+    width: float
+    height: float
+
+    def overlaps(self, other: Box) -> bool:
+        """Whether the two share any point inside both (touching edges do not count)."""
+        return (self.x < other.x + other.width and other.x < self.x + self.width
+                and self.y < other.y + other.height and other.y < self.y + self.height)
+
+    def crosses(self, other: Box) -> bool:
+        """Whether ``other`` (a segment) passes through this box (edges included)."""
+        return (self.x <= other.x + other.width and other.x <= self.x + self.width
+                and self.y <= other.y + other.height and other.y <= self.y + self.height)
+
+
+def _label_box(x: float, y: float, text: str, anchor: str = "start") -> Box:
+    """The white background of :func:`_label` (the label's text box)."""
     width = _text_width(text) + 6
     left = {"start": x - 3, "middle": x - width / 2, "end": x - width + 3}[anchor]
-    return (f"<rect x='{left:.1f}' y='{y - 11:.1f}' width='{width:.1f}' height='15' "
+    return Box(left, y - 11, width, 15)
+
+
+def _label(x: float, y: float, text: str, anchor: str = "start") -> str:
+    """A label with a white background so lines behind it stay readable."""
+    box = _label_box(x, y, text, anchor)
+    return (f"<rect x='{box.x:.1f}' y='{box.y:.1f}' width='{box.width:.1f}' height='15' "
             f"fill='white' fill-opacity='0.9'/>"
             f"<text x='{x:.1f}' y='{y:.1f}' text-anchor='{anchor}' {FONT}>{escape(text)}</text>")
 
 
-def state_diagram_svg(source: str, title: str = "state diagram") -> str:
-    """The SVG picture of a ``stateDiagram-v2`` block (see the module docstring)."""
+#: Clear space between a lane's labels and the next lane out, in pixels.
+LANE_MARGIN = 12.0
+
+
+@dataclass
+class StateLayout:
+    """Where :func:`state_diagram_svg` puts everything: the state boxes, every label (x, y,
+    text, anchor) and the straight segments of the left arcs and the arrows between
+    neighbours. The arcs' labels stand left of their own lane's line, in the gap between two
+    rows inside the arc's span (never on the row where an arc leaves or enters a box), and the
+    next lane out starts left of the widest label of the lane inside it, so no label sits on
+    another arc's line or on another label."""
+
+    diagram: StateDiagram
+    width: float
+    height: float
+    box_x: float
+    box_w: float
+    box_h: float
+    row_step: float
+    top: float
+    row: dict[str, int]
+    arcs: list[tuple[str, str, str, float]]  # (source, target, label, lane x)
+    labels: list[tuple[float, float, str, str]]  # (x, y, text, anchor)
+
+    @property
+    def cx(self) -> float:
+        return self.box_x + self.box_w / 2
+
+    def box_top(self, name: str) -> float:
+        return self.top + self.row[name] * self.row_step
+
+    def gap_middle(self, upper_row: int) -> float:
+        """The y in the middle of the gap below row ``upper_row``."""
+        return self.top + upper_row * self.row_step + self.box_h + (self.row_step
+                                                                    - self.box_h) / 2
+
+    def state_boxes(self) -> list[Box]:
+        return [Box(self.box_x, self.box_top(name), self.box_w, self.box_h)
+                for name, _ in self.diagram.states]
+
+    def label_boxes(self) -> list[Box]:
+        return [_label_box(x, y, text, anchor) for x, y, text, anchor in self.labels]
+
+    def segments(self) -> list[Box]:
+        """The straight parts of the arcs (horizontal to and from the boxes, the lane's
+        vertical) and of the arrows between neighbouring rows, as zero-width boxes."""
+        out = []
+        for source, target, _, lane_x in self.arcs:
+            y0 = self.box_top(source) + self.box_h / 2
+            y1 = self.box_top(target) + self.box_h / 2
+            for y in (y0, y1):
+                out.append(Box(lane_x, y, self.box_x - lane_x, 0))
+            out.append(Box(lane_x, min(y0, y1), 0, abs(y1 - y0)))
+        for source, target, _ in self.diagram.edges:
+            if self.row[target] == self.row[source] + 1:
+                y0 = self.box_top(source) + self.box_h
+                out.append(Box(self.cx, y0, 0, self.box_top(target) - y0))
+        return out
+
+
+def state_diagram_layout(source: str) -> StateLayout:
+    """The positions of :func:`state_diagram_svg`'s picture of ``source``."""
     diagram = parse_state_diagram(source)
     names = [name for name, _ in diagram.states]
     row = {name: index for index, name in enumerate(names)}
@@ -100,18 +190,47 @@ def state_diagram_svg(source: str, title: str = "state diagram") -> str:
         else:
             lanes.append([(low, high)])
             lane_of[index] = len(lanes) - 1
-    arc_labels = [_text_width(label) for _, _, label in arcs]
-    left_room = 30 + 40 * len(lanes) + max(arc_labels, default=0) + 10
-    box_x = left_room
-    cx = box_x + box_w / 2
+    # Each lane's distance left of the boxes: the next lane out clears the widest label of
+    # the lane inside it (a label ends 6 px left of its lane, its background 3 px further).
+    widest = [max((_text_width(arcs[i][2]) for i, lane in lane_of.items() if lane == k),
+                  default=0.0) for k in range(len(lanes))]
+    offset = [30.0]
+    for k in range(1, len(lanes)):
+        offset.append(offset[-1] + max(40.0, 9 + widest[k - 1] + LANE_MARGIN))
+    box_x = offset[-1] + 9 + widest[-1] + 10 if lanes else 40.0
     right_labels = [_text_width(label) for s, t, label in diagram.edges
                     if row[t] - row[s] in (0, 1)]
     width = box_x + box_w + 60 + max(right_labels, default=0) + 20
     height = top + len(names) * (box_h + gap) + 10
+    layout = StateLayout(diagram, width, height, box_x, box_w, box_h, box_h + gap, top, row,
+                         [(s, t, label, box_x - offset[lane_of[i]])
+                          for i, (s, t, label) in enumerate(arcs)], [])
+    cx = layout.cx
+    for source_name, target, label in diagram.edges:
+        if not label:
+            continue
+        if row[target] == row[source_name] + 1:
+            layout.labels.append((cx + 8, layout.gap_middle(row[source_name]) + 4, label,
+                                  "start"))
+        elif row[target] == row[source_name]:
+            layout.labels.append((box_x + box_w + 40,
+                                  layout.box_top(source_name) + box_h / 2 + 4, label, "start"))
+    for source_name, target, label, lane_x in layout.arcs:
+        if label:
+            low, high = sorted((row[source_name], row[target]))
+            layout.labels.append((lane_x - 6, layout.gap_middle(low + (high - low - 1) // 2) + 4,
+                                  label, "end"))
+    return layout
 
-    def box_top(name: str) -> float:
-        return top + row[name] * (box_h + gap)
 
+def state_diagram_svg(source: str, title: str = "state diagram") -> str:
+    """The SVG picture of a ``stateDiagram-v2`` block (see the module docstring), drawn at
+    the positions of :func:`state_diagram_layout`."""
+    layout = state_diagram_layout(source)
+    diagram, box_x, box_w, box_h, cx = (layout.diagram, layout.box_x, layout.box_w,
+                                        layout.box_h, layout.cx)
+    row, box_top = layout.row, layout.box_top
+    width, height = layout.width, layout.height
     parts = [
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width:.0f}' height='{height:.0f}' "
         f"viewBox='0 0 {width:.0f} {height:.0f}' role='img'>",
@@ -133,23 +252,17 @@ def state_diagram_svg(source: str, title: str = "state diagram") -> str:
                      f"rx='8' fill='#eef3fb' stroke='#335'/>")
         parts.append(f"<text x='{cx:.1f}' y='{y + box_h / 2 + 5:.1f}' text-anchor='middle' "
                      f"{FONT}>{escape(label)}</text>")
-    labels: list[str] = []
-    for source_name, target, label in diagram.edges:
+    for source_name, target, _ in diagram.edges:
         if row[target] == row[source_name] + 1:
             y0, y1 = box_top(source_name) + box_h, box_top(target)
             parts.append(f"<path d='M{cx:.1f},{y0:.1f} L{cx:.1f},{y1:.1f}' {line}/>")
-            if label:
-                labels.append(_label(cx + 8, (y0 + y1) / 2 + 4, label))
         elif row[target] == row[source_name]:
             y = box_top(source_name)
             x = box_x + box_w
             parts.append(f"<path d='M{x:.1f},{y + 8:.1f} C{x + 45:.1f},{y - 10:.1f} "
                          f"{x + 45:.1f},{y + box_h + 10:.1f} {x:.1f},{y + box_h - 8:.1f}' "
                          f"{line}/>")
-            if label:
-                labels.append(_label(x + 40, y + box_h / 2 + 4, label))
-    for index, (source_name, target, label) in enumerate(arcs):
-        lane_x = box_x - 30 - 40 * lane_of[index]
+    for source_name, target, _, lane_x in layout.arcs:
         y0 = box_top(source_name) + box_h / 2
         y1 = box_top(target) + box_h / 2
         parts.append(f"<path d='M{box_x:.1f},{y0:.1f} L{lane_x + 10:.1f},{y0:.1f} "
@@ -157,9 +270,7 @@ def state_diagram_svg(source: str, title: str = "state diagram") -> str:
                      f"L{lane_x:.1f},{y1 - (10 if y1 > y0 else -10):.1f} "
                      f"Q{lane_x:.1f},{y1:.1f} {lane_x + 10:.1f},{y1:.1f} "
                      f"L{box_x:.1f},{y1:.1f}' {line}/>")
-        if label:
-            labels.append(_label(lane_x - 6, (y0 + y1) / 2 + 4, label, anchor="end"))
-    parts.extend(labels)
+    parts.extend(_label(x, y, text, anchor) for x, y, text, anchor in layout.labels)
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import re
 import shutil
 import threading
 import xml.etree.ElementTree as ElementTree
@@ -20,7 +21,12 @@ from ci_tools import require_tool
 
 from enginewire.cli import main
 from enginewire.conformance.framework.html_report import clause_link
-from enginewire.diagrams import parse_state_diagram, state_diagram_svg
+from enginewire.diagrams import (
+    _label_box,
+    parse_state_diagram,
+    state_diagram_layout,
+    state_diagram_svg,
+)
 from enginewire.docsite import NAV, ROOT, build_site, check_site, clause_pages
 from enginewire.spec import Spec, load
 
@@ -111,6 +117,43 @@ def test_state_diagram_drawing_follows_the_source() -> None:
     assert svg.count("marker-end=") == 5  # the initial arrow and one arrow per transition
     with pytest.raises(ValueError, match="not understood"):
         parse_state_diagram("stateDiagram-v2\n    s0 -> s1")
+
+
+def _frontend_state_diagram() -> str:
+    page = (ROOT / "docs" / "spec" / "handshake.md").read_text(encoding="utf-8")
+    section = page.split('<a id="machine-frontend"></a>', 1)[1]
+    return section.split("```mermaid\n", 1)[1].split("```", 1)[0]
+
+
+def test_frontend_state_diagram_labels_overlap_nothing() -> None:
+    """The front end's state machine (arcs in two lanes, labels on both sides): no label's
+    text box overlaps another label or a state box, and none sits on a line of the picture
+    (an arc's horizontal or vertical part, an arrow between neighbours). The boxes are the
+    layout's, and the SVG draws exactly those."""
+    source = _frontend_state_diagram()
+    layout = state_diagram_layout(source)
+    labels, states = layout.label_boxes(), layout.state_boxes()
+    assert len(labels) == 8 and len({lane for *_, lane in layout.arcs}) == 2
+    boxes = [*labels, *states]
+    overlapping = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert not overlapping
+    crossed = [(label, segment) for label in labels for segment in layout.segments()
+               if label.crosses(segment)]
+    assert not crossed
+    drawn = re.findall(r"<rect x='([\d.-]+)' y='([\d.-]+)' width='([\d.]+)' height='15' "
+                       r"fill='white'", state_diagram_svg(source))
+    assert drawn == [(f"{b.x:.1f}", f"{b.y:.1f}", f"{b.width:.1f}") for b in labels]
+    assert all(b.x >= 0 and b.x + b.width <= layout.width for b in boxes)
+
+
+def test_label_check_sees_a_label_on_a_line() -> None:
+    """The check of the test above fails on a label placed on an arc's line (as the front
+    end's ``external_handshake`` once sat on the ``engine_core_dead`` arc out of CONNECTED)."""
+    layout = state_diagram_layout(_frontend_state_diagram())
+    source, _, label, lane_x = next(a for a in layout.arcs if a[2] == "external_handshake")
+    y = layout.box_top("s1") + layout.box_h / 2 + 4  # CONNECTED's row, where an arc leaves
+    moved = _label_box(lane_x - 6, y, label, "end")
+    assert any(moved.crosses(segment) for segment in layout.segments())
 
 
 def test_search_index_holds_every_clause(site: Path, spec: Spec) -> None:
