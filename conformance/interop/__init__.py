@@ -36,15 +36,21 @@ cell passes or not. Exit status of the command: 0 when every cell passed or is a
 deviation, 1 otherwise, 2 for a usage error.
 
 The package is split by cell kind: :mod:`.common` (constants, results, step runner,
-addresses, handshake launcher, implementations), :mod:`.engine` (engine cells and the session
-helpers), :mod:`.api_server`, :mod:`.dp` (data-parallel and topology cells), :mod:`.ring` and
-:mod:`.matrix` (the driver, its reports and the command). Every public name is importable from
-here; ``_Script`` too, for the topology cells of layers above (``enginewire.tap.vllm_dp``).
+addresses, handshake launcher, implementations), :mod:`.engine_cells` (engine cells and the
+session helpers), :mod:`.api_server_cells`, :mod:`.dp_cells` (data-parallel and topology
+cells), :mod:`.ring_cells` and :mod:`.driver` (the matrix, its reports and the command). Every
+public name is importable from here; ``_Script`` too, for the topology cells of layers above
+(``enginewire.tap.vllm_dp``).
+
+This package may import ``enginewire.spec``, ``enginewire.reference``, the rest of
+``enginewire.conformance`` and ``enginewire.cliargs`` (its command's argument types); never
+fuzz, bench or tap: those add cells of whole topologies through
+:func:`register_topology_cell`.
 """
 
 from __future__ import annotations
 
-from .api_server import (
+from .api_server_cells import (
     API_PROMPT,
     API_READY_TIMEOUT,
     API_TOKENS,
@@ -84,16 +90,13 @@ from .common import (
     vllm_implementation,
 )
 from .common import _Script as _Script  # the topology cells of enginewire.tap.vllm_dp
-from .dp import (
+from .dp_cells import (
     DP_SIZE,
     register_topology_cell,
     run_dp_cell,
     topology_cells,
 )
-from .engine import (
-    run_engine_cell,
-)
-from .matrix import (
+from .driver import (
     Matrix,
     implementations,
     main,
@@ -102,7 +105,10 @@ from .matrix import (
     render_table,
     run_matrix,
 )
-from .ring import (
+from .engine_cells import (
+    run_engine_cell,
+)
+from .ring_cells import (
     ring_message,
     run_ring_cell,
 )

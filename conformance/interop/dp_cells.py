@@ -23,7 +23,7 @@ from .common import (
     _Script,
     classify,
 )
-from .engine import (
+from .engine_cells import (
     _neutral,
     _Outputs,
     _request,

@@ -17,7 +17,7 @@ from typing import Any
 
 from enginewire.cliargs import positive_float, writable_file
 
-from .api_server import (
+from .api_server_cells import (
     run_api_server_cell,
 )
 from .common import (
@@ -28,15 +28,15 @@ from .common import (
     Cell,
     Implementation,
 )
-from .dp import (
+from .dp_cells import (
     _TOPOLOGY_CELLS,
     DP_SIZE,
     run_dp_cell,
 )
-from .engine import (
+from .engine_cells import (
     run_engine_cell,
 )
-from .ring import (
+from .ring_cells import (
     run_ring_cell,
 )
 
