@@ -45,19 +45,22 @@ caller puts the tap there itself (:meth:`Tap.add_coordinator` with ``stats_publi
 for the front ends, an XSUB connected to the coordinator).
 
 Capture. Every device and the Python loop send a copy of each message they forward, after
-forwarding it, prefixed with a tag naming its channel, sender and identity, into one inproc
-PULL read by the tap's capture thread: the copy is a reference to the same ZMQ message (no copy
-of a large payload), the queue has no high-water mark, and a send on it never waits, so a
-capture that falls behind never slows forwarding (it holds the copies in memory meanwhile) and
-no message is left out of it. The capture thread turns each copy into a :class:`Record`
-(``t_ns``: when it read the copy) and hands it to ``record`` at once, in the order read: within
-a channel and direction, the order forwarded; across channels (each forwarded by its own
-thread), the order the copies reached the capture, which is the forwarding order while the
-capture keeps up (it reads each copy within microseconds; a peer's answer to a message takes a
-round trip). Then, whenever no copy is waiting, it hands the oldest record not yet observed to
-``observer`` (the decoder): at most ``max_behind`` records wait for it; a record that comes
-while that many wait is not observed (counted in :attr:`Tap.unobserved`), never dropped from
-``record`` nor from forwarding.
+forwarding it, prefixed with a tag naming its channel, sender and identity, into an inproc
+queue: the copy is a reference to the same ZMQ message (no copy of a large payload), the queue
+has no high-water mark, and a send on it never waits, so a capture that falls behind never
+slows forwarding (the copies wait in memory meanwhile) and no message is left out of it. A
+merger (``zmq.proxy_steerable``, in C) takes the copies in the order they come, microseconds
+after each forward, into one queue; the capture thread reads that queue in batches (it lets
+copies gather for :data:`BATCH_S` after one wakes it), at nice :data:`CAPTURE_NICE` on Linux,
+so the engine, the front end and the forwarding threads get the CPU first. It turns each copy
+into a :class:`Record` (``t_ns``: when it read the copy) and hands it to ``record`` at once, in
+the order merged: within a channel and direction, the order forwarded; across channels (each
+forwarded by its own thread), the order the copies reached the merger, the forwarding order
+unless the merger was kept off the CPU for longer than a peer takes to answer. Then, whenever
+no copy is waiting, it hands the oldest record not yet observed to ``observer`` (the decoder):
+at most ``max_behind`` records wait for it; a record that comes while that many wait is not
+observed (counted in :attr:`Tap.unobserved`), never dropped from ``record`` nor from
+forwarding.
 
 :class:`Tap` starts its threads at :meth:`start`; every wait is bounded, and :meth:`close`
 stops the devices (terminating their context), hands over what was captured, closes every

@@ -677,3 +677,57 @@ def test_an_engine_of_an_older_release_is_flagged_and_the_release_named() -> Non
     assert add.violations and "0.33.0" in add.violations[0].explained_by
     [ready] = [a for a in offline if a.record.channel == "input" and a.record.sender == "engine"]
     assert [v.clause for v in ready.violations] == ["not-in-release"]
+
+
+def test_a_stuck_decoder_neither_stalls_forwarding_nor_loses_a_recorded_frame() -> None:
+    """The observer (the decoder) blocks on its first record: every message is still forwarded
+    unchanged at once, the recording still gets every message in order, and the records the
+    observer could not take (more than ``max_behind`` waiting) are counted, not lost."""
+    import zmq
+
+    from enginewire.reference.addresses import ipc_address, remove_ipc_file
+
+    ctx = zmq.Context()
+    front_out = ctx.socket(zmq.PULL)
+    engine_out = ctx.socket(zmq.PUSH)
+    upstream_in = ipc_address()
+    release = threading.Event()
+    observed: list[Record] = []
+    recorded: list[Record] = []
+
+    def stuck(record: Record) -> None:
+        release.wait(TIMEOUT)
+        observed.append(record)
+
+    messages = [[b"out-%d" % i, b"frame-two"] for i in range(50)]
+    try:
+        front_out.bind(ipc_address())
+        upstream_out = front_out.getsockopt_string(zmq.LAST_ENDPOINT)
+        with Tap(TapConfig(upstream_inputs=[upstream_in], upstream_outputs=[upstream_out]),
+                 stuck, record=recorded.append, max_behind=5) as tap:
+            tap.start()
+            engine_out.connect(tap.output_addresses[0])
+            for frames in messages:
+                engine_out.send_multipart(frames)
+            got = []
+            for _ in messages:
+                assert front_out.poll(int(TIMEOUT * 1000)), len(got)
+                got.append(front_out.recv_multipart())
+            assert got == messages and not release.is_set()  # forwarded, decoder stuck
+            release.set()
+        assert tap.error is None
+        assert [list(r.frames) for r in recorded] == messages
+        assert {(r.channel, r.sender, r.identity) for r in recorded} == {
+            ("output", "engine", None)}
+        assert tap.forwarded == len(messages)
+        assert tap.unobserved > 0 and len(observed) + tap.unobserved == len(messages)
+        remaining = iter(recorded)  # observed in the recorded order, none twice
+        assert all(any(o == r for r in remaining) for o in observed)
+        assert tap.most_behind <= 5
+    finally:
+        engine_out.close(linger=0)
+        front_out.close(linger=0)
+        ctx.term()
+        remove_ipc_file(upstream_in)
+        if "upstream_out" in locals():
+            remove_ipc_file(upstream_out)
