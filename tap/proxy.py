@@ -44,13 +44,14 @@ traffic that engines never see and the init does not carry: it is left as it is,
 caller puts the tap there itself (:meth:`Tap.add_coordinator` with ``stats_publish``: an XPUB
 for the front ends, an XSUB connected to the coordinator).
 
-Capture. Every device and the Python loop send a copy of each message they forward, after
-forwarding it, prefixed with a tag naming its channel, sender and identity, into an inproc
-queue: the copy is a reference to the same ZMQ message (no copy of a large payload), the queue
-has no high-water mark, and a send on it never waits, so a capture that falls behind never
-slows forwarding (the copies wait in memory meanwhile) and no message is left out of it. A
-merger (``zmq.proxy_steerable``, in C) takes the copies in the order they come, microseconds
-after each forward, into one queue; the capture thread reads that queue in batches (it lets
+Capture. Every device and the Python loop send a copy of each message they forward (a device
+right after forwarding it, in C; the Python loop right before), prefixed with a tag naming its
+channel, sender and identity, into an inproc queue: the copy is a reference to the same ZMQ
+message (no copy of a large payload), the queue has no high-water mark, and a send on it never
+waits, so a capture that falls behind never slows forwarding (the copies wait in memory
+meanwhile) and no message is left out of it. A merger
+(``zmq.proxy_steerable``, in C) takes the copies in the order they come, microseconds after
+each forward, into one queue; the capture thread reads that queue in batches (it lets
 copies gather for :data:`BATCH_S` after one wakes it), at nice :data:`CAPTURE_NICE` on Linux,
 so the engine, the front end and the forwarding threads get the CPU first. It turns each copy
 into a :class:`Record` (``t_ns``: when it read the copy) and hands it to ``record`` at once, in
@@ -387,15 +388,15 @@ class Tap:
         self._coordinator[(channel, upstream)] = listen
 
         def far_side(frames: list[zmq.Frame]) -> None:
-            up.socket.send_multipart(frames, copy=False)
             self._observe(channel, far, None, frames)
+            up.socket.send_multipart(frames, copy=False)
 
         self._watch(listen, far_side)
         if channel in ("coordinator_input", "stats_publish"):
 
             def coordinator_side(frames: list[zmq.Frame]) -> None:
-                listen.socket.send_multipart(frames, copy=False)
                 self._observe(channel, "coordinator", None, frames)
+                listen.socket.send_multipart(frames, copy=False)
 
             self._watch(up, coordinator_side)
         return listen
@@ -411,7 +412,9 @@ class Tap:
 
     def _observe(self, channel: str, sender: str, identity: bytes | None,
                  frames: Sequence[zmq.Frame]) -> None:
-        """Send a copy of a message the Python loop forwarded to the capture."""
+        """Send a copy of a message the Python loop is about to forward to the capture: before
+        forwarding it, so that no answer to it (forwarded by a device, on another thread) can
+        reach the capture first."""
         self._loop_capture.send_multipart([self._tag(channel, sender, identity), *frames],
                                           copy=False)
 
@@ -423,16 +426,16 @@ class Tap:
             dealer = self._hs_dealers[identity] = self._open(
                 "handshake", "engine", self.config.upstream_handshake, identity)
             self._watch(dealer, functools.partial(self._from_frontend_handshake, identity))
-        dealer.socket.send_multipart(frames[1:], copy=False)
         self._observe("handshake", "engine", identity, frames[1:])
+        dealer.socket.send_multipart(frames[1:], copy=False)
 
     def _from_frontend_handshake(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         assert self._hs_router is not None
         out: list[Any] = list(frames)
         if len(frames) == 1:
             out = [self._rewrite_init(frames[0].bytes, identity)]
-        self._hs_router.socket.send_multipart([identity, *out], copy=False)
         self._observe("handshake", "frontend", identity, frames)
+        self._hs_router.socket.send_multipart([identity, *out], copy=False)
 
     def _rewrite_init(self, payload: bytes, identity: bytes) -> bytes:
         """The init payload for the engine ``identity`` with the tap's own input/output
@@ -455,13 +458,13 @@ class Tap:
             dealer = forward.dealers[identity] = self._open("input", "engine", forward.upstream,
                                                             identity)
             self._watch(dealer, functools.partial(self._from_frontend_input, forward, identity))
-        dealer.socket.send_multipart(frames[1:], copy=False)
         self._observe("input", "engine", identity, frames[1:])
+        dealer.socket.send_multipart(frames[1:], copy=False)
 
     def _from_frontend_input(self, forward: _Input, identity: bytes,
                              frames: list[zmq.Frame]) -> None:
-        forward.router.socket.send_multipart([identity, *frames], copy=False)
         self._observe("input", "frontend", identity, frames)
+        forward.router.socket.send_multipart([identity, *frames], copy=False)
 
     def poll_once(self, timeout_ms: int = POLL_MS) -> int:
         """The Python loop's step: forward every message waiting on its sockets (one poll for

@@ -162,7 +162,7 @@ def tapped(records: list[Record] | None = None) -> Iterator[Any]:
 
     def start(upstream: str) -> str:
         tap = Tap(TapConfig(upstream_handshake=upstream),
-                  records.append if records is not None else None).start()
+                  record=records.append if records is not None else None).start()
         taps.append(tap)
         assert tap.handshake_address is not None
         return tap.handshake_address
@@ -266,7 +266,8 @@ def test_a_skewed_engine_is_flagged_at_the_first_message_that_shows_it() -> None
 def test_reference_peers_through_the_tap_with_two_engines() -> None:
     records: list[Record] = []
     with ReferenceFrontend(2) as front, \
-            Tap(TapConfig(upstream_handshake=front.handshake_address), records.append) as tap:
+            Tap(TapConfig(upstream_handshake=front.handshake_address),
+                record=records.append) as tap:
         tap.start()
         engines = [ReferenceEngine(EngineOptions(handshake_address=tap.handshake_address,
                                                  rank=rank, tokens=3)) for rank in range(2)]
@@ -308,7 +309,7 @@ def _record_reference_session(path: Any, *, tokens: int | None = 3,
         writer = Writer(handle, Header("0.33.0"))
         with ReferenceFrontend(1) as front, \
                 Tap(TapConfig(upstream_handshake=front.handshake_address),
-                    writer.write) as tap:
+                    record=writer.write) as tap:
             tap.start()
             engine = ReferenceEngine(EngineOptions(handshake_address=tap.handshake_address,
                                                    step_delay=0.01))
@@ -410,7 +411,7 @@ def test_replay_against_the_reference_front_end(tmp_path) -> None:
 
         addresses = {"handshake": ipc_address(), "input": ipc_address(),
                      "output": ipc_address()}
-        with Tap(TapConfig(upstream_handshake=addresses["handshake"]), writer.write) as tap:
+        with Tap(TapConfig(upstream_handshake=addresses["handshake"]), record=writer.write) as tap:
             tap.start()
             front = subprocess.Popen([a.format(**addresses) for a in front_argv],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -467,7 +468,8 @@ def test_reference_peers_through_the_tap_over_tcp() -> None:
     tcp = {key: "tcp://127.0.0.1:0"
            for key in ("handshake_address", "input_address", "output_address")}
     with ReferenceFrontend(1, **tcp) as front, \
-            Tap(TapConfig(upstream_handshake=front.handshake_address), records.append) as tap:
+            Tap(TapConfig(upstream_handshake=front.handshake_address),
+                record=records.append) as tap:
         tap.start()
         assert tap.handshake_address is not None
         assert tap.handshake_address.startswith("tcp://127.0.0.1:")
@@ -586,7 +588,7 @@ def test_the_dp_coordinator_channels_flow_through_the_tap() -> None:
         f_hs = sock("handshake", "frontend", ipc_address())
         c_in = sock("coordinator_input", "coordinator", ipc_address())
         c_out = sock("coordinator_output", "coordinator", ipc_address())
-        with Tap(TapConfig(upstream_handshake=f_hs.address), records.append) as tap:
+        with Tap(TapConfig(upstream_handshake=f_hs.address), record=records.append) as tap:
             tap.start()
             assert tap.handshake_address is not None
             e_hs = sock("handshake", "engine", tap.handshake_address, engine.identity)
