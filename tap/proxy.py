@@ -621,9 +621,9 @@ class Tap:
             if self._capture_thread.is_alive():
                 raise TimeoutError(f"the tap's capture did not stop within {timeout + 5} s")
             self._capture_thread = None
-        for sock in (self._capture, self._merge_in, self._merge_out, self._merge_control,
-                     self._merge_command):
-            sock.close(linger=0)
+        for inproc in (self._capture, self._merge_in, self._merge_out, self._merge_control,
+                       self._merge_command):
+            inproc.close(linger=0)
         self._capture_ctx.term()
 
     def __enter__(self) -> Tap:
