@@ -12,8 +12,8 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from enginewire.bench.config import BENCHES, BenchConfig
-from enginewire.cliargs import positive_int, writable_dir, writable_file
+from enginewire.bench.config import BENCHES, TRANSPORTS, BenchConfig
+from enginewire.cliargs import non_negative_float, positive_int, writable_dir, writable_file
 
 
 def register(subparsers: Any) -> None:
@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
                         help="run only this bench; may repeat (default: all)")
     parser.add_argument("--rounds", type=positive_int, metavar="N",
                         help="rounds (default 7, quick 3)")
+    parser.add_argument("--step-delay", type=non_negative_float, metavar="SECONDS",
+                        help="peers: the reference engine's time per generation step "
+                             "(default 0: as fast as it can)")
+    parser.add_argument("--transport", action="append", choices=TRANSPORTS, default=[],
+                        help="peers: measure over this transport only; may repeat "
+                             "(default: ipc and tcp)")
     parser.add_argument("--no-vllm", action="store_true",
                         help="do not measure vLLM (no vs-vLLM ratios)")
     parser.add_argument("--summary", action="store_true",
@@ -69,6 +75,10 @@ def command_line(args: argparse.Namespace) -> str:
         words += ["--bench", bench]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
+    if args.step_delay is not None:
+        words += ["--step-delay", str(args.step_delay)]
+    for transport in args.transport:
+        words += ["--transport", transport]
     if args.no_vllm:
         words.append("--no-vllm")
     for option in ("plot", "json", "markdown"):
@@ -88,6 +98,10 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         overrides["benches"] = tuple(b for b in BENCHES if b in args.bench)
     if args.rounds is not None:
         overrides["rounds"] = args.rounds
+    if args.step_delay is not None:
+        overrides["engine_step_delay"] = args.step_delay
+    if args.transport:
+        overrides["transports"] = tuple(t for t in TRANSPORTS if t in args.transport)
     config = BenchConfig.quick() if args.quick else BenchConfig.full()
     return replace(config, **overrides)
 

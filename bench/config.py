@@ -59,6 +59,9 @@ class BenchConfig:
     # --- peers ---
     transports: tuple[str, ...] = TRANSPORTS
     round_trips: int = 200
+    #: The reference engine's seconds between generation steps in the peers sessions (0: as
+    #: fast as it can; a realistic step time shows the tap's cost against a working engine).
+    engine_step_delay: float = 0.0
     # --- textbook contenders ---
     #: Message size of the bulk transfers (pipe, Unix socket, shared memory) and their length.
     textbook_bytes: int = MIB
@@ -116,6 +119,8 @@ class BenchConfig:
             raise ValueError("reader counts must be >= 1")
         if any(c < 2 for c in self.chunks):
             raise ValueError("chunk counts must be >= 2")
+        if self.engine_step_delay < 0:
+            raise ValueError(f"engine_step_delay must be >= 0, got {self.engine_step_delay}")
         bad = set(self.transports) - set(TRANSPORTS)
         if bad:
             raise ValueError(f"unknown transport(s) {sorted(bad)}: use ipc, tcp")

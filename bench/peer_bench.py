@@ -28,6 +28,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -73,7 +74,7 @@ class ReferencePeers:
 
     name = "reference"
 
-    def __init__(self, transport: str, timeout: float) -> None:
+    def __init__(self, transport: str, timeout: float, step_delay: float = 0.0) -> None:
         from enginewire.reference.engine import EngineOptions, spawn_engine
         from enginewire.reference.frontend import ReferenceFrontend
 
@@ -84,7 +85,8 @@ class ReferencePeers:
         self.engine = None
         try:
             self.engine = spawn_engine(
-                EngineOptions(handshake_address=self._engine_handshake(transport), tokens=1),
+                EngineOptions(handshake_address=self._engine_handshake(transport), tokens=1,
+                              step_delay=step_delay),
                 stderr=subprocess.DEVNULL)
         except BaseException:
             self.close()
@@ -137,7 +139,7 @@ class VllmPeers:
 
     name = "vllm"
 
-    def __init__(self, transport: str, timeout: float) -> None:
+    def __init__(self, transport: str, timeout: float, step_delay: float = 0.0) -> None:
         from enginewire.reference.engine import EngineOptions, spawn_engine
 
         self.timeout = timeout
@@ -149,7 +151,7 @@ class VllmPeers:
         self.engine = spawn_engine(EngineOptions(
             input_addresses=[self.addresses["input_address"]],
             output_addresses=[self.addresses["output_address"]], tokens=1,
-        ), stderr=subprocess.DEVNULL)
+            step_delay=step_delay), stderr=subprocess.DEVNULL)
 
     def wait_ready(self) -> None:
         """Start the client; it returns once the engine's ready response came."""
@@ -425,12 +427,14 @@ class TappedPeers(ReferencePeers):
                 remove_ipc_file(self.listen)
 
 
-def spawn_tap(argv: Sequence[str]) -> subprocess.Popen[bytes]:
-    """``enginewire tap ARGV`` as a child process, its lines to /dev/null."""
+def spawn_tap(argv: Sequence[str], lines: bool = False) -> subprocess.Popen[bytes]:
+    """``enginewire tap ARGV`` as a child process, its lines to /dev/null (or to a pipe, with
+    ``lines``)."""
     import sys
 
     return subprocess.Popen([sys.executable, "-m", "enginewire", "tap", *argv],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE if lines else subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
 
 
@@ -446,11 +450,38 @@ def stop_tap(process: subprocess.Popen[bytes] | None) -> None:
         process.wait(10)
 
 
+class _LineCount:
+    """Counts the lines a child writes to its stdout pipe, on a thread, with the time each
+    count was reached."""
+
+    def __init__(self, stream: Any) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for _line in stream:
+            with self.changed:
+                self.count += 1
+                self.changed.notify_all()
+
+    def wait_for(self, count: int, timeout: float) -> float:
+        """Wait until ``count`` lines came; return the time (``perf_counter``) it was seen."""
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.count >= count, timeout):
+                raise PeerError(f"the tap printed {self.count} lines of {count} within "
+                                f"{timeout} s")
+        return time.perf_counter()
+
+
 def tap_output_rate(transport: str, outputs_per_step: int, steps: int,
-                    timeout: float) -> float:
-    """Steps per second ``enginewire tap`` forwards, decodes and checks, for EngineCoreOutputs
-    of ``outputs_per_step`` request outputs each (one token each), sent back to back by a PUSH
-    into the tap and read from the front end's PULL behind it: the tap's ceiling rate.
+                    timeout: float) -> dict[str, float]:
+    """Steps per second ``enginewire tap`` forwards (``tap_steps_per_s``) and decodes, checks
+    and prints (``tap_decoded_steps_per_s``), for EngineCoreOutputs of ``outputs_per_step``
+    request outputs each (one token each), sent back to back by a PUSH into the tap and read
+    from the front end's PULL behind it: the tap's ceiling rates. ``steps`` stays under the
+    tap's ``--max-behind``, so every step is decoded.
     """
     from enginewire.reference import codec, structs
     from enginewire.reference.addresses import remove_ipc_file
@@ -468,20 +499,26 @@ def tap_output_rate(transport: str, outputs_per_step: int, steps: int,
     upstream_in, listen_in, listen_out = (_address(transport) for _ in range(3))
     upstream_out = ""
     tap = None
+    printed = None
     try:
         pull.bind(_bind_address(transport))
         upstream_out = pull.getsockopt_string(zmq.LAST_ENDPOINT)
         tap = spawn_tap(["--input", upstream_in, "--output", upstream_out,
-                         "--listen-input", listen_in, "--listen-output", listen_out])
+                         "--listen-input", listen_in, "--listen-output", listen_out,
+                         "--max-behind", str(steps + 1)], lines=True)
+        printed = _LineCount(tap.stdout)
         push.connect(listen_out)
         # One message through first: the tap is up and connected both ways.
         deadline = time.monotonic() + timeout * 3
+        sent = 0
         while not pull.poll(100):
             push.send_multipart(message)
+            sent += 1
             if time.monotonic() > deadline:
                 raise PeerError("the tap forwarded nothing in time")
         while pull.poll(200):
             pull.recv_multipart()
+        printed.wait_for(sent, timeout)
         start = time.perf_counter()
         for _ in range(steps):
             push.send_multipart(message)
@@ -489,9 +526,15 @@ def tap_output_rate(transport: str, outputs_per_step: int, steps: int,
             if not pull.poll(int(timeout * 1000)):
                 raise PeerError(f"the tap forwarded no output within {timeout} s")
             pull.recv_multipart()
-        return steps / (time.perf_counter() - start)
+        forwarded = time.perf_counter() - start
+        decoded = printed.wait_for(sent + steps, timeout * 3) - start
+        return {"tap_steps_per_s": steps / forwarded, "tap_decoded_steps_per_s": steps / decoded}
     finally:
         stop_tap(tap)
+        if printed is not None:
+            printed.thread.join(5)
+        if tap is not None and tap.stdout is not None:
+            tap.stdout.close()
         push.close(linger=0)
         pull.close(linger=0)
         context.term()
@@ -505,6 +548,8 @@ def _bind_address(transport: str) -> str:
     return ipc_address() if transport == "ipc" else "tcp://127.0.0.1:0"
 
 
+#: The sessions whose engine is the reference engine (``step_delay`` applies to them).
+ENGINE_SESSIONS = ("reference", "vllm", TAPPED)
 #: Contender name -> session class.
 SESSIONS: dict[str, type] = {"reference": ReferencePeers, "vllm": VllmPeers,
                              "router_dealer": BarePeers, TAPPED: TappedPeers,

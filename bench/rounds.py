@@ -203,7 +203,7 @@ class Run:
         return [t for t in self.targets if t in self.codec_ops]
 
     def set_up_peers(self) -> list[str]:
-        from enginewire.bench.peer_bench import PROXIED, SESSIONS, TAPPED
+        from enginewire.bench.peer_bench import ENGINE_SESSIONS, PROXIED, SESSIONS, TAPPED
 
         names = [t for t in self.targets if t in SESSIONS]
         baselines = []
@@ -223,7 +223,9 @@ class Run:
         for transport in self.config.transports:
             for name in [*names, *baselines, ROUTER_DEALER]:
                 try:
-                    session = SESSIONS[name](transport, self.config.timeout)
+                    options = {"step_delay": self.config.engine_step_delay} if (
+                        name in ENGINE_SESSIONS and self.config.engine_step_delay) else {}
+                    session = SESSIONS[name](transport, self.config.timeout, **options)
                 except Exception as exc:  # recorded; the other sessions still run
                     self.results.notes.append(
                         f"peers: {name} over {transport} could not start: {exc}")
@@ -425,7 +427,8 @@ class Run:
                 yield Step(f"peers {transport} tap output rate",
                            _bind(self._record, "peers", rate_case, TAPPED,
                                  _pair(partial(_tap_rate, transport, self.config.timeout)),
-                                 {"tap_steps_per_s": ("steps/s", "higher")}))
+                                 {"tap_steps_per_s": ("steps/s", "higher"),
+                                  "tap_decoded_steps_per_s": ("steps/s", "higher")}))
 
 
 def _borrows(target: Any) -> bool:
@@ -456,8 +459,7 @@ TAP_RATE_STEPS = 400
 def _tap_rate(transport: str, timeout: float) -> dict[str, float]:
     from enginewire.bench.peer_bench import tap_output_rate
 
-    return {"tap_steps_per_s": tap_output_rate(transport, TAP_OUTPUTS_PER_STEP,
-                                               TAP_RATE_STEPS, timeout)}
+    return tap_output_rate(transport, TAP_OUTPUTS_PER_STEP, TAP_RATE_STEPS, timeout)
 
 
 def _round_trips(session: Any, count: int, prefix: str) -> tuple[dict[str, float], list]:

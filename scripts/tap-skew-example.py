@@ -57,7 +57,7 @@ def main() -> int:
         writer = Writer(handle, Header("0.33.0"))
         with ReferenceFrontend(1) as front, \
                 Tap(TapConfig(upstream_handshake=front.handshake_address),
-                    writer.write) as tap:
+                    record=writer.write) as tap:
             tap.start()
             engine = SkewedEngine(EngineOptions(handshake_address=tap.handshake_address),
                                   args.engine_release)

@@ -10,7 +10,8 @@ Every later record is one message, an array::
 
     [t_ns, channel, sender, identity, frames]
 
-- ``t_ns``: nanoseconds since ``started`` (monotonic clock), int;
+- ``t_ns``: nanoseconds since ``started`` (monotonic clock) when the tap's capture read the
+  message's copy, after forwarding it (copies are read in batches), int;
 - ``channel``: ``handshake``, ``input``, ``output`` or a coordinator channel (the spec's
   names);
 - ``sender``: ``frontend``, ``engine`` or ``coordinator`` (the DP coordinator);

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from enginewire.cliargs import positive_int
+
 from .releases import DEFAULT_RELEASE
 
 
@@ -48,6 +50,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tap.add_argument("--record", metavar="FILE", help="write the session to a capture file")
     tap.add_argument("--golden", metavar="DIR",
                      help="with --read: write each decodable message as a golden vector")
+    tap.add_argument("--max-behind", type=positive_int, default=None, metavar="N",
+                     help="most captured messages waiting for the decoder; a message "
+                          "captured while N wait is forwarded and recorded but not decoded "
+                          "live (counted at exit, exit status 1; --read decodes the "
+                          "recording) (default: 1024)")
     tap.add_argument("--duration", type=float, default=None,
                      help="stop after this many seconds (default: at SIGINT or SIGTERM)")
     tap.set_defaults(handler=cmd_tap)
@@ -123,7 +130,7 @@ def _read(args: argparse.Namespace) -> int:
 def _live(args: argparse.Namespace) -> int:
     from .annotate import Annotator
     from .capture import Header, Writer
-    from .proxy import Tap, TapConfig
+    from .proxy import MAX_BEHIND, Tap, TapConfig
 
     if args.golden:
         raise ValueError("--golden works on a recording (with --read)")
@@ -137,27 +144,24 @@ def _live(args: argparse.Namespace) -> int:
     handle = open(args.record, "wb") if args.record else None  # noqa: SIM115
     writer = Writer(handle, Header(annotator.release)) if handle else None
     counts = {"bad": 0}
-    lock = threading.Lock()
 
     def observe(record: Any) -> None:
-        with lock:
-            if writer is not None:
-                writer.write(record)
-            try:
-                annotation = annotator.annotate(record)
-            except Exception as exc:  # never stop forwarding over a message it cannot show
-                counts["bad"] += 1
-                print(f"# tap: could not decode a {record.channel} message from the "
-                      f"{record.sender}: {exc!r}", file=sys.stderr)
-                return
-            counts["bad"] += bool(annotation.violations)
-            show(annotation)
+        try:
+            annotation = annotator.annotate(record)
+        except Exception as exc:  # never stop capturing over a message it cannot show
+            counts["bad"] += 1
+            print(f"# tap: could not decode a {record.channel} message from the "
+                  f"{record.sender}: {exc!r}", file=sys.stderr)
+            return
+        counts["bad"] += bool(annotation.violations)
+        show(annotation)
 
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with Tap(config, observe) as tap:
+        with Tap(config, observe, record=writer.write if writer else None,
+                 max_behind=args.max_behind or MAX_BEHIND) as tap:
             if tap.handshake_address:
                 print(f"# tap: engines use handshake address {tap.handshake_address}",
                       file=sys.stderr)
@@ -177,12 +181,18 @@ def _live(args: argparse.Namespace) -> int:
                     raise tap.error
                 if deadline is not None and time.monotonic() > deadline:
                     break
+        # Closed: every message forwarded was captured (and recorded) and observed or counted.
+        print(f"# tap: {tap.forwarded} messages forwarded"
+              + (f" and recorded to {args.record}" if args.record else "")
+              + f", {tap.forwarded - tap.unobserved} decoded live, {tap.unobserved} not "
+              f"(the decoder was {tap.max_behind} behind; at most {tap.most_behind} waited)",
+              file=sys.stderr)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if handle is not None:
             handle.close()
-    return 1 if counts["bad"] else 0
+    return 1 if counts["bad"] or tap.unobserved else 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

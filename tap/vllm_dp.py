@@ -207,7 +207,7 @@ class VllmDataParallel:
                    f"ipc://{self._tmp.name}/frontend-output-{i}") for i in range(len(configs))]
         self._tap = Tap(TapConfig(upstream_inputs=[i for i, _ in fronts],
                                   upstream_outputs=[o for _, o in fronts]),
-                        observer=self.run.records.append)
+                        record=self.run.records.append)
         addresses = [EngineZmqAddresses(inputs=[self._tap.input_addresses[i]],
                                         outputs=[self._tap.output_addresses[i]])
                      for i in range(len(configs))]

@@ -251,6 +251,7 @@ def test_star_and_product_grids() -> None:
 @pytest.mark.parametrize("overrides", [
     {"rounds": 0}, {"benches": ("ring", "disk")}, {"payloads": (8,)},
     {"payloads": (32 * MIB,)}, {"chunks": (1,)}, {"transports": ("udp",)}, {"grid": "cube"},
+    {"engine_step_delay": -0.001},
 ])
 def test_invalid_configurations(overrides: dict) -> None:
     with pytest.raises(ValueError):
@@ -278,6 +279,13 @@ def test_command_line() -> None:
     defaults = commands.config_from(parser.parse_args(["bench"]))
     assert defaults.targets == ("reference",) and defaults.include_vllm
     assert defaults.rounds == 7
+    assert defaults.engine_step_delay == 0.0 and defaults.transports == ("ipc", "tcp")
+    peers = parser.parse_args(["bench", "--bench", "peers", "--step-delay", "0.01",
+                               "--transport", "tcp"])
+    config = commands.config_from(peers)
+    assert config.engine_step_delay == 0.01 and config.transports == ("tcp",)
+    assert commands.command_line(peers) == ("enginewire bench --bench peers --step-delay 0.01 "
+                                            "--transport tcp")
     with pytest.raises(SystemExit) as caught:  # a usage error, found when parsing
         parser.parse_args(["bench", "--rounds", "0"])
     assert caught.value.code == 2
@@ -315,8 +323,9 @@ def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
                 assert ("codec", metric, contender, (("workload", workload),)) in found
     for contender in ("reference", "router_dealer", "reference+tap"):
         assert ("peers", "rtt_p50_us", contender, (("transport", "ipc"),)) in found
-    assert ("peers", "tap_steps_per_s", "reference+tap",
-            (("transport", "ipc"), ("outputs_per_step", 256))) in found
+    for metric in ("tap_steps_per_s", "tap_decoded_steps_per_s"):
+        assert ("peers", metric, "reference+tap",
+                (("transport", "ipc"), ("outputs_per_step", 256))) in found
     for series in results.series:
         assert len(series.samples) == TINY.rounds
         assert all(v > 0 for v in measured(series)), series.key  # type: ignore[operator]

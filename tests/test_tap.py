@@ -162,7 +162,7 @@ def tapped(records: list[Record] | None = None) -> Iterator[Any]:
 
     def start(upstream: str) -> str:
         tap = Tap(TapConfig(upstream_handshake=upstream),
-                  records.append if records is not None else None).start()
+                  record=records.append if records is not None else None).start()
         taps.append(tap)
         assert tap.handshake_address is not None
         return tap.handshake_address
@@ -266,7 +266,8 @@ def test_a_skewed_engine_is_flagged_at_the_first_message_that_shows_it() -> None
 def test_reference_peers_through_the_tap_with_two_engines() -> None:
     records: list[Record] = []
     with ReferenceFrontend(2) as front, \
-            Tap(TapConfig(upstream_handshake=front.handshake_address), records.append) as tap:
+            Tap(TapConfig(upstream_handshake=front.handshake_address),
+                record=records.append) as tap:
         tap.start()
         engines = [ReferenceEngine(EngineOptions(handshake_address=tap.handshake_address,
                                                  rank=rank, tokens=3)) for rank in range(2)]
@@ -308,7 +309,7 @@ def _record_reference_session(path: Any, *, tokens: int | None = 3,
         writer = Writer(handle, Header("0.33.0"))
         with ReferenceFrontend(1) as front, \
                 Tap(TapConfig(upstream_handshake=front.handshake_address),
-                    writer.write) as tap:
+                    record=writer.write) as tap:
             tap.start()
             engine = ReferenceEngine(EngineOptions(handshake_address=tap.handshake_address,
                                                    step_delay=0.01))
@@ -410,7 +411,7 @@ def test_replay_against_the_reference_front_end(tmp_path) -> None:
 
         addresses = {"handshake": ipc_address(), "input": ipc_address(),
                      "output": ipc_address()}
-        with Tap(TapConfig(upstream_handshake=addresses["handshake"]), writer.write) as tap:
+        with Tap(TapConfig(upstream_handshake=addresses["handshake"]), record=writer.write) as tap:
             tap.start()
             front = subprocess.Popen([a.format(**addresses) for a in front_argv],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -467,7 +468,8 @@ def test_reference_peers_through_the_tap_over_tcp() -> None:
     tcp = {key: "tcp://127.0.0.1:0"
            for key in ("handshake_address", "input_address", "output_address")}
     with ReferenceFrontend(1, **tcp) as front, \
-            Tap(TapConfig(upstream_handshake=front.handshake_address), records.append) as tap:
+            Tap(TapConfig(upstream_handshake=front.handshake_address),
+                record=records.append) as tap:
         tap.start()
         assert tap.handshake_address is not None
         assert tap.handshake_address.startswith("tcp://127.0.0.1:")
@@ -586,7 +588,7 @@ def test_the_dp_coordinator_channels_flow_through_the_tap() -> None:
         f_hs = sock("handshake", "frontend", ipc_address())
         c_in = sock("coordinator_input", "coordinator", ipc_address())
         c_out = sock("coordinator_output", "coordinator", ipc_address())
-        with Tap(TapConfig(upstream_handshake=f_hs.address), records.append) as tap:
+        with Tap(TapConfig(upstream_handshake=f_hs.address), record=records.append) as tap:
             tap.start()
             assert tap.handshake_address is not None
             e_hs = sock("handshake", "engine", tap.handshake_address, engine.identity)
@@ -677,3 +679,57 @@ def test_an_engine_of_an_older_release_is_flagged_and_the_release_named() -> Non
     assert add.violations and "0.33.0" in add.violations[0].explained_by
     [ready] = [a for a in offline if a.record.channel == "input" and a.record.sender == "engine"]
     assert [v.clause for v in ready.violations] == ["not-in-release"]
+
+
+def test_a_stuck_decoder_neither_stalls_forwarding_nor_loses_a_recorded_frame() -> None:
+    """The observer (the decoder) blocks on its first record: every message is still forwarded
+    unchanged at once, the recording still gets every message in order, and the records the
+    observer could not take (more than ``max_behind`` waiting) are counted, not lost."""
+    import zmq
+
+    from enginewire.reference.addresses import ipc_address, remove_ipc_file
+
+    ctx = zmq.Context()
+    front_out = ctx.socket(zmq.PULL)
+    engine_out = ctx.socket(zmq.PUSH)
+    upstream_in = ipc_address()
+    release = threading.Event()
+    observed: list[Record] = []
+    recorded: list[Record] = []
+
+    def stuck(record: Record) -> None:
+        release.wait(TIMEOUT)
+        observed.append(record)
+
+    messages = [[b"out-%d" % i, b"frame-two"] for i in range(50)]
+    try:
+        front_out.bind(ipc_address())
+        upstream_out = front_out.getsockopt_string(zmq.LAST_ENDPOINT)
+        with Tap(TapConfig(upstream_inputs=[upstream_in], upstream_outputs=[upstream_out]),
+                 stuck, record=recorded.append, max_behind=5) as tap:
+            tap.start()
+            engine_out.connect(tap.output_addresses[0])
+            for frames in messages:
+                engine_out.send_multipart(frames)
+            got = []
+            for _ in messages:
+                assert front_out.poll(int(TIMEOUT * 1000)), len(got)
+                got.append(front_out.recv_multipart())
+            assert got == messages and not release.is_set()  # forwarded, decoder stuck
+            release.set()
+        assert tap.error is None
+        assert [list(r.frames) for r in recorded] == messages
+        assert {(r.channel, r.sender, r.identity) for r in recorded} == {
+            ("output", "engine", None)}
+        assert tap.forwarded == len(messages)
+        assert tap.unobserved > 0 and len(observed) + tap.unobserved == len(messages)
+        remaining = iter(recorded)  # observed in the recorded order, none twice
+        assert all(any(o == r for r in remaining) for o in observed)
+        assert tap.most_behind <= 5
+    finally:
+        engine_out.close(linger=0)
+        front_out.close(linger=0)
+        ctx.term()
+        remove_ipc_file(upstream_in)
+        if "upstream_out" in locals():
+            remove_ipc_file(upstream_out)

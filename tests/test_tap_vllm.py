@@ -110,7 +110,7 @@ def test_vllm_client_through_the_tap_against_the_reference_engine() -> None:
     try:
         with ready_timeout(int(TIMEOUT)), \
                 Tap(TapConfig(upstream_inputs=[upstream_in], upstream_outputs=[upstream_out]),
-                    records.append) as tap:
+                    record=records.append) as tap:
             tap.start()
             with _engine(tap.input_addresses[0], tap.output_addresses[0], seen):
 
@@ -225,7 +225,7 @@ def test_vllm_client_through_the_tap_against_vllms_engine_core() -> None:
     try:
         upstream = launcher.address
         for records in (outer, middle, inner):
-            tap = Tap(TapConfig(upstream_handshake=upstream), records.append).start()
+            tap = Tap(TapConfig(upstream_handshake=upstream), record=records.append).start()
             taps.append(tap)
             assert tap.handshake_address is not None
             upstream = tap.handshake_address
