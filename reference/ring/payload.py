@@ -26,6 +26,7 @@ import importlib
 import io
 import pickle
 import pickletools
+import struct
 import sys
 import threading
 from collections.abc import Sequence
@@ -117,6 +118,42 @@ def _opcodes_no_global(data: bytes) -> bool:
             return False
         position += width + length
     return False
+
+
+#: The head of a framed stream (protocol 4 and later): PROTO, its version, FRAME, the frame's
+#: length, and the first opcode inside the frame.
+_FRAMED_HEAD = struct.Struct("<BBBQB")
+_PROTO, _FRAME, _MEMOIZE = ord(pickle.PROTO), ord(pickle.FRAME), ord(pickle.MEMOIZE)
+#: The opcodes that push one bytes, bytearray or str object, by opcode byte: the struct of
+#: their length prefix (all unsigned: pickletools' uint1, uint4 and uint8 lengths).
+_LEAF_LENGTH = {ord(code): struct.Struct(fmt) for code, fmt in (
+    (pickle.SHORT_BINBYTES, "<B"), (pickle.BINBYTES, "<I"), (pickle.BINBYTES8, "<Q"),
+    (pickle.BYTEARRAY8, "<Q"), (pickle.SHORT_BINUNICODE, "<B"), (pickle.BINUNICODE, "<I"),
+    (pickle.BINUNICODE8, "<Q"))}
+
+
+def _leaf_stream(data: bytes) -> bool:
+    """True when ``data`` is exactly ``PROTO v, FRAME n, <one bytes, bytearray or str opcode
+    and its data>, [MEMOIZE], STOP``: the stream ``pickle.dumps`` makes of one such object
+    (clause ring.payload.pickle-allow-list: it builds that object and calls nothing).
+
+    The shape of the common small message recognised with two struct reads instead of
+    :func:`_opcodes_no_global`'s loop; False for any other stream (the walk then decides).
+    """
+    if len(data) < _FRAMED_HEAD.size + 2:
+        return False
+    proto, _, frame, _, code = _FRAMED_HEAD.unpack_from(data)
+    length = _LEAF_LENGTH.get(code)
+    if proto != _PROTO or frame != _FRAME or length is None:
+        return False
+    start = _FRAMED_HEAD.size + length.size
+    if start > len(data):
+        return False
+    end = start + length.unpack_from(data, _FRAMED_HEAD.size)[0]
+    last = len(data) - 1
+    if end < last and data[end] == _MEMOIZE:
+        end += 1
+    return end == last and data[end] == _STOP
 
 
 #: In-band streams up to this size are copied and searched for vLLM's module name, so that
@@ -327,6 +364,13 @@ class _Pickling:
         return False
 
 
+#: Objects that pickle as one opcode and its argument, with no reducer, no out-of-band buffer
+#: and nothing inside them that could have either (bytes and bytearray are written in band by
+#: every pickler: only a ``PickleBuffer`` reaches ``buffer_callback``).
+PLAIN_LEAF_TYPES = frozenset({bytes, bytearray, str, int, float, bool, type(None)})
+_dumps = pickle.dumps
+
+
 class PickleCodec:
     """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``).
 
@@ -344,6 +388,11 @@ class PickleCodec:
         self._local = threading.local()
 
     def encode(self, obj: Any) -> list[Buffer]:
+        if type(obj) in PLAIN_LEAF_TYPES:
+            # Nothing in it can reach the dispatch table or the buffer callback: pickle.dumps
+            # writes the bytes the kept pickler would (tests/test_ring_queue.py compares them)
+            # without its per-message bookkeeping.
+            return [_dumps(obj, pickle.HIGHEST_PROTOCOL)]
         local = self._local
         pickling = getattr(local, "pickling", None)
         if pickling is None or not pickling.current():
@@ -378,7 +427,7 @@ class PickleCodec:
                 data = bytes(main)
             else:
                 return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
-            if _names_no_global(data) or _opcodes_no_global(data):
+            if _names_no_global(data) or _leaf_stream(data) or _opcodes_no_global(data):
                 # No byte of the stream can be an opcode that loads a global, so nothing in it
                 # can be called: the C unpickler's fast path is as safe as the allow-list.
                 return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)

@@ -57,15 +57,16 @@ from .framing import (
     decode_chunk,
     needs_overflow,
     single_buffer,
+    single_copy,
     single_head,
     write_chunk,
 )
 from .layout import RingLayout
 from .liveness import LivenessRecord
-from .payload import PayloadCodec, get_codec
+from .payload import SCAN_BYTES_MAX, PayloadCodec, get_codec
 from .protocol import RingReader, RingWriter
 from .shm import ShmMemory, ShmSegment
-from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin
+from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin, spin_yield
 
 _SPEC = load()
 #: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait,
@@ -602,14 +603,20 @@ class MessageQueue:
                   clause: str, what: str,
                   block: Callable[[float], None] | None = None,
                   liveness: Callable[[], None] | None = None) -> int:
-        """After one failed ``acquire``: check again back to back, then back off (the waiting
-        of :mod:`.wait`) until it returns a chunk index, the deadline passes or the queue is
-        shut down."""
-        index = spin(acquire, self.wait_policy, timeout)
+        """After one failed ``acquire``: check again back to back, then between yields, then
+        back off (the waiting of :mod:`.wait`) until it returns a chunk index, the deadline
+        passes or the queue is shut down."""
+        policy = self.wait_policy
+        index = spin(acquire, policy, timeout)
         if index is not None:
             return index
-        backoff = Backoff(self.wait_policy, timeout, clause=clause, what=what, block=block,
-                          checks=self.wait_policy.spin_checks, liveness=liveness)
+        started = time.monotonic()
+        if timeout is None or timeout > 0:
+            index = spin_yield(acquire, policy, timeout, started)
+            if index is not None:
+                return index
+        backoff = Backoff(policy, timeout, clause=clause, what=what, block=block,
+                          checks=policy.spin_checks, liveness=liveness, started=started)
         while (index := acquire()) is None:
             if self._shutting_down:
                 raise QueueClosed("the queue was shut down")
@@ -638,6 +645,9 @@ class MessageQueue:
                     index = self._wait_for_readable(reader, timeout)
                 chunk = self._chunk_views[index]
                 try:
+                    data = single_copy(chunk, SCAN_BYTES_MAX)
+                    if data is not None:  # the common small message: one copy, no view
+                        return self.codec.decode(data, ())
                     view = single_buffer(chunk)
                     if view is not None:
                         try:
