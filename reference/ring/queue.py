@@ -638,10 +638,14 @@ class MessageQueue:
         if reader is not None:
             if self._held_views is not None:
                 self._release_held()
-            deadline = None if timeout is None else time.monotonic() + timeout
+            # The deadline of an overflowed message's receive counts from the start of this
+            # call; read from the clock only when there is a wait to measure (not on every
+            # message).
+            started: float | None = None
             if not self._pending_overflow:
                 index = reader.try_acquire()
                 if index is None:
+                    started = time.monotonic()
                     index = self._wait_for_readable(reader, timeout)
                 chunk = self._chunk_views[index]
                 try:
@@ -673,6 +677,8 @@ class MessageQueue:
                     now = time.monotonic()
                     if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
                         self._drain_notify(now)
+            deadline = (None if timeout is None
+                        else (time.monotonic() if started is None else started) + timeout)
             return self._decode_frames(self._recv_overflow(deadline))
         # A reader end has a remote socket exactly when it is a remote reader.
         remote_socket = self._remote_socket
