@@ -427,9 +427,11 @@ class PickleCodec:
                 data = bytes(main)
             else:
                 return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
-            if _names_no_global(data) or _leaf_stream(data) or _opcodes_no_global(data):
-                # No byte of the stream can be an opcode that loads a global, so nothing in it
-                # can be called: the C unpickler's fast path is as safe as the allow-list.
+            if _leaf_stream(data) or _names_no_global(data) or _opcodes_no_global(data):
+                # One bytes or str object, or no opcode that loads a global: nothing in the
+                # stream can be called, so the C unpickler's fast path is as safe as the
+                # allow-list. The checks read a private copy: the writer cannot change what
+                # was checked before it is unpickled.
                 return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)
             with io.BytesIO(data) as stream:
                 return _SafeUnpickler(stream, buffers=oob, allow=allow).load()

@@ -52,9 +52,11 @@ from ..addresses import bind_ipc, ensure_ipc_dir, ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
 from .framing import (
     FIRST_DATA,
+    MAX_BUFFER_BYTES,
     OVERFLOW_BASE,
     Buffer,
     decode_chunk,
+    nbytes,
     needs_overflow,
     single_buffer,
     single_copy,
@@ -523,12 +525,23 @@ class MessageQueue:
             if self._resources.closed:
                 raise QueueClosed("the queue is closed")
         else:
-            first = buffers[0] if len(buffers) == 1 else None
-            if type(first) is bytes and OVERFLOW_BASE + len(first) < self._chunk_bytes:
-                # The common message (one pickle stream that fits), in one protocol call: the
-                # same memory events as the steps below (RingWriter.try_publish).
-                notify_readers = writer.try_publish(single_head(len(first)), first, FIRST_DATA)
-                if notify_readers is not None:
+            if len(buffers) == 1:
+                # The common message (one buffer that fits), in one protocol call per attempt:
+                # the memory events of the steps below (RingWriter.try_publish).
+                first = buffers[0]
+                size = len(first) if type(first) is bytes else nbytes(first)
+                if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
+                    head = single_head(size)
+                    notify_readers = writer.try_publish(head, first, FIRST_DATA)
+                    if notify_readers is None:
+                        # Full: wait for the chunk by the same call, which changes nothing
+                        # until the chunk is free (no claim, no step path per message).
+                        liveness = self._resources.liveness
+                        notify_readers = bool(self._wait_for(
+                            functools.partial(writer.try_publish, head, first, FIRST_DATA),
+                            timeout, clause="ring.writer.timeout",
+                            what="a free chunk (every local reader done with it)",
+                            liveness=None if liveness is None else liveness.check_readers))
                     if notify_readers:
                         notify()
                     if self._remote_socket is not None:
