@@ -120,16 +120,44 @@ def _opcodes_no_global(data: bytes) -> bool:
     return False
 
 
-#: The head of a framed stream (protocol 4 and later): PROTO, its version, FRAME, the frame's
-#: length, and the first opcode inside the frame.
-_FRAMED_HEAD = struct.Struct("<BBBQB")
-_PROTO, _FRAME, _MEMOIZE = ord(pickle.PROTO), ord(pickle.FRAME), ord(pickle.MEMOIZE)
-#: The opcodes that push one bytes, bytearray or str object, by opcode byte: the struct of
-#: their length prefix (all unsigned: pickletools' uint1, uint4 and uint8 lengths).
-_LEAF_LENGTH = {ord(code): struct.Struct(fmt) for code, fmt in (
-    (pickle.SHORT_BINBYTES, "<B"), (pickle.BINBYTES, "<I"), (pickle.BINBYTES8, "<Q"),
-    (pickle.BYTEARRAY8, "<Q"), (pickle.SHORT_BINUNICODE, "<B"), (pickle.BINUNICODE, "<I"),
-    (pickle.BINUNICODE8, "<Q"))}
+#: The opcodes that push one bytes, bytearray or str object, with the struct of their length
+#: prefix (all unsigned: pickletools' uint1, uint4 and uint8 lengths).
+_LEAF_OPCODES = tuple((code, struct.Struct(fmt)) for code, fmt in (
+    (pickle.BYTEARRAY8, "<Q"), (pickle.BINBYTES, "<I"), (pickle.BINUNICODE, "<I"),
+    (pickle.SHORT_BINBYTES, "<B"), (pickle.SHORT_BINUNICODE, "<B"), (pickle.BINBYTES8, "<Q"),
+    (pickle.BINUNICODE8, "<Q")))
+_FRAME_LENGTH = struct.Struct("<Q")
+#: PROTO, version, FRAME and its length: the bytes before the first opcode of a frame.
+_FRAMED_BYTES = 11
+#: By stream length: the heads a leaf stream of that length starts with, ending in MEMOIZE,
+#: STOP and in STOP alone (see :func:`_leaf_heads`).
+_LEAF_HEADS: dict[int, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+
+
+def _leaf_heads(total: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """Every head ``PROTO v, FRAME total-11, opcode, length`` (v 4 or 5) of a stream of
+    ``total`` bytes that holds one bytes, bytearray or str object: those whose object is
+    followed by MEMOIZE and STOP, and those followed by STOP alone. The length follows from
+    the total, so a stream that starts with one of them and ends so is exactly that object."""
+    heads = _LEAF_HEADS.get(total)
+    if heads is None:
+        if len(_LEAF_HEADS) >= 4096:
+            _LEAF_HEADS.clear()
+        memoized_heads: list[bytes] = []
+        plain_heads: list[bytes] = []
+        frame = _FRAME_LENGTH.pack(max(0, total - _FRAMED_BYTES))
+        for memoized, found in ((1, memoized_heads), (0, plain_heads)):
+            for code, length in _LEAF_OPCODES:
+                size = total - _FRAMED_BYTES - 1 - length.size - memoized - 1
+                if 0 <= size < 1 << (8 * length.size):
+                    for version in (5, 4):
+                        found.append(pickle.PROTO + bytes((version,)) + pickle.FRAME + frame
+                                     + code + length.pack(size))
+        heads = _LEAF_HEADS[total] = (tuple(memoized_heads), tuple(plain_heads))
+    return heads
+
+
+_MEMOIZE_STOP = pickle.MEMOIZE + pickle.STOP
 
 
 def _leaf_stream(data: bytes) -> bool:
@@ -137,23 +165,13 @@ def _leaf_stream(data: bytes) -> bool:
     and its data>, [MEMOIZE], STOP``: the stream ``pickle.dumps`` makes of one such object
     (clause ring.payload.pickle-allow-list: it builds that object and calls nothing).
 
-    The shape of the common small message recognised with two struct reads instead of
-    :func:`_opcodes_no_global`'s loop; False for any other stream (the walk then decides).
+    The shape of the common small message recognised by comparing the stream's head with the
+    heads a stream of its length can have (C comparisons, no loop in Python); False for any
+    other stream (:func:`_opcodes_no_global` then decides).
     """
-    if len(data) < _FRAMED_HEAD.size + 2:
-        return False
-    proto, _, frame, _, code = _FRAMED_HEAD.unpack_from(data)
-    length = _LEAF_LENGTH.get(code)
-    if proto != _PROTO or frame != _FRAME or length is None:
-        return False
-    start = _FRAMED_HEAD.size + length.size
-    if start > len(data):
-        return False
-    end = start + length.unpack_from(data, _FRAMED_HEAD.size)[0]
-    last = len(data) - 1
-    if end < last and data[end] == _MEMOIZE:
-        end += 1
-    return end == last and data[end] == _STOP
+    memoized, plain = _LEAF_HEADS.get(len(data)) or _leaf_heads(len(data))
+    return ((data.endswith(_MEMOIZE_STOP) and data.startswith(memoized))
+            or (data.endswith(pickle.STOP) and data.startswith(plain)))
 
 
 #: In-band streams up to this size are copied and searched for vLLM's module name, so that
