@@ -663,33 +663,36 @@ class MessageQueue:
                 chunk = self._chunk_views[index]
                 try:
                     data = single_copy(chunk, SCAN_BYTES_MAX)
-                    if data is not None:  # the common small message: one copy, no view
-                        return self.codec.decode(data, ())
-                    view = single_buffer(chunk)
-                    if view is not None:
-                        try:
-                            return self.codec.decode(view, ())
-                        finally:
-                            try:  # _release_view, inline: this is every message's path
-                                view.release()
-                            except BufferError:
-                                pass
-                    overflow, views = decode_chunk(chunk)
-                    if not overflow:
-                        try:
-                            # Out-of-band buffers are copied: the object may keep them after
-                            # the slot is reused (clause ring.reader.copy-oob-before-release).
-                            return self.codec.decode(views[0],
-                                                     [bytearray(v) for v in views[1:]])
-                        finally:
-                            _release_views(views)
-                    self._pending_overflow += 1
+                    if data is None:
+                        view = single_buffer(chunk)
+                        if view is not None:
+                            try:
+                                return self.codec.decode(view, ())
+                            finally:
+                                try:  # _release_view, inline: this is every message's path
+                                    view.release()
+                                except BufferError:
+                                    pass
+                        overflow, views = decode_chunk(chunk)
+                        if not overflow:
+                            try:
+                                # Out-of-band buffers are copied: the object may keep them
+                                # after the slot is reused (ring.reader.copy-oob-before-release).
+                                return self.codec.decode(views[0],
+                                                         [bytearray(v) for v in views[1:]])
+                            finally:
+                                _release_views(views)
+                        self._pending_overflow += 1
                 finally:
                     # _release_chunk, inline: this is every message's path
                     reader.release()
                     now = time.monotonic()
                     if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
                         self._drain_notify(now)
+                if data is not None:
+                    # The common small message, copied out in one piece: decoded after the
+                    # release, so the writer may reuse the slot meanwhile.
+                    return self.codec.decode(data, ())
             deadline = (None if timeout is None
                         else (time.monotonic() if started is None else started) + timeout)
             return self._decode_frames(self._recv_overflow(deadline))
