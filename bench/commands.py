@@ -45,6 +45,14 @@ def register(subparsers: Any) -> None:
                              "Markdown (for a README)")
     parser.add_argument("--bench", action="append", choices=BENCHES, default=[],
                         help="run only this bench; may repeat (default: all)")
+    parser.add_argument("--payload", action="append", type=payload_size, default=[],
+                        metavar="SIZE",
+                        help="ring payload size (bytes, or with KiB/MiB: 1KiB); may repeat "
+                             "(default: the grid's)")
+    parser.add_argument("--readers", action="append", type=positive_int, default=[],
+                        metavar="N", help="ring reader count; may repeat (default: the grid's)")
+    parser.add_argument("--chunks", action="append", type=positive_int, default=[],
+                        metavar="N", help="ring chunk count; may repeat (default: the grid's)")
     parser.add_argument("--rounds", type=positive_int, metavar="N",
                         help="rounds (default 7, quick 3)")
     parser.add_argument("--step-delay", type=non_negative_float, metavar="SECONDS",
@@ -73,6 +81,12 @@ def command_line(args: argparse.Namespace) -> str:
         words.append("--quick")
     for bench in args.bench:
         words += ["--bench", bench]
+    for size in args.payload:
+        words += ["--payload", str(size)]
+    for readers in args.readers:
+        words += ["--readers", str(readers)]
+    for chunks in args.chunks:
+        words += ["--chunks", str(chunks)]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
     if args.step_delay is not None:
@@ -102,8 +116,35 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         overrides["engine_step_delay"] = args.step_delay
     if args.transport:
         overrides["transports"] = tuple(t for t in TRANSPORTS if t in args.transport)
+    if args.payload:
+        overrides["payloads"] = tuple(dict.fromkeys(args.payload))
+    if args.readers:
+        readers = tuple(sorted(set(args.readers)))
+        overrides["readers"] = readers
+        overrides["latency_readers"] = readers
+        overrides["base_readers"] = (BenchConfig.base_readers if BenchConfig.base_readers
+                                     in readers else readers[0])
+    if args.chunks:
+        chunks = tuple(sorted(set(args.chunks)))
+        overrides["chunks"] = chunks
+        overrides["base_chunks"] = (BenchConfig.base_chunks if BenchConfig.base_chunks
+                                    in chunks else chunks[0])
     config = BenchConfig.quick() if args.quick else BenchConfig.full()
     return replace(config, **overrides)
+
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "k": 1 << 10, "mib": 1 << 20, "m": 1 << 20}
+
+
+def payload_size(text: str) -> int:
+    """A payload size: a byte count, or a number followed by KiB or MiB (``1KiB``)."""
+    stripped = text.strip().lower()
+    digits = stripped.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = _UNITS.get(stripped[len(digits):])
+    if not digits.isdigit() or unit is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a size such as 1024, 1KiB or 1MiB, got {text!r}")
+    return int(digits) * unit
 
 
 def _unloadable_targets(targets: tuple[str, ...]) -> str | None:

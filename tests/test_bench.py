@@ -291,6 +291,27 @@ def test_command_line() -> None:
     assert caught.value.code == 2
 
 
+def test_ring_cells_selected_on_the_command_line() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["bench", "--bench", "ring", "--payload", "1KiB", "--payload",
+                              "1048576", "--readers", "1", "--readers", "2", "--chunks", "10"])
+    config = commands.config_from(args)
+    assert config.payloads == (KIB, MIB) and config.readers == (1, 2)
+    assert config.chunks == (10,) and config.base_readers == 2 and config.base_chunks == 10
+    assert config.latency_readers == (1, 2)
+    assert sorted(config.ring_cases()) == [(KIB, 1, 10), (KIB, 2, 10), (MIB, 1, 10),
+                                           (MIB, 2, 10)]
+    assert commands.command_line(args) == ("enginewire bench --bench ring --payload 1024 "
+                                           "--payload 1048576 --readers 1 --readers 2 "
+                                           "--chunks 10")
+    only_three = commands.config_from(parser.parse_args(["bench", "--readers", "3",
+                                                         "--chunks", "4"]))
+    assert only_three.base_readers == 3 and only_three.base_chunks == 4
+    for bad in ("1GiB", "KiB", "-5", "1.5MiB"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["bench", "--payload", bad])
+
+
 # --- the machinery on a tiny grid ---------------------------------------------------------
 
 

@@ -112,3 +112,28 @@ def test_framing_differences_walks_every_buffer() -> None:
     problems = [w for _, w in framing_differences(short, [None, first, second])]
     assert any("runs past the end" in p for p in problems)
     assert framing_differences(good, [None, first])[0][0] == "ring.framing.buffer-count"
+
+
+def test_single_copy_copies_the_one_buffer_of_a_small_chunk_and_nothing_else() -> None:
+    """single_copy == bytes(single_buffer(chunk)) for a one-buffer chunk within the limit, and
+    None (the views' path decides) for every other chunk."""
+    from enginewire.reference.ring.framing import (
+        encode_chunk,
+        encode_overflow,
+        single_buffer,
+        single_copy,
+    )
+
+    def chunk(data: bytes, size: int = 64) -> memoryview:
+        return memoryview(bytearray(data.ljust(size, b"\xee")))
+
+    for body in (b"", b"a", b"z" * 50):
+        view = single_buffer(chunk(encode_chunk([body])))
+        assert view is not None
+        assert single_copy(chunk(encode_chunk([body])), 50) == bytes(view) == body
+        view.release()
+    assert single_copy(chunk(encode_chunk([b"z" * 50])), 49) is None  # over the limit
+    assert single_copy(chunk(encode_chunk([b"a", b"b"])), 50) is None  # two buffers
+    assert single_copy(chunk(encode_overflow()), 50) is None
+    assert single_copy(chunk(encode_chunk([b"z" * 50]))[:56], 100) is None  # runs past
+    assert single_copy(memoryview(bytearray(3)), 100) is None  # shorter than the head

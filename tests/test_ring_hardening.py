@@ -11,6 +11,7 @@ import enum
 import inspect
 import os
 import pickle
+import pickletools
 import signal
 import stat
 import subprocess
@@ -119,6 +120,60 @@ def test_the_opcode_walk_passes_binary_data_and_only_plain_streams() -> None:
     assert not _opcodes_no_global(_malicious(Path("/nonexistent")))
     assert not _opcodes_no_global(pickle.dumps(list(range(100)), protocol=5))
     assert not _opcodes_no_global(pickle.dumps(bytearray(blob), protocol=5)[:-1])
+
+
+def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
+    """_leaf_stream passes PROTO, FRAME, one bytes/bytearray/str opcode, MEMOIZE, STOP and
+    nothing else: checked against pickletools on every leaf size class and on mutations."""
+    import random
+
+    from enginewire.reference.ring.payload import _leaf_stream
+
+    rng = random.Random(11)
+    leaves: list[Any] = [b"", bytearray(), "", "é" * 3]
+    for size in (1, 255, 256, 1024, 16 * 1024, 70_000):
+        raw = rng.randbytes(size)
+        leaves += [raw, bytearray(raw), raw.decode("latin-1")]
+    for value in leaves:
+        stream = pickle.dumps(value, protocol=5)
+        names = [op.name for op, _, _ in pickletools.genops(stream)]
+        framed = names[:2] == ["PROTO", "FRAME"]
+        assert _leaf_stream(stream) == framed, (type(value), len(value), names)
+        if framed:
+            assert len(names) in (4, 5) and names[-1] == "STOP"
+            assert PickleCodec().decode(stream, []) == value
+    blob = pickle.dumps(bytearray(rng.randbytes(1024)), protocol=5)
+    for stream in (blob[:-1], blob + b".", blob[:-1] + b"R", blob[:-2] + b"..",
+                   blob[:11] + b"c" + blob[12:], blob[:11] + b"\x93" + blob[12:],
+                   pickle.dumps([b"x"], protocol=5), pickle.dumps(5, protocol=5),
+                   pickle.dumps(bytearray(b"x" * 40), protocol=2), b"\x80\x05\x95" + bytes(9),
+                   _malicious(Path("/nonexistent"))):
+        assert not _leaf_stream(stream), stream[:16]
+    for _ in range(2000):  # mutated leaf streams: whatever passes holds no global opcode
+        mutated = bytearray(blob[:40])
+        mutated[rng.randrange(40)] = rng.randrange(256)
+        stream = bytes(mutated) + b"\x94."
+        if _leaf_stream(stream):
+            assert not _has_global(stream)
+
+
+def test_plain_leaves_pickle_to_the_bytes_of_the_kept_pickler() -> None:
+    """The codec's pickle.dumps shortcut for plain leaves writes what its pickler writes."""
+    import io
+
+    from enginewire.reference.ring.payload import PLAIN_LEAF_TYPES
+
+    codec = PickleCodec()
+    values: list[Any] = [b"", b"x" * 2000, bytearray(os.urandom(1 << 20)), "s" * 300, 7,
+                         2**90, -1.5, True, None]
+    assert {type(value) for value in values} == PLAIN_LEAF_TYPES
+    for value in values:
+        oob: list[Any] = []
+        out = io.BytesIO()
+        pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL,
+                                 buffer_callback=oob.append)
+        pickler.dump(value)
+        assert codec.encode(value) == [out.getvalue()] and oob == []
 
 
 def test_trusted_opt_in_resolves_anything(tmp_path: Path) -> None:

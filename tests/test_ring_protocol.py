@@ -239,6 +239,29 @@ def test_spin_repeats_the_check_back_to_back_but_never_with_timeout_zero() -> No
     assert len(calls) == 3  # timeout 0 allows the one check already made
 
 
+def test_spin_yield_checks_between_yields_until_its_time_is_up() -> None:
+    import time
+
+    from enginewire.reference.ring.wait import Backoff, spin_yield
+
+    answers = iter([None, None, 5])
+    assert spin_yield(lambda: next(answers), WaitPolicy(yield_for_s=5.0), None,
+                      time.monotonic()) == 5
+    calls: list[int] = []
+    started = time.monotonic()
+    assert spin_yield(lambda: calls.append(1), WaitPolicy(yield_for_s=0.02), None,
+                      started) is None
+    assert calls and time.monotonic() - started >= 0.02
+    # The timeout bounds the stage too, and a Backoff built after it counts from its start.
+    started = time.monotonic()
+    assert spin_yield(lambda: None, WaitPolicy(yield_for_s=5.0), 0.02, started) is None
+    assert time.monotonic() - started < 1.0
+    backoff = Backoff(WaitPolicy(yield_for_s=5.0), 0.02, clause="ring.reader.timeout",
+                      what="a chunk", checks=2, started=started)
+    with pytest.raises(TimeoutError):
+        backoff.pause()
+
+
 def test_reader_waits_for_written_and_for_its_own_flag() -> None:
     layout, memory = make(n_reader=2, max_chunks=1)
     writer = RingWriter(memory, layout)

@@ -470,3 +470,31 @@ def test_raw_buffers_come_back_as_views_valid_until_the_next_read(ring_env: Ring
         assert bytes(held[0]) == b"last"
     with pytest.raises(ValueError):
         bytes(held[0])  # close released the held views
+
+
+def test_a_writer_that_waits_for_a_full_ring_delivers_every_message_once(
+        ring_env: RingEnv) -> None:
+    """One-buffer messages of every buffer type go through try_publish; on a full ring the
+    writer waits by calling it again (nothing half-written, nothing sent twice)."""
+    import numpy as np
+
+    writer, reader = pair(ring_env, max_chunk_bytes=256, max_chunks=2)
+    sent: list[bytes] = [bytes([n]) * (1 + n % 100) for n in range(40)]
+    got: list[bytes] = []
+
+    def read_slowly() -> None:
+        for _ in sent:
+            time.sleep(0.002)
+            got.append(b"".join(bytes(v) for v in reader.dequeue_views(timeout=STEP_TIMEOUT)))
+
+    with writer, reader:
+        thread = threading.Thread(target=read_slowly)
+        thread.start()
+        for number, message in enumerate(sent):
+            kind = number % 3  # bytes, bytearray, a numpy array: each one buffer
+            buffer = (message if kind == 0 else bytearray(message) if kind == 1
+                      else np.frombuffer(message, dtype=np.uint8))
+            writer.enqueue_buffers([buffer], timeout=STEP_TIMEOUT)
+        thread.join(STEP_TIMEOUT)
+        assert not thread.is_alive()
+    assert got == sent

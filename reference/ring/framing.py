@@ -82,10 +82,20 @@ def needs_overflow(buffers: Sequence[Buffer], max_chunk_bytes: int) -> bool:
     return overflow_total(buffers) >= max_chunk_bytes
 
 
+#: single_head's results by length: a ring's messages tend to repeat their sizes, and a
+#: dictionary hit costs less than packing (bounded: cleared when it grows past 4096 lengths).
+_HEADS: dict[int, bytes] = {}
+
+
 def single_head(length: int) -> bytes:
     """The first :data:`FIRST_DATA` bytes of an in-ring chunk holding one buffer of ``length``
     bytes (which follows them): what :func:`write_chunk` writes first for such a message."""
-    return _HEADER.pack(IN_RING, 1, length)
+    head = _HEADS.get(length)
+    if head is None:
+        if len(_HEADS) >= 4096:
+            _HEADS.clear()
+        head = _HEADS[length] = _HEADER.pack(IN_RING, 1, length)
+    return head
 
 
 def _check_encodable(buffers: Sequence[Buffer]) -> None:
@@ -166,6 +176,22 @@ def single_buffer(chunk: memoryview) -> memoryview | None:
         marker, count, length = _HEADER.unpack_from(chunk)
         if marker == IN_RING and count == 1 and _FIRST_DATA + length <= chunk.nbytes:
             return chunk[_FIRST_DATA:_FIRST_DATA + length]
+    return None
+
+
+def single_copy(chunk: memoryview, limit: int) -> bytes | None:
+    """A copy of the one buffer of an in-ring chunk that holds exactly one of at most ``limit``
+    bytes; None for any other chunk (then :func:`single_buffer` or :func:`decode_chunk`).
+
+    The small common message in one copy and no view to release: a reader that must copy the
+    stream before checking it (the allow-list, clause ring.payload.pickle-allow-list) copies it
+    here. ``chunk`` as for :func:`single_buffer`.
+    """
+    if chunk.nbytes >= _FIRST_DATA:
+        marker, count, length = _HEADER.unpack_from(chunk)
+        end = _FIRST_DATA + length
+        if marker == IN_RING and count == 1 and length <= limit and end <= chunk.nbytes:
+            return chunk[_FIRST_DATA:end].tobytes()  # the slice dies with the statement
     return None
 
 

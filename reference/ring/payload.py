@@ -26,6 +26,7 @@ import importlib
 import io
 import pickle
 import pickletools
+import struct
 import sys
 import threading
 from collections.abc import Sequence
@@ -117,6 +118,60 @@ def _opcodes_no_global(data: bytes) -> bool:
             return False
         position += width + length
     return False
+
+
+#: The opcodes that push one bytes, bytearray or str object, with the struct of their length
+#: prefix (all unsigned: pickletools' uint1, uint4 and uint8 lengths).
+_LEAF_OPCODES = tuple((code, struct.Struct(fmt)) for code, fmt in (
+    (pickle.BYTEARRAY8, "<Q"), (pickle.BINBYTES, "<I"), (pickle.BINUNICODE, "<I"),
+    (pickle.SHORT_BINBYTES, "<B"), (pickle.SHORT_BINUNICODE, "<B"), (pickle.BINBYTES8, "<Q"),
+    (pickle.BINUNICODE8, "<Q")))
+_FRAME_LENGTH = struct.Struct("<Q")
+#: PROTO, version, FRAME and its length: the bytes before the first opcode of a frame.
+_FRAMED_BYTES = 11
+#: By stream length: the heads a leaf stream of that length starts with, ending in MEMOIZE,
+#: STOP and in STOP alone (see :func:`_leaf_heads`).
+_LEAF_HEADS: dict[int, tuple[tuple[bytes, ...], tuple[bytes, ...]]] = {}
+
+
+def _leaf_heads(total: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
+    """Every head ``PROTO v, FRAME total-11, opcode, length`` (v 4 or 5) of a stream of
+    ``total`` bytes that holds one bytes, bytearray or str object: those whose object is
+    followed by MEMOIZE and STOP, and those followed by STOP alone. The length follows from
+    the total, so a stream that starts with one of them and ends so is exactly that object."""
+    heads = _LEAF_HEADS.get(total)
+    if heads is None:
+        if len(_LEAF_HEADS) >= 4096:
+            _LEAF_HEADS.clear()
+        memoized_heads: list[bytes] = []
+        plain_heads: list[bytes] = []
+        frame = _FRAME_LENGTH.pack(max(0, total - _FRAMED_BYTES))
+        for memoized, found in ((1, memoized_heads), (0, plain_heads)):
+            for code, length in _LEAF_OPCODES:
+                size = total - _FRAMED_BYTES - 1 - length.size - memoized - 1
+                if 0 <= size < 1 << (8 * length.size):
+                    for version in (5, 4):
+                        found.append(pickle.PROTO + bytes((version,)) + pickle.FRAME + frame
+                                     + code + length.pack(size))
+        heads = _LEAF_HEADS[total] = (tuple(memoized_heads), tuple(plain_heads))
+    return heads
+
+
+_MEMOIZE_STOP = pickle.MEMOIZE + pickle.STOP
+
+
+def _leaf_stream(data: bytes) -> bool:
+    """True when ``data`` is exactly ``PROTO v, FRAME n, <one bytes, bytearray or str opcode
+    and its data>, [MEMOIZE], STOP``: the stream ``pickle.dumps`` makes of one such object
+    (clause ring.payload.pickle-allow-list: it builds that object and calls nothing).
+
+    The shape of the common small message recognised by comparing the stream's head with the
+    heads a stream of its length can have (C comparisons, no loop in Python); False for any
+    other stream (:func:`_opcodes_no_global` then decides).
+    """
+    memoized, plain = _LEAF_HEADS.get(len(data)) or _leaf_heads(len(data))
+    return ((data.endswith(_MEMOIZE_STOP) and data.startswith(memoized))
+            or (data.endswith(pickle.STOP) and data.startswith(plain)))
 
 
 #: In-band streams up to this size are copied and searched for vLLM's module name, so that
@@ -327,6 +382,13 @@ class _Pickling:
         return False
 
 
+#: Objects that pickle as one opcode and its argument, with no reducer, no out-of-band buffer
+#: and nothing inside them that could have either (bytes and bytearray are written in band by
+#: every pickler: only a ``PickleBuffer`` reaches ``buffer_callback``).
+PLAIN_LEAF_TYPES = frozenset({bytes, bytearray, str, int, float, bool, type(None)})
+_dumps = pickle.dumps
+
+
 class PickleCodec:
     """vLLM-compatible pickle payloads (protocol 5, out-of-band buffers >= ``oob_threshold``).
 
@@ -344,6 +406,11 @@ class PickleCodec:
         self._local = threading.local()
 
     def encode(self, obj: Any) -> list[Buffer]:
+        if type(obj) in PLAIN_LEAF_TYPES:
+            # Nothing in it can reach the dispatch table or the buffer callback: pickle.dumps
+            # writes the bytes the kept pickler would (tests/test_ring_queue.py compares them)
+            # without its per-message bookkeeping.
+            return [_dumps(obj, pickle.HIGHEST_PROTOCOL)]
         local = self._local
         pickling = getattr(local, "pickling", None)
         if pickling is None or not pickling.current():
@@ -378,9 +445,11 @@ class PickleCodec:
                 data = bytes(main)
             else:
                 return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
-            if _names_no_global(data) or _opcodes_no_global(data):
-                # No byte of the stream can be an opcode that loads a global, so nothing in it
-                # can be called: the C unpickler's fast path is as safe as the allow-list.
+            if _leaf_stream(data) or _names_no_global(data) or _opcodes_no_global(data):
+                # One bytes or str object, or no opcode that loads a global: nothing in the
+                # stream can be called, so the C unpickler's fast path is as safe as the
+                # allow-list. The checks read a private copy: the writer cannot change what
+                # was checked before it is unpickled.
                 return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)
             with io.BytesIO(data) as stream:
                 return _SafeUnpickler(stream, buffers=oob, allow=allow).load()

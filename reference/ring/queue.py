@@ -52,20 +52,23 @@ from ..addresses import bind_ipc, ensure_ipc_dir, ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
 from .framing import (
     FIRST_DATA,
+    MAX_BUFFER_BYTES,
     OVERFLOW_BASE,
     Buffer,
     decode_chunk,
+    nbytes,
     needs_overflow,
     single_buffer,
+    single_copy,
     single_head,
     write_chunk,
 )
 from .layout import RingLayout
 from .liveness import LivenessRecord
-from .payload import PayloadCodec, get_codec
+from .payload import SCAN_BYTES_MAX, PayloadCodec, get_codec
 from .protocol import RingReader, RingWriter
 from .shm import ShmMemory, ShmSegment
-from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin
+from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin, spin_yield
 
 _SPEC = load()
 #: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait,
@@ -522,12 +525,23 @@ class MessageQueue:
             if self._resources.closed:
                 raise QueueClosed("the queue is closed")
         else:
-            first = buffers[0] if len(buffers) == 1 else None
-            if type(first) is bytes and OVERFLOW_BASE + len(first) < self._chunk_bytes:
-                # The common message (one pickle stream that fits), in one protocol call: the
-                # same memory events as the steps below (RingWriter.try_publish).
-                notify_readers = writer.try_publish(single_head(len(first)), first, FIRST_DATA)
-                if notify_readers is not None:
+            if len(buffers) == 1:
+                # The common message (one buffer that fits), in one protocol call per attempt:
+                # the memory events of the steps below (RingWriter.try_publish).
+                first = buffers[0]
+                size = len(first) if type(first) is bytes else nbytes(first)
+                if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
+                    head = single_head(size)
+                    notify_readers = writer.try_publish(head, first, FIRST_DATA)
+                    if notify_readers is None:
+                        # Full: wait for the chunk by the same call, which changes nothing
+                        # until the chunk is free (no claim, no step path per message).
+                        liveness = self._resources.liveness
+                        notify_readers = bool(self._wait_for(
+                            functools.partial(writer.try_publish, head, first, FIRST_DATA),
+                            timeout, clause="ring.writer.timeout",
+                            what="a free chunk (every local reader done with it)",
+                            liveness=None if liveness is None else liveness.check_readers))
                     if notify_readers:
                         notify()
                     if self._remote_socket is not None:
@@ -602,14 +616,20 @@ class MessageQueue:
                   clause: str, what: str,
                   block: Callable[[float], None] | None = None,
                   liveness: Callable[[], None] | None = None) -> int:
-        """After one failed ``acquire``: check again back to back, then back off (the waiting
-        of :mod:`.wait`) until it returns a chunk index, the deadline passes or the queue is
-        shut down."""
-        index = spin(acquire, self.wait_policy, timeout)
+        """After one failed ``acquire``: check again back to back, then between yields, then
+        back off (the waiting of :mod:`.wait`) until it returns a chunk index, the deadline
+        passes or the queue is shut down."""
+        policy = self.wait_policy
+        index = spin(acquire, policy, timeout)
         if index is not None:
             return index
-        backoff = Backoff(self.wait_policy, timeout, clause=clause, what=what, block=block,
-                          checks=self.wait_policy.spin_checks, liveness=liveness)
+        started = time.monotonic()
+        if timeout is None or timeout > 0:
+            index = spin_yield(acquire, policy, timeout, started)
+            if index is not None:
+                return index
+        backoff = Backoff(policy, timeout, clause=clause, what=what, block=block,
+                          checks=policy.spin_checks, liveness=liveness, started=started)
         while (index := acquire()) is None:
             if self._shutting_down:
                 raise QueueClosed("the queue was shut down")
@@ -631,38 +651,50 @@ class MessageQueue:
         if reader is not None:
             if self._held_views is not None:
                 self._release_held()
-            deadline = None if timeout is None else time.monotonic() + timeout
+            # The deadline of an overflowed message's receive counts from the start of this
+            # call; read from the clock only when there is a wait to measure (not on every
+            # message).
+            started: float | None = None
             if not self._pending_overflow:
                 index = reader.try_acquire()
                 if index is None:
+                    started = time.monotonic()
                     index = self._wait_for_readable(reader, timeout)
                 chunk = self._chunk_views[index]
                 try:
-                    view = single_buffer(chunk)
-                    if view is not None:
-                        try:
-                            return self.codec.decode(view, ())
-                        finally:
-                            try:  # _release_view, inline: this is every message's path
-                                view.release()
-                            except BufferError:
-                                pass
-                    overflow, views = decode_chunk(chunk)
-                    if not overflow:
-                        try:
-                            # Out-of-band buffers are copied: the object may keep them after
-                            # the slot is reused (clause ring.reader.copy-oob-before-release).
-                            return self.codec.decode(views[0],
-                                                     [bytearray(v) for v in views[1:]])
-                        finally:
-                            _release_views(views)
-                    self._pending_overflow += 1
+                    data = single_copy(chunk, SCAN_BYTES_MAX)
+                    if data is None:
+                        view = single_buffer(chunk)
+                        if view is not None:
+                            try:
+                                return self.codec.decode(view, ())
+                            finally:
+                                try:  # _release_view, inline: this is every message's path
+                                    view.release()
+                                except BufferError:
+                                    pass
+                        overflow, views = decode_chunk(chunk)
+                        if not overflow:
+                            try:
+                                # Out-of-band buffers are copied: the object may keep them
+                                # after the slot is reused (ring.reader.copy-oob-before-release).
+                                return self.codec.decode(views[0],
+                                                         [bytearray(v) for v in views[1:]])
+                            finally:
+                                _release_views(views)
+                        self._pending_overflow += 1
                 finally:
                     # _release_chunk, inline: this is every message's path
                     reader.release()
                     now = time.monotonic()
                     if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
                         self._drain_notify(now)
+                if data is not None:
+                    # The common small message, copied out in one piece: decoded after the
+                    # release, so the writer may reuse the slot meanwhile.
+                    return self.codec.decode(data, ())
+            deadline = (None if timeout is None
+                        else (time.monotonic() if started is None else started) + timeout)
             return self._decode_frames(self._recv_overflow(deadline))
         # A reader end has a remote socket exactly when it is a remote reader.
         remote_socket = self._remote_socket

@@ -5,8 +5,10 @@ The flag protocol (:mod:`.protocol`) never waits; the loops in :mod:`.queue` cal
 run for a second after every read, wastes the processor the writer needs when processes
 outnumber cores; a :class:`Backoff` instead escalates:
 
-1. ``spin_checks`` checks back to back (a message usually lands within microseconds);
-2. ``sched_yield`` until ``yield_for_s`` has passed since the wait began;
+1. ``spin_checks`` checks back to back (a message usually lands within microseconds;
+   :func:`spin`);
+2. ``sched_yield`` until ``yield_for_s`` has passed since the wait began (:func:`spin_yield`,
+   then :meth:`Backoff.pause`);
 3. readers: wait on the writer's notify socket, at first for ``poll_min_s``, each time twice as
    long, never longer than the recheck interval ``recheck_s`` (clause ring.notify.hint-only).
    A notification wakes the reader at once; a dropped one (PUB drops at SNDHWM 1, most often
@@ -76,6 +78,29 @@ def spin(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | N
     return None
 
 
+def spin_yield(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | None,
+               started: float) -> int | None:
+    """The second stage of a wait, after :func:`spin`: ``sched_yield`` and check again until
+    ``policy.yield_for_s`` (or ``timeout``) has passed since ``started``; what the check found,
+    or None (the caller then builds a :class:`Backoff` with the same ``started``, which goes
+    on with the third stage).
+
+    The loop a minimal ring waits in, one yield, one check and one clock read per turn, with
+    no :class:`Backoff` to build: a caught-up reader goes through it on most messages, and
+    what it costs is taken from the process it yields to.
+    """
+    until = started + (policy.yield_for_s if timeout is None
+                       else min(policy.yield_for_s, timeout))
+    clock = time.monotonic
+    give_way = os.sched_yield
+    while clock() < until:
+        give_way()
+        found = check()
+        if found is not None:
+            return found
+    return None
+
+
 class Backoff:
     """The state of one wait: create it when the first check fails, call :meth:`pause` after
     every failed check.
@@ -85,6 +110,8 @@ class Backoff:
     (see :func:`spin`).
     ``timeout`` None waits forever; 0 allows exactly one check. ``liveness`` (raising when a
     peer died) runs every ``policy.liveness_check_s`` once the wait has lasted that long.
+    ``started`` (default: now) is when the wait began, for a wait whose first stages ran
+    before (:func:`spin_yield`): the stages and the deadline count from it.
     """
 
     __slots__ = ("policy", "clause", "what", "timeout", "deadline", "started",
@@ -92,12 +119,13 @@ class Backoff:
 
     def __init__(self, policy: WaitPolicy, timeout: float | None, *, clause: str, what: str,
                  block: Callable[[float], None] | None = None, checks: int = 0,
-                 liveness: Callable[[], None] | None = None) -> None:
+                 liveness: Callable[[], None] | None = None,
+                 started: float | None = None) -> None:
         self.policy = policy
         self.clause = clause
         self.what = what
         self.timeout = timeout
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
         self.deadline = math.inf if timeout is None else self.started + timeout
         self._checks = checks
         self._sleep = policy.sleep_min_s
