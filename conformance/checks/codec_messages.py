@@ -868,8 +868,8 @@ def _private_fields(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/struct/declared-fields-only", clauses=["structs.map.declared-fields-only"],
        surface="codec")
 def _declared_only(codec: CodecSurface, ctx: CheckContext) -> None:
-    """Only declared fields of SamplingParams and StructuredOutputsParams (where the release
-    has it: vLLM 0.11.0 on) reach the wire."""
+    """Only declared fields of SamplingParams and StructuredOutputsParams reach the wire.
+    (StructuredOutputsParams where the release has it: vLLM 0.11.0 on.)"""
     problems = []
     for name, value in (("SamplingParams", Sampler(ctx.spec).struct("SamplingParams")),
                         ("StructuredOutputsParams", {"regex": "a+"})):
@@ -887,8 +887,8 @@ def _declared_only(codec: CodecSurface, ctx: CheckContext) -> None:
 
 @check("codec/enum/value-on-wire", clauses=["structs.enum.value"], surface="codec")
 def _enum_value(codec: CodecSurface, ctx: CheckContext) -> None:
-    """finish_reason LENGTH travels as the int 1, an event type (PREEMPTED, 3; SCHEDULED, 2,
-    before vLLM 0.8.4) as its int."""
+    """finish_reason LENGTH travels as the int 1, an event type as its int.
+    (The event is PREEMPTED, 3; SCHEDULED, 2, before vLLM 0.8.4.)"""
     kinds = [m.value for m in ctx.spec.enum("EngineCoreEventType").members]
     value = _output(finish_reason=1,
                     events=[{"type": 3 if 3 in kinds else kinds[-1], "timestamp": 2.5}])
@@ -1350,8 +1350,8 @@ def _untyped_oob(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/message/control-no-extensions", clauses=["frames.plain-msgpack-control"],
        surface="codec")
 def _control_plain(codec: CodecSurface, ctx: CheckContext) -> None:
-    """Handshake messages and the ready response are one frame of plain msgpack (or, where
-    the release sends the ready response as a literal frame, exactly that frame)."""
+    """Handshake messages and the ready response are one frame of plain msgpack.
+    (Where the release sends the ready response as a literal frame: exactly that frame.)"""
     absent: list[str] = []
     for kind in ("hello", "ready", "init", "ready_response"):
         try:
