@@ -116,6 +116,7 @@ def test_older_release_checks_pass_in_the_release_layout(version: str, pattern: 
     ("0.9.1", "codec/utility-result/pair", "vLLM 0.9.1 has no UtilityResult"),
     ("0.9.0", "codec/message/ready-response/frames", "vLLM 0.9.0 has no ready response"),
     ("0.7.3", "codec/message/init/frames", "vLLM 0.7.3 has no EngineHandshakeMetadata"),
+    ("0.8.4", "codec/tensor/nested-tensors", "vLLM 0.8.4 has no inline threshold for tensors"),
 ])
 def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pattern: str,
                                                                 reason: str) -> None:

@@ -74,6 +74,14 @@ def _output(**fields: Any) -> dict[str, Any]:
 
 
 def _threshold(spec: Any) -> int:
+    """The inline threshold of the tensors surface; NOT APPLICABLE for a release that has
+    none (``history/constants.toml`` ``tensor_threshold``: before vLLM 0.8.5 tensors did not
+    travel in the surface's threshold form)."""
+    from enginewire.spec.history.compat import constants_at
+
+    if constants_at(spec.version, "tensor_threshold").get("threshold_default") == "none":
+        raise NotInRelease(f"vLLM {spec.version} has no inline threshold for tensors (the "
+                           "tensors surface's form starts at 0.8.5)")
     return int(spec.surface("tensors").threshold_default)
 
 
