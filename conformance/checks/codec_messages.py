@@ -1108,7 +1108,8 @@ def _mm_item(codec: CodecSurface, ctx: CheckContext) -> None:
         ok = isinstance(item, dict) and item.get("identifier") == "img-0"
     else:
         elem = item.get("pixel_values") if isinstance(item, dict) else None
-        ok = isinstance(elem, dict) and (elem.get("field") or [None])[0] == "batched"
+        factory = _batched(ctx.spec)[0]
+        ok = isinstance(elem, dict) and (elem.get("field") or [None])[0] == factory
     if not ok:
         raise CheckFailure(f"{_mm_field(ctx.spec)} decoded as {[item]!r}"[:300],
                            Reproduction(sent=frames))

@@ -169,9 +169,9 @@ class Sampler(TypeVisitor[Any]):
         if scalars:
             return scalars[0]
         simple = [a for a in candidates if not self._structural(a)]
-        if expr.nullable and any(a.name == "nested_tensors" for a in simple):
+        if expr.nullable and any(kind_of(a) == "nested_tensors" for a in simple):
             # No sample of nested tensors (visit_nested_tensors): nil where the type allows it.
-            simple = [a for a in simple if a.name != "nested_tensors"]
+            simple = [a for a in simple if kind_of(a) != "nested_tensors"]
             if not simple:
                 return TypeExpr("none")
         if simple:
