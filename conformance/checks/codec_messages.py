@@ -739,7 +739,7 @@ def _small_oob(codec: CodecSurface, ctx: CheckContext) -> None:
 
 def _mm_elem(spec: Any, key: str, data: Any, field: list[Any]) -> dict[str, Any]:
     """A MultiModalFieldElem ``key`` holding ``data``, with the modality and key the release's
-    layout carries in each element (until vLLM 0.19.1)."""
+    layout carries in each element (until vLLM 0.15.1)."""
     names = {f.name for f in spec.struct("MultiModalFieldElem").fields}
     extra = {"modality": "image", "key": key} if {"modality", "key"} <= names else {}
     return {**extra, "data": data, "field": field}
