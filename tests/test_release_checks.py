@@ -126,8 +126,9 @@ def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pa
 
 def test_a_codec_writing_the_newest_forms_fails_the_release_aware_checks() -> None:
     """The release-aware checks have power: a codec for 0.8.4 that writes the newest ready
-    response (an empty frame for none) and one for 0.10.1 that leaves mm_kwargs' factories
-    unchecked both fail; 0.9.1's ADD in the newest layout fails its frames check."""
+    response (an empty frame for none), one for 0.10.1 that leaves mm_kwargs' factories
+    unchecked and one for 0.9.1 that decodes an element's nested tensors as plain msgpack all
+    fail; 0.9.1's ADD in the newest layout fails its frames check."""
     from enginewire.conformance.targets import reference as reference_module
 
     newest = reference_module.ReferenceCodec(version="0.33.0")
@@ -158,6 +159,19 @@ def test_a_codec_writing_the_newest_forms_fails_the_release_aware_checks() -> No
     status, _ = _status("0.10.1", "codec/mm/unknown-factory-rejected",
                         UncheckedItems(version="0.10.1"))
     assert status == FAILED
+
+    class RawElements(reference_module.ReferenceCodec):
+        def decode(self, kind, frames):  # type: ignore[no-untyped-def]
+            if kind == "MultiModalFieldElem":  # the msgpack map as it came, no tensors
+                import msgspec
+
+                return msgspec.msgpack.decode(bytes(frames[0]))
+            return super().decode(kind, frames)
+
+    # 0.9.1's nested tensors travel in a bare MultiModalFieldElem.
+    status, message = _status("0.9.1", "codec/tensor/nested-tensors",
+                              RawElements(version="0.9.1"))
+    assert status == FAILED and "decoded as" in message, message
 
     class NewestAdd(reference_module.ReferenceCodec):
         def encode(self, kind, value):  # type: ignore[no-untyped-def]
