@@ -58,7 +58,7 @@ import msgspec
 import numpy as np
 
 from enginewire.spec import load
-from enginewire.spec.loader import Spec
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, parse_type
 
@@ -373,8 +373,11 @@ class Codec:
             for c in self.spec.struct("EngineCoreRequest").constraints
             if c.kind == "exactly-one-of"
         ]
-        self._ready_literal = b"" if self.spec.version == load().version \
+        self._ready_literal = b"" if self.spec.version == REFERENCE_VLLM_VERSION \
             else _ready_literal(self.spec.version)
+        #: vLLM 0.10.1 carries its multimodal items as maps of elements in mm_kwargs.
+        self._mm_kwargs = any(f.name == "mm_kwargs"
+                              for f in self.spec.struct("EngineCoreRequest").fields)
         self._handshake_keys = {
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
@@ -981,10 +984,8 @@ class Codec:
         if features:
             for feature in features:
                 self._validate_mm_item(feature.data)
-        # vLLM 0.10.1 carries its items as maps of elements in mm_kwargs.
-        items = getattr(value, "mm_kwargs", None)
-        if items:
-            for item in items:
+        if self._mm_kwargs and value.mm_kwargs:
+            for item in value.mm_kwargs:
                 self._validate_mm_item(item)
 
     def _validate_outputs(self, kind: str, value: Any) -> None:
