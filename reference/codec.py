@@ -22,7 +22,8 @@ Values: struct kinds take the classes of :mod:`enginewire.reference.structs`; ``
 of request ids; ``utility`` ``(client_index, call_id, method, args)``; ``start_dp_wave``
 ``(new_wave, exclude_engine_index)``; ``hello``/``ready`` a dict; literal-only kinds
 (``engine_core_dead``, subscriptions and unsubscriptions, ``coordinator_ready``) ``None``;
-``ready_response`` ``None`` for the empty frame older engines send.
+``ready_response`` ``None`` for the empty frame older engines send (vLLM 0.8.4 and 0.8.5
+send the literal frame ``READY``: a codec of those releases writes and reads it as ``None``).
 
 The module functions take :class:`Codec` options as keywords (``encode(kind, value,
 threshold=0)``). ``MESSAGE_PAYLOADS`` maps each message kind to its payload type expression.
@@ -57,7 +58,7 @@ import msgspec
 import numpy as np
 
 from enginewire.spec import load
-from enginewire.spec.loader import Spec
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, parse_type
 
@@ -86,6 +87,16 @@ CLOUDPICKLE_EXT: int = load().ext_code("cloudpickle")
 
 #: Kinds whose empty payload frame stands for None (handshake.ready-response-empty-accepted).
 _EMPTY_MEANS_NONE = frozenset({"ready_response"})
+
+
+def _ready_literal(version: str) -> bytes:
+    """The frame that stands for None in a ready response of ``version``: ``b"READY"`` where
+    the release sends that literal (``history/constants.toml`` ``ready_response``), else the
+    empty frame."""
+    from enginewire.spec.history.compat import constants_at
+
+    form = constants_at(version, "ready_response").get("payload")
+    return b"READY" if form == "READY" else b""
 
 
 class Message(NamedTuple):
@@ -362,6 +373,11 @@ class Codec:
             for c in self.spec.struct("EngineCoreRequest").constraints
             if c.kind == "exactly-one-of"
         ]
+        self._ready_literal = b"" if self.spec.version == REFERENCE_VLLM_VERSION \
+            else _ready_literal(self.spec.version)
+        #: vLLM 0.10.1 carries its multimodal items as maps of elements in mm_kwargs.
+        self._mm_kwargs = any(f.name == "mm_kwargs"
+                              for f in self.spec.struct("EngineCoreRequest").fields)
         self._handshake_keys = {
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
@@ -406,7 +422,7 @@ class Codec:
                 )
             return list(layout.prefix)
         if value is None and kind in _EMPTY_MEANS_NONE:
-            return [*layout.prefix, b""]
+            return [*layout.prefix, self._ready_literal]
         self._check_payload_value(layout, value)
         self._validate(kind, value)
         return [*layout.prefix, *self._encode_payload(value, oob=layout.oob)]
@@ -450,7 +466,9 @@ class Codec:
             raise FramingError(
                 "frames.frame-count", f"{kind} has no msgpack frame", got=len(frames)
             )
-        if kind in _EMPTY_MEANS_NONE and len(payload) == 1 and len(_buffer(payload[0])) == 0:
+        if kind in _EMPTY_MEANS_NONE and len(payload) == 1 and (
+                len(_buffer(payload[0])) == 0
+                or (self._ready_literal and _frame_bytes(payload[0]) == self._ready_literal)):
             return None
         value = self._decode_payload(layout.payload, payload, oob=layout.oob, kind=kind)
         self._validate(kind, value)
@@ -966,6 +984,9 @@ class Codec:
         if features:
             for feature in features:
                 self._validate_mm_item(feature.data)
+        if self._mm_kwargs and value.mm_kwargs:
+            for item in value.mm_kwargs:
+                self._validate_mm_item(item)
 
     def _validate_outputs(self, kind: str, value: Any) -> None:
         utility = value.utility_output

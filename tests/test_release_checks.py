@@ -2,8 +2,10 @@
 
 A check written for the newest layout that sets a field or struct release X lacks is NOT
 APPLICABLE with the release named; filler fields (nil, empty, the newest default) are dropped
-from the value first, and a field only X requires is set to nil. The reference built for X
-passes every applicable codec check of the releases swept here."""
+from the value first, and a field only X requires is set to nil. Checks that build values
+themselves lay them out for X, and test X's own form of what changed shape (the ready
+response, multimodal items). The reference built for X passes every applicable codec check
+at every derived release."""
 
 from __future__ import annotations
 
@@ -72,8 +74,131 @@ def test_a_broken_older_layout_still_fails(monkeypatch: pytest.MonkeyPatch) -> N
         target.close()
 
 
-#: Releases whose every applicable codec check passes with the reference built for them.
-SWEEP = ["0.20.2", "0.22.0", "0.24.0", "0.26.0", "0.27.1", "0.30.0", "0.33.0"]
+def _status(version: str, pattern: str, codec: object = None) -> tuple[str, str]:
+    """The verdict and message of the one check ``pattern`` against the reference built for
+    ``version`` (its codec replaced by ``codec`` where given)."""
+    item = select(all_checks(), patterns=[pattern])[0]
+    target = reference_target(version)
+    if codec is not None:
+        target.codec = codec
+    try:
+        result = run_check(item, target, load(version))
+    finally:
+        target.close()
+    return result.status, result.message  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("version", "pattern"), [
+    ("0.9.1", "codec/message/ready-response/frames"),      # one empty frame
+    ("0.9.1", "codec/message/ready-response/round-trip"),
+    ("0.9.1", "codec/message/control-no-extensions"),
+    ("0.9.1", "codec/message/add/frames"),                 # eos_token_id, mm_inputs, ...
+    ("0.9.1", "codec/message/add/round-trip"),
+    ("0.9.1", "codec/float/accepts-float32-and-int"),
+    ("0.9.1", "codec/tensor/nested-tensors"),              # in a bare MultiModalFieldElem
+    ("0.9.1", "codec/struct/declared-fields-only"),        # no StructuredOutputsParams yet
+    ("0.8.4", "codec/message/ready-response/frames"),      # the literal frame READY
+    ("0.8.4", "codec/message/ready-response/round-trip"),
+    ("0.7.3", "codec/message/outputs/round-trip"),         # no engine_index yet
+    ("0.7.3", "codec/enum/value-on-wire"),                 # no PREEMPTED event yet
+    ("0.10.1", "codec/mm/item-map"),                       # items in mm_kwargs
+    ("0.10.1", "codec/mm/unknown-factory-rejected"),
+    ("0.10.2", "codec/tensor/nested-tensors"),             # no keep_on_cpu yet
+    ("0.13.0", "codec/mm/slice-triple"),                   # mm_features, no mm_hash yet
+])
+def test_older_release_checks_pass_in_the_release_layout(version: str, pattern: str) -> None:
+    status, message = _status(version, pattern)
+    assert status == PASSED, message
+
+
+@pytest.mark.parametrize(("version", "pattern", "reason"), [
+    ("0.9.1", "codec/mm/item-map", "vLLM 0.9.1 has no typed multimodal item"),
+    ("0.9.1", "codec/utility-result/pair", "vLLM 0.9.1 has no UtilityResult"),
+    ("0.9.0", "codec/message/ready-response/frames", "vLLM 0.9.0 has no ready response"),
+    ("0.7.3", "codec/message/init/frames", "vLLM 0.7.3 has no EngineHandshakeMetadata"),
+    ("0.8.4", "codec/tensor/nested-tensors", "vLLM 0.8.4 has no inline threshold for tensors"),
+])
+def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pattern: str,
+                                                                reason: str) -> None:
+    status, message = _status(version, pattern)
+    assert status == NOT_APPLICABLE and reason in message, (status, message)
+
+
+def test_a_codec_writing_the_newest_forms_fails_the_release_aware_checks() -> None:
+    """The release-aware checks have power: a codec for 0.8.4 that writes the newest ready
+    response (an empty frame for none), one for 0.10.1 that leaves mm_kwargs' factories
+    unchecked and one for 0.9.1 that decodes an element's nested tensors as plain msgpack all
+    fail; 0.9.1's ADD in the newest layout fails its frames check."""
+    from enginewire.conformance.targets import reference as reference_module
+
+    newest = reference_module.ReferenceCodec(version="0.33.0")
+
+    class NewestReadyResponse(reference_module.ReferenceCodec):
+        def encode(self, kind, value):  # type: ignore[no-untyped-def]
+            if kind == "ready_response" and value is None:
+                return newest.encode(kind, value)
+            return super().encode(kind, value)
+
+    codec = NewestReadyResponse(version="0.8.4")
+    for pattern in ("codec/message/ready-response/frames",
+                    "codec/message/control-no-extensions"):
+        status, message = _status("0.8.4", pattern, codec)
+        assert status == FAILED and "READY" in message, (pattern, status, message)
+
+    from enginewire.reference.codec import Codec
+
+    class Unchecked(Codec):
+        def _validate_mm_item(self, item):  # type: ignore[no-untyped-def]
+            return None
+
+    class UncheckedItems(reference_module.ReferenceCodec):
+        def make_codec(self, threshold, insecure):  # type: ignore[no-untyped-def]
+            return Unchecked(threshold=threshold, allow_insecure=insecure,
+                             version=self.version)
+
+    status, _ = _status("0.10.1", "codec/mm/unknown-factory-rejected",
+                        UncheckedItems(version="0.10.1"))
+    assert status == FAILED
+
+    class RawElements(reference_module.ReferenceCodec):
+        def decode(self, kind, frames):  # type: ignore[no-untyped-def]
+            if kind == "MultiModalFieldElem":  # the msgpack map as it came, no tensors
+                import msgspec
+
+                return msgspec.msgpack.decode(bytes(frames[0]))
+            return super().decode(kind, frames)
+
+    # 0.9.1's nested tensors travel in a bare MultiModalFieldElem.
+    status, message = _status("0.9.1", "codec/tensor/nested-tensors",
+                              RawElements(version="0.9.1"))
+    assert status == FAILED and "decoded as" in message, message
+
+    class NewestAdd(reference_module.ReferenceCodec):
+        def encode(self, kind, value):  # type: ignore[no-untyped-def]
+            if kind == "add":
+                return newest.encode(kind, minimal_request())
+            return super().encode(kind, value)
+
+    status, message = _status("0.9.1", "codec/message/add/frames", NewestAdd(version="0.9.1"))
+    assert status == FAILED and "payload" in message, message
+
+
+def _derived_releases() -> list[str]:
+    import tomllib
+
+    from enginewire.spec.loader import DATA_DIR
+
+    with (DATA_DIR / "history" / "releases.toml").open("rb") as handle:
+        return list(tomllib.load(handle)["releases"])
+
+
+#: Every derived release: the reference built for each passes every applicable codec check
+#: (the codec checks of all of them run in well under a minute).
+SWEEP = _derived_releases()
+
+
+def test_the_sweep_covers_every_derived_release() -> None:
+    assert SWEEP[0] == "0.7.3" and SWEEP[-1] == "0.33.0" and len(SWEEP) == len(set(SWEEP))
 
 
 @pytest.mark.slow

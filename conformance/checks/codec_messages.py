@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fractions
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -26,9 +27,11 @@ from enginewire.conformance.checks._helpers import (
     require_rejection,
 )
 from enginewire.conformance.framework.context import CheckContext
+from enginewire.conformance.framework.evidence import in_release
 from enginewire.conformance.framework.registry import (
     CheckFailure,
     CheckSkip,
+    NotInRelease,
     Reproduction,
     check,
     require_field,
@@ -54,6 +57,12 @@ OUTPUT = "EngineCoreOutput"
 # --- helpers -----------------------------------------------------------------------------
 
 
+def _request(spec: Any, **fields: Any) -> dict[str, Any]:
+    """:func:`minimal_request` laid out as the run's release sends it (NOT APPLICABLE when
+    ``fields`` set something the release lacks)."""
+    return in_release(minimal_request(**fields), "EngineCoreRequest", spec)
+
+
 def _index(spec: Any, struct: str, field: str) -> int:
     """The position of ``field`` in ``struct``; NOT APPLICABLE when the release lacks it."""
     require_field(spec, struct, field)
@@ -65,6 +74,14 @@ def _output(**fields: Any) -> dict[str, Any]:
 
 
 def _threshold(spec: Any) -> int:
+    """The inline threshold of the tensors surface; NOT APPLICABLE for a release that has
+    none (``history/constants.toml`` ``tensor_threshold``: before vLLM 0.8.5 tensors did not
+    travel in the surface's threshold form)."""
+    from enginewire.spec.history.compat import constants_at
+
+    if constants_at(spec.version, "tensor_threshold").get("threshold_default") == "none":
+        raise NotInRelease(f"vLLM {spec.version} has no inline threshold for tensors (the "
+                           "tensors surface's form starts at 0.8.5)")
     return int(spec.surface("tensors").threshold_default)
 
 
@@ -720,11 +737,48 @@ def _small_oob(codec: CodecSurface, ctx: CheckContext) -> None:
         raise CheckFailure(f"decoded {decoded!r}", Reproduction(sent=frames))
 
 
-def _feature(data: Any) -> dict[str, Any]:
-    """A MultiModalFeatureSpec whose one field ``x`` holds ``data``."""
-    return {"data": {"x": {"data": data, "field": ["batched", {"keep_on_cpu": False}]}},
-            "modality": "image", "identifier": "i",
-            "mm_position": {"offset": 0, "length": 1, "is_embed": None}, "mm_hash": None}
+def _mm_elem(spec: Any, key: str, data: Any, field: list[Any]) -> dict[str, Any]:
+    """A MultiModalFieldElem ``key`` holding ``data``, with the modality and key the release's
+    layout carries in each element (until vLLM 0.15.1)."""
+    names = {f.name for f in spec.struct("MultiModalFieldElem").fields}
+    extra = {"modality": "image", "key": key} if {"modality", "key"} <= names else {}
+    return {**extra, "data": data, "field": field}
+
+
+def _batched(spec: Any) -> list[Any]:
+    """The field of a batched element: the factory and the arguments the release's
+    MultiModalBatchedField has (keep_on_cpu came in vLLM 0.13.0)."""
+    names = {f.name for f in spec.struct("MultiModalBatchedField").fields}
+    return ["batched", {k: v for k, v in {"keep_on_cpu": False}.items() if k in names}]
+
+
+def _feature(spec: Any, data: Any) -> dict[str, Any]:
+    """A MultiModalFeatureSpec whose one field ``x`` holds ``data``, as the run's release
+    lays it out."""
+    value = {"data": {"x": _mm_elem(spec, "x", data, _batched(spec))},
+             "modality": "image", "identifier": "i",
+             "mm_position": {"offset": 0, "length": 1, "is_embed": None}, "mm_hash": None}
+    return in_release(value, "MultiModalFeatureSpec", spec)
+
+
+def _nested_carrier(spec: Any, data: Any) -> tuple[str, Any, Callable[[Any], Any],
+                                                   Callable[[Any, Any], Any]]:
+    """Where the release carries nested tensors: a MultiModalFeatureSpec's field ``x`` (vLLM
+    0.10.2 on), else a bare MultiModalFieldElem. Returns the kind, the value holding ``data``,
+    a getter of the data from a decoded map and a setter of it into a copy of one."""
+    if "MultiModalFeatureSpec" in spec.structs:
+        def get(raw: Any) -> Any:
+            return raw.get("data", {}).get("x", {}).get("data") if isinstance(raw, dict) \
+                else None
+
+        def put(raw: Any, bad: Any) -> Any:
+            return {**raw, "data": {"x": {**raw["data"]["x"], "data": bad}}}
+
+        return "MultiModalFeatureSpec", _feature(spec, data), get, put
+    require_field(spec, "MultiModalFieldElem", "data")
+    return ("MultiModalFieldElem", _mm_elem(spec, "x", data, _batched(spec)),
+            lambda raw: raw.get("data") if isinstance(raw, dict) else None,
+            lambda raw, bad: {**raw, "data": bad})
 
 
 @check("codec/tensor/nested-tensors", clauses=["tensors.nested-tensors"], surface="codec")
@@ -733,25 +787,25 @@ def _nested_tensors(codec: CodecSurface, ctx: CheckContext) -> None:
     an array holding a tuple out of band and two numbers, and an empty array; it decodes with
     tensors at every depth."""
     small, big = _uint8(4), _uint8(max(_threshold(ctx.spec), 1))
-    frames = encode(codec, "MultiModalFeatureSpec", _feature([small, [big, 2, 0.5], []]))
+    kind, value, get, put = _nested_carrier(ctx.spec, [small, [big, 2, 0.5], []])
+    frames = encode(codec, kind, value)
     raw = raw_decode(frames[0])
-    data = raw.get("data", {}).get("x", {}).get("data") if isinstance(raw, dict) else None
+    data = get(raw)
     want = [["uint8", [4], Ext(RAW_VIEW, bytes(range(4)))], [["uint8", [len(big)], 1], 2, 0.5],
             []]
     if data != want or frames[1:] != [tensor_value(big).data]:
         raise CheckFailure(f"data travels as {show(data)} with {len(frames) - 1} out-of-band "
                            f"frame(s); expected {show(want)} with 1",
                            Reproduction(received=frames))
-    decoded = neutral(decode(codec, "MultiModalFeatureSpec", frames))
-    got = decoded.get("data", {}).get("x", {}).get("data") if isinstance(decoded, dict) else None
+    decoded = neutral(decode(codec, kind, frames))
+    got = get(decoded)
     expected = [tensor_value(small), [tensor_value(big), 2, 0.5], []]
     if got != expected:
         raise CheckFailure(f"data decoded as {got!r}, expected {expected!r}",
                            Reproduction(sent=frames, received=decoded))
     for bad in ("text", [1, "x"], {"k": 1}):
-        wire = dict(raw)
-        wire["data"] = {"x": {**raw["data"]["x"], "data": bad}}
-        expect_rejection(codec, "MultiModalFeatureSpec", [msgspec.msgpack.encode(wire)],
+        wire = put(raw, bad)
+        expect_rejection(codec, kind, [msgspec.msgpack.encode(wire)],
                          ["tensors.nested-tensors", GENERAL], f"nested tensors {bad!r}")
 
 
@@ -822,10 +876,13 @@ def _private_fields(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/struct/declared-fields-only", clauses=["structs.map.declared-fields-only"],
        surface="codec")
 def _declared_only(codec: CodecSurface, ctx: CheckContext) -> None:
-    """Only declared fields of SamplingParams and StructuredOutputsParams reach the wire."""
+    """Only declared fields of SamplingParams and StructuredOutputsParams reach the wire.
+    (StructuredOutputsParams where the release has it: vLLM 0.11.0 on.)"""
     problems = []
     for name, value in (("SamplingParams", Sampler(ctx.spec).struct("SamplingParams")),
                         ("StructuredOutputsParams", {"regex": "a+"})):
+        if name not in ctx.spec.structs:
+            continue
         declared = {f.name for f in ctx.spec.struct(name).fields}
         frames = encode(codec, name, value)
         wire = raw_decode(frames[0])
@@ -838,8 +895,11 @@ def _declared_only(codec: CodecSurface, ctx: CheckContext) -> None:
 
 @check("codec/enum/value-on-wire", clauses=["structs.enum.value"], surface="codec")
 def _enum_value(codec: CodecSurface, ctx: CheckContext) -> None:
-    """finish_reason LENGTH travels as the int 1, an event type as its int."""
-    value = _output(finish_reason=1, events=[{"type": 3, "timestamp": 2.5}])
+    """finish_reason LENGTH travels as the int 1, an event type as its int.
+    (The event is PREEMPTED, 3; SCHEDULED, 2, before vLLM 0.8.4.)"""
+    kinds = [m.value for m in ctx.spec.enum("EngineCoreEventType").members]
+    value = _output(finish_reason=1,
+                    events=[{"type": 3 if 3 in kinds else kinds[-1], "timestamp": 2.5}])
     frames = encode(codec, OUTPUT, value)
     expect_wire(frames, value, OUTPUT, ctx.spec, what="enums as values")
     decoded = decode(codec, OUTPUT, frames)
@@ -933,7 +993,7 @@ def _float64(codec: Any, ctx: Any) -> None:
 def _float_forms(codec: CodecSurface, ctx: CheckContext) -> None:
     """A decoder takes float32 (0xca) and an integer for a float field."""
     index = _index(ctx.spec, "EngineCoreRequest", "arrival_time")
-    base = expected_wire(minimal_request(), "EngineCoreRequest", ctx.spec).value
+    base = expected_wire(_request(ctx.spec), "EngineCoreRequest", ctx.spec).value
     for label, raw, want in (("float32", b"\xca\x3f\x00\x00\x00", 0.5), ("int", b"\x07", 7.0)):
         marker = 123456.75
         wire = list(base)
@@ -950,7 +1010,7 @@ def _float_forms(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/none/nil", clauses=["structs.none.nil"], surface="codec")
 def _nil(codec: CodecSurface, ctx: CheckContext) -> None:
     """A None field travels as nil; nil for a non-nullable field (request_id) is rejected."""
-    frames = encode(codec, "EngineCoreRequest", minimal_request())
+    frames = encode(codec, "EngineCoreRequest", _request(ctx.spec))
     wire = raw_decode(frames[0])
     nullable = _index(ctx.spec, "EngineCoreRequest", "cache_salt")
     if wire[nullable] is not None:
@@ -966,6 +1026,7 @@ def _nil(codec: CodecSurface, ctx: CheckContext) -> None:
                                              "frames.utility-reply"], surface="codec")
 def _utility_pair(codec: CodecSurface, ctx: CheckContext) -> None:
     """A utility result travels as [null, value] inside UtilityOutput."""
+    require_field(ctx.spec, "UtilityResult")
     value = {"timestamp": 1.5, "utility_output": {
         "call_id": 77, "result": {"type_info": None, "value": [1, "two", {"k": 3}]}}}
     frames = encode(codec, "EngineCoreOutputs", value)
@@ -984,6 +1045,7 @@ def _utility_pair(codec: CodecSurface, ctx: CheckContext) -> None:
        clauses=["structs.utility-result.type-info-insecure-only"], surface="codec")
 def _utility_type_info(codec: CodecSurface, ctx: CheckContext) -> None:
     """A UtilityResult whose type_info is not nil is rejected without the opt-in."""
+    require_field(ctx.spec, "UtilityResult")
     wire = list(expected_wire({"timestamp": 1.5}, "EngineCoreOutputs", ctx.spec).value)
     wire[_index(ctx.spec, "EngineCoreOutputs", "utility_output")] = [
         5, None, [["builtins", "int"], 3]]
@@ -999,28 +1061,57 @@ def _no_pickle(codec: CodecSurface, ctx: CheckContext) -> None:
                            "a fractions.Fraction in utility args")
 
 
+def _mm_field(spec: Any) -> str:
+    """The EngineCoreRequest field of the release's multimodal items: ``mm_features`` (vLLM
+    0.10.2 on), ``mm_kwargs`` (0.10.1: one map of MultiModalFieldElem per item); NOT
+    APPLICABLE before, where ``mm_inputs`` is untyped (its items are no spec struct)."""
+    names = {f.name for f in spec.struct("EngineCoreRequest").fields}
+    for name in ("mm_features", "mm_kwargs"):
+        if name in names:
+            return name
+    raise NotInRelease(f"vLLM {spec.version} has no typed multimodal item "
+                       "(EngineCoreRequest.mm_inputs is untyped there)")
+
+
 def _mm_request(spec: Any, factory: str, kwargs: dict[str, Any]) -> list[bytes]:
-    feature = {
-        "data": {"pixel_values": {"data": ["float32", [2], Ext(RAW_VIEW, bytes(8))],
-                                  "field": [factory, kwargs]}},
-        "modality": "image",
-        "identifier": "img-0",
-        "mm_position": {"offset": 0, "length": 2, "is_embed": None},
-        "mm_hash": None,
-    }
-    wire = list(expected_wire(minimal_request(), "EngineCoreRequest", spec).value)
-    wire[_index(spec, "EngineCoreRequest", "mm_features")] = [feature]
+    """An ADD whose one multimodal item's element ``pixel_values`` names ``factory``."""
+    where = _mm_field(spec)
+    elem = _mm_elem(spec, "pixel_values", ["float32", [2], Ext(RAW_VIEW, bytes(8))],
+                    [factory, kwargs])
+    if where == "mm_features":
+        item: Any = in_release({
+            "data": {"pixel_values": elem},
+            "modality": "image",
+            "identifier": "img-0",
+            "mm_position": {"offset": 0, "length": 2, "is_embed": None},
+            "mm_hash": None,
+        }, "MultiModalFeatureSpec", spec)
+    else:
+        item = {"pixel_values": elem}
+    wire = list(expected_wire(_request(spec), "EngineCoreRequest", spec).value)
+    wire[_index(spec, "EngineCoreRequest", where)] = [item]
     return [spec.request_type_byte("ADD"), msgspec.msgpack.encode(wire)]
+
+
+def _first_mm_item(spec: Any, decoded: Any) -> Any:
+    """The first multimodal item of a decoded ADD (neutral), or None."""
+    items = decoded.get(_mm_field(spec)) if isinstance(decoded, dict) else None
+    return items[0] if items else None
 
 
 @check("codec/mm/item-map", clauses=["structs.mm-item.map"], surface="codec")
 def _mm_item(codec: CodecSurface, ctx: CheckContext) -> None:
     """An ADD with one multimodal item ({data, field: ['batched', kwargs]}) decodes."""
     frames = _mm_request(ctx.spec, "batched", {"keep_on_cpu": False})
-    decoded = neutral(decode(codec, "add", frames))
-    features = decoded.get("mm_features") if isinstance(decoded, dict) else None
-    if not features or features[0].get("identifier") != "img-0":
-        raise CheckFailure(f"mm_features decoded as {features!r}"[:300],
+    item = _first_mm_item(ctx.spec, neutral(decode(codec, "add", frames)))
+    if _mm_field(ctx.spec) == "mm_features":
+        ok = isinstance(item, dict) and item.get("identifier") == "img-0"
+    else:
+        elem = item.get("pixel_values") if isinstance(item, dict) else None
+        factory = _batched(ctx.spec)[0]
+        ok = isinstance(elem, dict) and (elem.get("field") or [None])[0] == factory
+    if not ok:
+        raise CheckFailure(f"{_mm_field(ctx.spec)} decoded as {[item]!r}"[:300],
                            Reproduction(sent=frames))
 
 
@@ -1039,11 +1130,10 @@ def _slices(codec: CodecSurface, ctx: CheckContext) -> None:
     """A flat multimodal field's slices travel as [start, stop, step] triples and decode."""
     frames = _mm_request(ctx.spec, "flat", {"keep_on_cpu": False, "slices": [[0, 2, None]],
                                             "dim": 0})
-    decoded = decode(codec, "add", frames)
-    features = neutral(decoded).get("mm_features")
-    if not features:
-        raise CheckFailure("mm_features lost", Reproduction(sent=frames))
-    text = repr(features[0])
+    item = _first_mm_item(ctx.spec, neutral(decode(codec, "add", frames)))
+    if not item:
+        raise CheckFailure(f"{_mm_field(ctx.spec)} lost", Reproduction(sent=frames))
+    text = repr(item)
     if "slice(0, 2, None)" not in text and "[0, 2, None]" not in text:
         raise CheckFailure(f"the slice [0, 2, null] did not survive: {text[:300]}",
                            Reproduction(sent=frames))
@@ -1083,14 +1173,47 @@ def _message(spec: Any, kind: str) -> Any:
     raise CheckSkip(f"the spec has no message kind {kind!r}")
 
 
+#: The one frame of each ready-response form that is no msgpack struct.
+_READY_LITERALS = {"empty": b"", "READY": b"READY"}
+
+
+def _ready_form(spec: Any) -> str:
+    """How the run's release sends the ready response (``history/constants.toml``
+    ``ready_response``): ``struct`` (a msgpack EngineCoreReadyResponse), ``empty`` (one empty
+    frame) or ``READY`` (the literal bytes); NOT APPLICABLE where it sends none."""
+    from enginewire.spec.history.compat import constants_at
+
+    form = str(constants_at(spec.version, "ready_response").get("payload", "struct"))
+    if form == "none":
+        raise NotInRelease(f"vLLM {spec.version} has no ready response (its engine sends "
+                           "nothing first on an input socket)")
+    return form
+
+
 def _sample(spec: Any, kind: str) -> Any:
+    """The sample of ``kind`` laid out as the run's release sends it; the ready response of a
+    release that sends a literal frame is None (the codec writes the literal)."""
     if kind == "ready_response":
+        if _ready_form(spec) != "struct":
+            return None
         return Sampler(spec).required("EngineCoreReadyResponse")
-    return MESSAGE_SAMPLES[kind]
+    return in_release(MESSAGE_SAMPLES[kind], kind, spec)
+
+
+def _ready_literal(spec: Any, kind: str) -> bytes | None:
+    """The literal frame of the ready response at the run's release, None for a struct (or
+    another kind)."""
+    return _READY_LITERALS.get(_ready_form(spec)) if kind == "ready_response" else None
 
 
 def _check_frames(spec: Any, kind: str, frames: list[bytes], value: Any) -> list[str]:
     """Problems with ``frames`` against the spec's frame list for ``kind`` (sender side)."""
+    literal = _ready_literal(spec, kind)
+    if literal is not None:
+        if frames != [literal]:
+            return [f"vLLM {spec.version}'s ready response is the one frame {literal!r}, got "
+                    f"{[bytes(f) for f in frames]!r}"]
+        return []
     message = _message(spec, kind)
     problems: list[str] = []
     position = 0
@@ -1171,6 +1294,12 @@ def _register_message_checks() -> None:
             value = _sample(ctx.spec, _kind)
             frames = encode(codec, _kind, value)
             decoded = decode(codec, _kind, frames)
+            if _ready_literal(ctx.spec, _kind) is not None:
+                if decoded is not None:
+                    raise CheckFailure(f"{_kind}: the literal frame {frames!r} decoded as "
+                                       f"{neutral(decoded)!r}, expected no value",
+                                       Reproduction(sent=frames))
+                return
             payload = next(f.payload for f in _message(ctx.spec, _kind).frames
                            if f.content == "msgpack")
             expect_value(decoded, value, payload, ctx.spec, what=f"{_kind} round trip",
@@ -1230,11 +1359,25 @@ def _untyped_oob(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/message/control-no-extensions", clauses=["frames.plain-msgpack-control"],
        surface="codec")
 def _control_plain(codec: CodecSurface, ctx: CheckContext) -> None:
-    """Handshake messages and the ready response are one frame of plain msgpack."""
+    """Handshake messages and the ready response are one frame of plain msgpack.
+    (Where the release sends the ready response as a literal frame: exactly that frame.)"""
+    absent: list[str] = []
     for kind in ("hello", "ready", "init", "ready_response"):
-        frames = encode(codec, kind, _sample(ctx.spec, kind))
+        try:
+            value = _sample(ctx.spec, kind)
+            literal = _ready_literal(ctx.spec, kind)
+        except NotInRelease as exc:
+            absent.append(str(exc))
+            continue
+        frames = encode(codec, kind, value)
         if len(frames) != 1:
             raise CheckFailure(f"{kind} has {len(frames)} frames", Reproduction(received=frames))
+        if literal is not None:
+            if frames != [literal]:
+                raise CheckFailure(f"{kind} of vLLM {ctx.spec.version} must be the frame "
+                                   f"{literal!r}, got {frames[0]!r}",
+                                   Reproduction(received=frames))
+            continue
         found: list[int] = []
 
         def note(code: int, data: memoryview, _found: list[int] = found) -> None:
@@ -1244,6 +1387,8 @@ def _control_plain(codec: CodecSurface, ctx: CheckContext) -> None:
         if found:
             raise CheckFailure(f"{kind} carries extension types {found}",
                                Reproduction(received=frames))
+    if len(absent) == 4:
+        raise NotInRelease("; ".join(absent))
 
 
 def _payload_of(codec: Any, kind: str, spec: Any) -> list[bytes]:

@@ -33,7 +33,12 @@ from enginewire.conformance.checks._helpers import (
     require_struct,
 )
 from enginewire.conformance.framework.context import CheckContext
-from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
+from enginewire.conformance.framework.registry import (
+    CheckFailure,
+    NotInRelease,
+    Reproduction,
+    check,
+)
 from enginewire.conformance.oracle.samples import CONTEXTUAL, Sampler
 from enginewire.conformance.oracle.values import default_of, neutral
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode
@@ -166,6 +171,8 @@ def _register_struct(item: StructSpec) -> None:
             spec_item = ctx.spec.struct(name)
             _, wire = _minimal_wire(ctx.spec, name)
             needed = [f.name for f in spec_item.fields if f.required]
+            if not needed:
+                raise NotInRelease(f"vLLM {ctx.spec.version} has no required field in {name}")
             if is_array:
                 wire = wire[: len(needed) - 1]
             else:

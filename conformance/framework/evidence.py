@@ -77,26 +77,25 @@ def note_not_implemented(what: str) -> None:
         _CURRENT.missing(what)
 
 
-def not_implemented_cause(exc: BaseException | None) -> BaseException | None:
-    """The first ``NotImplementedError`` in ``exc``'s cause/context chain, or None."""
+def _cause_of(exc: BaseException | None, cls: type[BaseException]) -> BaseException | None:
+    """The first exception of class ``cls`` in ``exc``'s cause/context chain, or None."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, NotImplementedError):
+        if isinstance(exc, cls):
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def not_implemented_cause(exc: BaseException | None) -> BaseException | None:
+    """The first ``NotImplementedError`` in ``exc``'s cause/context chain, or None."""
+    return _cause_of(exc, NotImplementedError)
 
 
 def not_in_release_cause(exc: BaseException | None) -> BaseException | None:
     """The first :class:`NotInRelease` in ``exc``'s cause/context chain, or None."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, NotInRelease):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return _cause_of(exc, NotInRelease)
 
 
 def for_release(value: Any, kind: str, spec: Any) -> tuple[Any, list[str]]:
@@ -120,6 +119,20 @@ def for_release(value: Any, kind: str, spec: Any) -> tuple[Any, list[str]]:
     found: list[str] = []
     out = _walk_fields(parse_type(payload), value, spec, found, 0)
     return out, sorted(set(found))
+
+
+def in_release(value: Any, kind: str, spec: Any) -> Any:
+    """``value`` (written for the newest layout) as release ``spec`` lays out ``kind``
+    (:func:`for_release`); raises :class:`NotInRelease` naming what the release lacks where
+    the value carries something the release has no field or struct for. At the newest
+    release the value is returned unchanged. Checks that build a wire value or an expected
+    value themselves use it, so that what they compare is what the release sends."""
+    if spec.version == REFERENCE_VLLM_VERSION:
+        return value
+    out, unknown = for_release(value, kind, spec)
+    if unknown:
+        raise NotInRelease(f"vLLM {spec.version} has no {', '.join(unknown)}")
+    return out
 
 
 def _type_names(expr: TypeExpr) -> list[str]:
@@ -298,9 +311,7 @@ class GuardedCodec:
             # A check written for the newest layout may set a field an older release lacks:
             # filler (nil, the default) is dropped; a value means the check does not apply to
             # the release (NOT APPLICABLE), and the target is not asked.
-            value, unknown = for_release(value, kind, self._spec)
-            if unknown:
-                raise NotInRelease(f"vLLM {self._spec.version} has no {', '.join(unknown)}")
+            value = in_release(value, kind, self._spec)
         return self._call("encode", kind, lambda: self._codec.encode(kind, value))
 
     def decode(self, kind: str, frames: Any) -> Any:

@@ -65,6 +65,8 @@ REQUIRED_EXTRAS: dict[str, dict[str, Any]] = {
     "StructuredOutputsParams": {"regex": "a+"},
     "UtilityResult": {"type_info": None},
     "MultiModalFeatureSpec": {"data": None},
+    # vLLM 0.10.1 carries elements straight in EngineCoreRequest.mm_kwargs: a known factory.
+    "MultiModalFieldElem": {"field": ["batched", {}]},
 }
 
 #: Structs whose values only travel inside a context-specific encoding (vLLM's
@@ -167,6 +169,11 @@ class Sampler(TypeVisitor[Any]):
         if scalars:
             return scalars[0]
         simple = [a for a in candidates if not self._structural(a)]
+        if expr.nullable and any(kind_of(a) == "nested_tensors" for a in simple):
+            # No sample of nested tensors (visit_nested_tensors): nil where the type allows it.
+            simple = [a for a in simple if kind_of(a) != "nested_tensors"]
+            if not simple:
+                return TypeExpr("none")
         if simple:
             return simple[0]
         if expr.nullable and depth > 0:
