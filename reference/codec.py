@@ -65,12 +65,14 @@ from .errors import FramingError, PayloadError, ProtocolError, TensorError
 from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
 from .tensors import (
     RAW_VIEW_EXT,
+    EncodeScratch,
     TensorIpcHandle,
     Vocabulary,
     WireTensor,
     check_nested_tensors,
     decode_nested_tensors,
     decode_value,
+    encode_hook,
     encode_ndarray,
     encode_tensor,
     encode_wire_tensor,
@@ -280,20 +282,23 @@ def path_steps(path: str) -> list[str | int] | None:
     return steps
 
 
-class _ThreadCodec:
+class _ThreadCodec(EncodeScratch):
     """One thread's msgspec encoder and decoders, with the scratch space their hooks read (one
     encode or decode at a time). msgspec hands a hook no context, so each thread's hooks are
     bound to that thread's scratch: a plain object, read without a thread-local look-up on
     every access."""
 
-    __slots__ = ("aux", "frames", "used", "encoder", "decoders", "dec_hook")
+    __slots__ = ("frames", "used", "encoder", "decoders", "dec_hook")
 
     def __init__(self, codec: Codec) -> None:
-        self.aux: list[Any] | None = None
+        super().__init__()
         self.frames: Sequence[Frame] = ()
         self.used: set[int] | None = None
-        self.encoder = msgspec.msgpack.Encoder(
-            enc_hook=functools.partial(Codec._enc_hook, codec, self))
+        # Tensors and arrays out of band are written in the hook itself; every other value
+        # the hook meets goes to the codec's writer for its type.
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=encode_hook(
+            self, threshold=codec.threshold, copy=codec.copy, vocab=codec._vocab,
+            other=codec._write_value))
         self.dec_hook: Callable[[Any, Any], Any] = functools.partial(Codec._dec_hook, codec, self)
         #: payload type expression -> decoder (:meth:`Codec._decoder`).
         self.decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
@@ -353,19 +358,21 @@ class Codec:
         #: vLLM's multimodal field factories and the field struct each builds (the tagged
         #: union MultiModalFieldElem.field).
         self._mm_factories = self.spec.tagged_union("MultiModalFieldElem", "field")
-        #: struct name -> its exactly-one-of field groups, with their clauses.
-        #: Each with a getter of its fields' values as a tuple (one C call per check).
-        #: EngineCoreRequest's exactly-one-of constraints (spec data, each with its clause),
-        #: each with a getter of its fields' values as a tuple (one C call per check).
-        self._request_rules = [
-            (c, _values_getter(c.fields))
-            for c in self.spec.struct("EngineCoreRequest").constraints
-            if c.kind == "exactly-one-of"
-        ]
         self._handshake_keys = {
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
         self._validators = self._kind_validators()
+        #: struct name -> its class and the rules its kind adds (None: none), and message
+        #: kind -> the struct class its payload is (None: a payload type of another kind),
+        #: decided once: an encode looks each up in one dict.
+        self._struct_kinds: dict[str, tuple[type, Callable[[str, Any], None] | None]] = {
+            name: (cls, self._validators.get(name))
+            for name, cls in self.structs.classes.items()
+        }
+        self._payload_structs: dict[str, type | None] = {
+            kind: _struct_type(self.structs.type_of(layout.payload))
+            for kind, layout in self._layouts.items() if layout.payload is not None
+        }
         self._channel_cache: dict[
             tuple[str, str | None], tuple[list[Layout], list[Layout], list[Layout]]] = {}
         #: exact type -> how the msgspec hook writes its values (:meth:`_value_encoder`).
@@ -388,15 +395,18 @@ class Codec:
 
     def encode(self, kind: str, value: Any) -> list[bytes | memoryview]:
         """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
-        layout = self._layouts.get(kind)
-        if layout is None:
-            cls = self.structs.classes.get(kind) or self._struct_class(kind)
+        found = self._struct_kinds.get(kind)
+        if found is not None:  # a struct: its payload alone
+            cls, validator = found
             if type(value) is not cls:
                 self._check_instance(kind, cls, value)
-            validator = self._validators.get(kind)
             if validator is not None:
                 validator(kind, value)
-            return self._encode_payload(value, oob=True)
+            return self._encode_payload(value, True)
+        layout = self._layouts.get(kind)
+        if layout is None:  # a struct class built since (KeyError for an unknown kind)
+            self._struct_kinds[kind] = (self._struct_class(kind), self._validators.get(kind))
+            return self.encode(kind, value)
         if layout.payload is None:
             if value is not None:
                 raise PayloadError(
@@ -407,9 +417,15 @@ class Codec:
             return list(layout.prefix)
         if value is None and kind in _EMPTY_MEANS_NONE:
             return [*layout.prefix, b""]
-        self._check_payload_value(layout, value)
-        self._validate(kind, value)
-        return [*layout.prefix, *self._encode_payload(value, oob=layout.oob)]
+        cls = self._payload_structs[kind]
+        if cls is None:
+            self._check_payload_value(layout, value)
+        elif type(value) is not cls:
+            self._check_instance(kind, cls, value)
+        validator = self._validators.get(kind)
+        if validator is not None:
+            validator(kind, value)
+        return [*layout.prefix, *self._encode_payload(value, layout.oob)]
 
     def decode(self, kind: str, frames: Sequence[Frame]) -> Any:
         """The value of a message of ``kind`` (or a struct payload) from its frames."""
@@ -547,7 +563,7 @@ class Codec:
             found = self._local.codec = _ThreadCodec(self)
         return found
 
-    def _encode_payload(self, value: Any, *, oob: bool) -> list[bytes | memoryview]:
+    def _encode_payload(self, value: Any, oob: bool) -> list[bytes | memoryview]:
         state = getattr(self._local, "codec", None) or self._thread()
         aux: list[Any] = [b""]
         state.aux = aux
@@ -709,10 +725,9 @@ class Codec:
 
     # --- msgspec hooks --------------------------------------------------------------------
 
-    def _enc_hook(self, state: _ThreadCodec, value: Any) -> Any:
-        aux = state.aux
-        if aux is None:
-            raise RuntimeError("enc_hook outside an encode call")
+    def _write_value(self, value: Any, aux: list[Any]) -> Any:
+        """What the encoder's hook (:func:`~.tensors.encode_hook`) writes for ``value``, a
+        value msgspec cannot encode by itself, found by its exact type."""
         encoder = self._value_encoders.get(type(value))
         if encoder is None:
             encoder = self._value_encoder(value)
@@ -947,7 +962,7 @@ class Codec:
         with none is absent)."""
         found: dict[str, Callable[[str, Any], None]] = dict.fromkeys(
             self._handshake_keys, self._validate_handshake_map)
-        found.update(dict.fromkeys(("add", "EngineCoreRequest"), self._validate_request))
+        found.update(dict.fromkeys(("add", "EngineCoreRequest"), self._request_validator()))
         found.update(dict.fromkeys(
             ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
             self._validate_outputs))
@@ -957,15 +972,29 @@ class Codec:
         found["UtilityResult"] = lambda _kind, value: self._validate_utility_result(value)
         return found
 
-    def _validate_request(self, _kind: str, value: Any) -> None:
-        for constraint, values in self._request_rules:
-            if len(constraint.fields) - values(value).count(None) != 1:
-                self._violated(constraint, value)
+    def _request_validator(self) -> Callable[[str, Any], None]:
+        """The rules of EngineCoreRequest: its exactly-one-of constraints (spec data) and its
+        multimodal items. A closure over what it reads: every request encoded or decoded
+        runs it."""
+        # (getter of the fields' values, how many of them must be None, the constraint)
+        rules = tuple(
+            (_values_getter(c.fields), len(c.fields) - 1, c)
+            for c in self.spec.struct("EngineCoreRequest").constraints
+            if c.kind == "exactly-one-of"
+        )
         # Releases before 0.10.2 carry no mm_features (the spec of the codec's version).
-        features = getattr(value, "mm_features", None)
-        if features:
-            for feature in features:
-                self._validate_mm_item(feature.data)
+        has_mm = any(f.name == "mm_features" for f in self.spec.struct("EngineCoreRequest").fields)
+        violated, check_item = self._violated, self._validate_mm_item
+
+        def validate(_kind: str, value: Any) -> None:
+            for values, nones, constraint in rules:
+                if values(value).count(None) != nones:
+                    violated(constraint, value)
+            if has_mm and value.mm_features:
+                for feature in value.mm_features:
+                    check_item(feature.data)
+
+        return validate
 
     def _validate_outputs(self, kind: str, value: Any) -> None:
         utility = value.utility_output
@@ -1053,6 +1082,13 @@ class Codec:
     def _require_routed(self, kind: str) -> None:
         if not self.layout(kind).routed:
             raise KeyError(f"{kind} does not travel through a ROUTER")
+
+
+def _struct_type(annotation: Any) -> type | None:
+    """``annotation`` if it is a struct class, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return annotation
+    return None
 
 
 def _pass_through(_target: Any, value: Any) -> Any:
