@@ -273,10 +273,11 @@ class EngineConnection:
         if kind == "ready_response":
             self.session.send_ready_response()
         elif kind == "outputs":
-            finished = set(get_field(value, "finished_requests") or ())
-            for output in get_field(value, "outputs") or ():
-                if get_field(output, "finish_reason") is not None:
-                    finished.add(get_field(output, "request_id"))
+            # The codec checked the value is an EngineCoreOutputs: fields are attributes.
+            finished = set(getattr(value, "finished_requests", None) or ())
+            for output in value.outputs or ():
+                if output.finish_reason is not None:
+                    finished.add(output.request_id)
             self.session.send_outputs(finished)
         elif kind == "utility_reply":
             call_id = get_field(get_field(value, "utility_output"), "call_id")
