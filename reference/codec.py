@@ -449,7 +449,9 @@ class Codec:
                     expected=expected,
                     got=f"{len(frames)} frames",
                 )
-            self._check_fixed(layout, index, _frame_bytes(frames[index]))
+            got = frames[index]
+            if got != expected:  # a frame that is no bytes-like value is read as bytes first
+                self._check_fixed(layout, index, _frame_bytes(got))
         if layout.payload is None:
             if len(frames) != count:
                 clause = (
@@ -494,10 +496,13 @@ class Codec:
         # matches the prefix frame's, so a payload frame is never copied to be compared.
         for layout in prefixed:
             prefix = layout.prefix
-            if len(frames) >= len(prefix) and all(
-                len(_buffer(frames[i])) == len(head) and _frame_bytes(frames[i]) == head
-                for i, head in enumerate(prefix)
-            ):
+            if len(frames) < len(prefix):
+                continue
+            for frame, head in zip(frames, prefix):
+                if frame != head and (
+                        len(_buffer(frame)) != len(head) or _frame_bytes(frame) != head):
+                    break
+            else:
                 return Message(layout.kind, self.decode(layout.kind, frames))
         if not bare:
             width = max(len(c.prefix) for c in candidates)

@@ -40,6 +40,7 @@ away (``parent_pid``), so a test that crashes leaves no orphan behind.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -635,6 +636,10 @@ def main(options: EngineOptions) -> int:
         engine = ReferenceEngine(options)
         for signum in early:
             _SIGNAL_CONTROLS[signal.Signals(signum)](engine)
+        # As vLLM's engine core does once it is set up: the objects made so far (the spec, the
+        # codec, the struct classes) leave the collector's generations, so no collection on
+        # the serving path walks them.
+        gc.freeze()
         return engine.run()
     except ProtocolError as error:
         log.error("engine %d failed to start: %s", options.rank, error)
