@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from enginewire.bench.config import BENCHES, BenchConfig
+from enginewire.bench.config import BENCHES, TRANSPORTS, BenchConfig
 from enginewire.cliargs import positive_int, writable_dir, writable_file
 
 
@@ -45,6 +45,8 @@ def register(subparsers: Any) -> None:
                              "Markdown (for a README)")
     parser.add_argument("--bench", action="append", choices=BENCHES, default=[],
                         help="run only this bench; may repeat (default: all)")
+    parser.add_argument("--transport", action="append", choices=TRANSPORTS, default=[],
+                        help="peers bench: only this transport; may repeat (default: both)")
     parser.add_argument("--rounds", type=positive_int, metavar="N",
                         help="rounds (default 7, quick 3)")
     parser.add_argument("--no-vllm", action="store_true",
@@ -67,6 +69,8 @@ def command_line(args: argparse.Namespace) -> str:
         words.append("--quick")
     for bench in args.bench:
         words += ["--bench", bench]
+    for transport in args.transport:
+        words += ["--transport", transport]
     if args.rounds is not None:
         words += ["--rounds", str(args.rounds)]
     if args.no_vllm:
@@ -86,6 +90,8 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
                                  "include_vllm": not args.no_vllm}
     if args.bench:
         overrides["benches"] = tuple(b for b in BENCHES if b in args.bench)
+    if args.transport:
+        overrides["transports"] = tuple(t for t in TRANSPORTS if t in args.transport)
     if args.rounds is not None:
         overrides["rounds"] = args.rounds
     config = BenchConfig.quick() if args.quick else BenchConfig.full()

@@ -277,7 +277,10 @@ def test_command_line() -> None:
                                            "--no-vllm")
     defaults = commands.config_from(parser.parse_args(["bench"]))
     assert defaults.targets == ("reference",) and defaults.include_vllm
-    assert defaults.rounds == 7
+    assert defaults.rounds == 7 and defaults.transports == ("ipc", "tcp")
+    one = parser.parse_args(["bench", "--bench", "peers", "--transport", "tcp"])
+    assert commands.config_from(one).transports == ("tcp",)
+    assert commands.command_line(one) == "enginewire bench --bench peers --transport tcp"
     with pytest.raises(SystemExit) as caught:  # a usage error, found when parsing
         parser.parse_args(["bench", "--rounds", "0"])
     assert caught.value.code == 2
