@@ -417,11 +417,11 @@ class Codec:
             return list(layout.prefix)
         if value is None and kind in _EMPTY_MEANS_NONE:
             return [*layout.prefix, b""]
-        cls = self._payload_structs[kind]
-        if cls is None:
+        payload_class = self._payload_structs[kind]
+        if payload_class is None:
             self._check_payload_value(layout, value)
-        elif type(value) is not cls:
-            self._check_instance(kind, cls, value)
+        elif type(value) is not payload_class:
+            self._check_instance(kind, payload_class, value)
         validator = self._validators.get(kind)
         if validator is not None:
             validator(kind, value)
@@ -498,7 +498,7 @@ class Codec:
             prefix = layout.prefix
             if len(frames) < len(prefix):
                 continue
-            for frame, head in zip(frames, prefix):
+            for frame, head in zip(frames, prefix, strict=False):  # frames may be longer
                 if frame != head and (
                         len(_buffer(frame)) != len(head) or _frame_bytes(frame) != head):
                     break

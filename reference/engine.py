@@ -592,7 +592,8 @@ class ReferenceEngine:
             message = self._outputs_class(
                 engine_index=self.options.rank,
                 outputs=outputs,
-                finished_requests=done_ids or None,  # type: ignore[arg-type]  # see above
+                # A list (set[str] on the wire is an array): the encoded order is the send order.
+                finished_requests=done_ids or None,
                 timestamp=time.monotonic(),
             )
             send_frames(self._outputs[client_index].socket,

@@ -488,8 +488,8 @@ class FrontendSession:
         finished = set(field(outputs, "finished_requests", None) or ())
         for output in field(outputs, "outputs", None) or ():
             if isinstance(output, msgspec.Struct):
-                if output.finish_reason is not None:
-                    finished.add(output.request_id)
+                if getattr(output, "finish_reason", None) is not None:
+                    finished.add(getattr(output, "request_id", None))
             elif get_field(output, "finish_reason") is not None:
                 finished.add(get_field(output, "request_id"))
         link.requests.difference_update(finished)

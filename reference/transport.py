@@ -20,9 +20,8 @@ object (a wrapper a test or a mutant puts in place) is driven through its own
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import dataclass
-
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -139,7 +138,7 @@ def receive_frames(sock: Any) -> list[Any]:
     others as ``zmq.Frame``."""
     if type(sock) is not zmq.Socket:
         return list(sock.recv_multipart(zmq.NOBLOCK))
-    frames = [_RECV(sock, _NOBLOCK)]
+    frames: list[Any] = [_RECV(sock, _NOBLOCK)]
     while _GET(sock, _RCVMORE):
         frames.append(_RECV(sock, _NOBLOCK, len(frames) < COPIED_FRAMES))
     return frames
@@ -149,4 +148,5 @@ def readable(sock: Any) -> bool:
     """Whether ``sock`` has a message waiting (one ``ZMQ_EVENTS`` look-up)."""
     if type(sock) is not zmq.Socket:
         return bool(sock.getsockopt(zmq.EVENTS) & zmq.POLLIN)
-    return bool(_GET(sock, _EVENTS) & _POLLIN)
+    events: int = _GET(sock, _EVENTS)  # type: ignore[assignment]  # an int option
+    return bool(events & _POLLIN)
