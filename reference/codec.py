@@ -150,7 +150,9 @@ def _layouts(spec: Spec) -> dict[str, Layout]:
 
 
 def _buffer(frame: Frame) -> Any:
-    return getattr(frame, "buffer", frame)
+    # bytes first: a frame as a socket's copying receive gives it (getattr of an attribute a
+    # value lacks raises and catches an AttributeError inside).
+    return frame if type(frame) is bytes else getattr(frame, "buffer", frame)
 
 
 def _frame_bytes(frame: Frame) -> bytes:
@@ -471,7 +473,9 @@ class Codec:
         if kind in _EMPTY_MEANS_NONE and len(payload) == 1 and len(_buffer(payload[0])) == 0:
             return None
         value = self._decode_payload(layout.payload, payload, oob=layout.oob, kind=kind)
-        self._validate(kind, value)
+        validator = self._validators.get(kind)
+        if validator is not None:
+            validator(kind, value)
         return value
 
     def encode_routed(self, kind: str, value: Any, rank: int) -> list[bytes | memoryview]:
@@ -491,7 +495,8 @@ class Codec:
     ) -> Message:
         """Tell which kind of ``channel`` the frames are (optionally only kinds sent by
         ``sender``) and decode them. Routed frames must come without their identity."""
-        candidates, prefixed, bare = self._channel_kinds(channel, sender)
+        kinds = self._channel_cache.get((channel, sender))
+        candidates, prefixed, bare = kinds or self._channel_kinds(channel, sender)
         # Longest fixed prefix first; a frame is compared (and copied) only where its length
         # matches the prefix frame's, so a payload frame is never copied to be compared.
         for layout in prefixed:

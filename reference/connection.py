@@ -213,7 +213,8 @@ class EngineConnection:
     def receive(self, channel: str, frames: Sequence[Frame]) -> list[Event]:
         """The events of one message the engine's ``channel`` socket received (no identity:
         DEALERs receive none). Raises the ProtocolError of a message that breaks the spec."""
-        _check_channel(channel, ("handshake", "input"), "engine")
+        if channel != "input":
+            _check_channel(channel, ("handshake", "input"), "engine")
         if channel == "handshake":
             _handshake_frame_count(frames, "the init message", 1)
             metadata = self.codec.decode("init", frames)
@@ -327,9 +328,9 @@ class FrontendConnection:
         """The events of one message the front end's ``channel`` socket received (at the
         ROUTERs, the routing identity first). Raises the ProtocolError of a message that breaks
         the spec."""
-        _check_channel(channel, ("handshake", "input", "output"), "front end")
         if channel == "output":
             return self._receive_output(frames)
+        _check_channel(channel, ("handshake", "input", "output"), "front end")
         what = "a handshake message" if channel == "handshake" else "a ready response"
         _handshake_frame_count(frames, f"{what} at the ROUTER ([identity, payload])", 2)
         rank = self.codec.decode_identity(frames[0])

@@ -461,7 +461,8 @@ class FrontendSession:
         finish_reason, or listed in finished_requests) stop being tracked. Outputs for request
         ids no longer tracked are legal (handshake.session.outputs-for-unknown-requests-ignored).
         """
-        self._check_alive()
+        if self.dead:
+            self._check_alive()
         # The codec's struct (the common case) is read by attribute, a map through get_field.
         field = getattr if isinstance(outputs, msgspec.Struct) else get_field
         index = field(outputs, "engine_index", 0)
