@@ -59,7 +59,7 @@ import numpy as np
 from enginewire.spec import load
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, UnknownTypeError, kind_of, parse_type
 
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
 from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
@@ -372,7 +372,7 @@ class Codec:
             for name, cls in self.structs.classes.items()
         }
         self._payload_structs: dict[str, type | None] = {
-            kind: _struct_type(self.structs.type_of(layout.payload))
+            kind: self._payload_struct(layout.payload)
             for kind, layout in self._layouts.items() if layout.payload is not None
         }
         self._channel_cache: dict[
@@ -905,6 +905,14 @@ class Codec:
                 f"{kind} takes an instance of enginewire.reference.structs.{cls.__name__}",
                 got=type(value).__name__,
             )
+
+    def _payload_struct(self, payload: str) -> type | None:
+        """The struct class a payload type expression names; None for any other type, and for
+        one this release's spec lacks (encoding such a kind raises as it always did)."""
+        try:
+            return _struct_type(self.structs.type_of(payload))
+        except UnknownTypeError:
+            return None
 
     def _check_payload_value(self, layout: Layout, value: Any) -> None:
         assert layout.payload is not None
