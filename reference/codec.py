@@ -60,18 +60,20 @@ import numpy as np
 from enginewire.spec import load
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
-from enginewire.spec.types import TypeExpr, TypeVisitor, kind_of, parse_type
+from enginewire.spec.types import TypeExpr, TypeVisitor, UnknownTypeError, kind_of, parse_type
 
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
 from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
 from .tensors import (
     RAW_VIEW_EXT,
+    EncodeScratch,
     TensorIpcHandle,
     Vocabulary,
     WireTensor,
     check_nested_tensors,
     decode_nested_tensors,
     decode_value,
+    encode_hook,
     encode_ndarray,
     encode_tensor,
     encode_wire_tensor,
@@ -159,7 +161,9 @@ def _layouts(spec: Spec) -> dict[str, Layout]:
 
 
 def _buffer(frame: Frame) -> Any:
-    return getattr(frame, "buffer", frame)
+    # bytes first: a frame as a socket's copying receive gives it (getattr of an attribute a
+    # value lacks raises and catches an AttributeError inside).
+    return frame if type(frame) is bytes else getattr(frame, "buffer", frame)
 
 
 def _frame_bytes(frame: Frame) -> bytes:
@@ -291,20 +295,23 @@ def path_steps(path: str) -> list[str | int] | None:
     return steps
 
 
-class _ThreadCodec:
+class _ThreadCodec(EncodeScratch):
     """One thread's msgspec encoder and decoders, with the scratch space their hooks read (one
     encode or decode at a time). msgspec hands a hook no context, so each thread's hooks are
     bound to that thread's scratch: a plain object, read without a thread-local look-up on
     every access."""
 
-    __slots__ = ("aux", "frames", "used", "encoder", "decoders", "dec_hook")
+    __slots__ = ("frames", "used", "encoder", "decoders", "dec_hook")
 
     def __init__(self, codec: Codec) -> None:
-        self.aux: list[Any] | None = None
+        super().__init__()
         self.frames: Sequence[Frame] = ()
         self.used: set[int] | None = None
-        self.encoder = msgspec.msgpack.Encoder(
-            enc_hook=functools.partial(Codec._enc_hook, codec, self))
+        # Tensors and arrays out of band are written in the hook itself; every other value
+        # the hook meets goes to the codec's writer for its type.
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=encode_hook(
+            self, threshold=codec.threshold, copy=codec.copy, vocab=codec._vocab,
+            other=codec._write_value))
         self.dec_hook: Callable[[Any, Any], Any] = functools.partial(Codec._dec_hook, codec, self)
         #: payload type expression -> decoder (:meth:`Codec._decoder`).
         self.decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
@@ -364,15 +371,6 @@ class Codec:
         #: vLLM's multimodal field factories and the field struct each builds (the tagged
         #: union MultiModalFieldElem.field).
         self._mm_factories = self.spec.tagged_union("MultiModalFieldElem", "field")
-        #: struct name -> its exactly-one-of field groups, with their clauses.
-        #: Each with a getter of its fields' values as a tuple (one C call per check).
-        #: EngineCoreRequest's exactly-one-of constraints (spec data, each with its clause),
-        #: each with a getter of its fields' values as a tuple (one C call per check).
-        self._request_rules = [
-            (c, _values_getter(c.fields))
-            for c in self.spec.struct("EngineCoreRequest").constraints
-            if c.kind == "exactly-one-of"
-        ]
         self._ready_literal = b"" if self.spec.version == REFERENCE_VLLM_VERSION \
             else _ready_literal(self.spec.version)
         #: vLLM 0.10.1 carries its multimodal items as maps of elements in mm_kwargs.
@@ -382,6 +380,17 @@ class Codec:
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
         self._validators = self._kind_validators()
+        #: struct name -> its class and the rules its kind adds (None: none), and message
+        #: kind -> the struct class its payload is (None: a payload type of another kind),
+        #: decided once: an encode looks each up in one dict.
+        self._struct_kinds: dict[str, tuple[type, Callable[[str, Any], None] | None]] = {
+            name: (cls, self._validators.get(name))
+            for name, cls in self.structs.classes.items()
+        }
+        self._payload_structs: dict[str, type | None] = {
+            kind: self._payload_struct(layout.payload)
+            for kind, layout in self._layouts.items() if layout.payload is not None
+        }
         self._channel_cache: dict[
             tuple[str, str | None], tuple[list[Layout], list[Layout], list[Layout]]] = {}
         #: exact type -> how the msgspec hook writes its values (:meth:`_value_encoder`).
@@ -404,15 +413,18 @@ class Codec:
 
     def encode(self, kind: str, value: Any) -> list[bytes | memoryview]:
         """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
-        layout = self._layouts.get(kind)
-        if layout is None:
-            cls = self.structs.classes.get(kind) or self._struct_class(kind)
+        found = self._struct_kinds.get(kind)
+        if found is not None:  # a struct: its payload alone
+            cls, validator = found
             if type(value) is not cls:
                 self._check_instance(kind, cls, value)
-            validator = self._validators.get(kind)
             if validator is not None:
                 validator(kind, value)
-            return self._encode_payload(value, oob=True)
+            return self._encode_payload(value, True)
+        layout = self._layouts.get(kind)
+        if layout is None:  # a struct class built since (KeyError for an unknown kind)
+            self._struct_kinds[kind] = (self._struct_class(kind), self._validators.get(kind))
+            return self.encode(kind, value)
         if layout.payload is None:
             if value is not None:
                 raise PayloadError(
@@ -423,9 +435,15 @@ class Codec:
             return list(layout.prefix)
         if value is None and kind in _EMPTY_MEANS_NONE:
             return [*layout.prefix, self._ready_literal]
-        self._check_payload_value(layout, value)
-        self._validate(kind, value)
-        return [*layout.prefix, *self._encode_payload(value, oob=layout.oob)]
+        payload_class = self._payload_structs[kind]
+        if payload_class is None:
+            self._check_payload_value(layout, value)
+        elif type(value) is not payload_class:
+            self._check_instance(kind, payload_class, value)
+        validator = self._validators.get(kind)
+        if validator is not None:
+            validator(kind, value)
+        return [*layout.prefix, *self._encode_payload(value, layout.oob)]
 
     def decode(self, kind: str, frames: Sequence[Frame]) -> Any:
         """The value of a message of ``kind`` (or a struct payload) from its frames."""
@@ -449,7 +467,9 @@ class Codec:
                     expected=expected,
                     got=f"{len(frames)} frames",
                 )
-            self._check_fixed(layout, index, _frame_bytes(frames[index]))
+            got = frames[index]
+            if got != expected:  # a frame that is no bytes-like value is read as bytes first
+                self._check_fixed(layout, index, _frame_bytes(got))
         if layout.payload is None:
             if len(frames) != count:
                 clause = (
@@ -471,7 +491,9 @@ class Codec:
                 or (self._ready_literal and _frame_bytes(payload[0]) == self._ready_literal)):
             return None
         value = self._decode_payload(layout.payload, payload, oob=layout.oob, kind=kind)
-        self._validate(kind, value)
+        validator = self._validators.get(kind)
+        if validator is not None:
+            validator(kind, value)
         return value
 
     def encode_routed(self, kind: str, value: Any, rank: int) -> list[bytes | memoryview]:
@@ -491,15 +513,19 @@ class Codec:
     ) -> Message:
         """Tell which kind of ``channel`` the frames are (optionally only kinds sent by
         ``sender``) and decode them. Routed frames must come without their identity."""
-        candidates, prefixed, bare = self._channel_kinds(channel, sender)
+        kinds = self._channel_cache.get((channel, sender))
+        candidates, prefixed, bare = kinds or self._channel_kinds(channel, sender)
         # Longest fixed prefix first; a frame is compared (and copied) only where its length
         # matches the prefix frame's, so a payload frame is never copied to be compared.
         for layout in prefixed:
             prefix = layout.prefix
-            if len(frames) >= len(prefix) and all(
-                len(_buffer(frames[i])) == len(head) and _frame_bytes(frames[i]) == head
-                for i, head in enumerate(prefix)
-            ):
+            if len(frames) < len(prefix):
+                continue
+            for frame, head in zip(frames, prefix, strict=False):  # frames may be longer
+                if frame != head and (
+                        len(_buffer(frame)) != len(head) or _frame_bytes(frame) != head):
+                    break
+            else:
                 return Message(layout.kind, self.decode(layout.kind, frames))
         if not bare:
             width = max(len(c.prefix) for c in candidates)
@@ -565,7 +591,7 @@ class Codec:
             found = self._local.codec = _ThreadCodec(self)
         return found
 
-    def _encode_payload(self, value: Any, *, oob: bool) -> list[bytes | memoryview]:
+    def _encode_payload(self, value: Any, oob: bool) -> list[bytes | memoryview]:
         state = getattr(self._local, "codec", None) or self._thread()
         aux: list[Any] = [b""]
         state.aux = aux
@@ -727,10 +753,9 @@ class Codec:
 
     # --- msgspec hooks --------------------------------------------------------------------
 
-    def _enc_hook(self, state: _ThreadCodec, value: Any) -> Any:
-        aux = state.aux
-        if aux is None:
-            raise RuntimeError("enc_hook outside an encode call")
+    def _write_value(self, value: Any, aux: list[Any]) -> Any:
+        """What the encoder's hook (:func:`~.tensors.encode_hook`) writes for ``value``, a
+        value msgspec cannot encode by itself, found by its exact type."""
         encoder = self._value_encoders.get(type(value))
         if encoder is None:
             encoder = self._value_encoder(value)
@@ -899,6 +924,14 @@ class Codec:
                 got=type(value).__name__,
             )
 
+    def _payload_struct(self, payload: str) -> type | None:
+        """The struct class a payload type expression names; None for any other type, and for
+        one this release's spec lacks (encoding such a kind raises as it always did)."""
+        try:
+            return _struct_type(self.structs.type_of(payload))
+        except UnknownTypeError:
+            return None
+
     def _check_payload_value(self, layout: Layout, value: Any) -> None:
         assert layout.payload is not None
         target = self.structs.type_of(layout.payload)
@@ -965,7 +998,7 @@ class Codec:
         with none is absent)."""
         found: dict[str, Callable[[str, Any], None]] = dict.fromkeys(
             self._handshake_keys, self._validate_handshake_map)
-        found.update(dict.fromkeys(("add", "EngineCoreRequest"), self._validate_request))
+        found.update(dict.fromkeys(("add", "EngineCoreRequest"), self._request_validator()))
         found.update(dict.fromkeys(
             ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
             self._validate_outputs))
@@ -975,18 +1008,33 @@ class Codec:
         found["UtilityResult"] = lambda _kind, value: self._validate_utility_result(value)
         return found
 
-    def _validate_request(self, _kind: str, value: Any) -> None:
-        for constraint, values in self._request_rules:
-            if len(constraint.fields) - values(value).count(None) != 1:
-                self._violated(constraint, value)
+    def _request_validator(self) -> Callable[[str, Any], None]:
+        """The rules of EngineCoreRequest: its exactly-one-of constraints (spec data) and its
+        multimodal items. A closure over what it reads: every request encoded or decoded
+        runs it."""
+        # (getter of the fields' values, how many of them must be None, the constraint)
+        rules = tuple(
+            (_values_getter(c.fields), len(c.fields) - 1, c)
+            for c in self.spec.struct("EngineCoreRequest").constraints
+            if c.kind == "exactly-one-of"
+        )
         # Releases before 0.10.2 carry no mm_features (the spec of the codec's version).
-        features = getattr(value, "mm_features", None)
-        if features:
-            for feature in features:
-                self._validate_mm_item(feature.data)
-        if self._mm_kwargs and value.mm_kwargs:
-            for item in value.mm_kwargs:
-                self._validate_mm_item(item)
+        has_mm = any(f.name == "mm_features" for f in self.spec.struct("EngineCoreRequest").fields)
+        has_mm_kwargs = self._mm_kwargs
+        violated, check_item = self._violated, self._validate_mm_item
+
+        def validate(_kind: str, value: Any) -> None:
+            for values, nones, constraint in rules:
+                if values(value).count(None) != nones:
+                    violated(constraint, value)
+            if has_mm and value.mm_features:
+                for feature in value.mm_features:
+                    check_item(feature.data)
+            if has_mm_kwargs and value.mm_kwargs:
+                for item in value.mm_kwargs:
+                    check_item(item)
+
+        return validate
 
     def _validate_outputs(self, kind: str, value: Any) -> None:
         utility = value.utility_output
@@ -1074,6 +1122,13 @@ class Codec:
     def _require_routed(self, kind: str) -> None:
         if not self.layout(kind).routed:
             raise KeyError(f"{kind} does not travel through a ROUTER")
+
+
+def _struct_type(annotation: Any) -> type | None:
+    """``annotation`` if it is a struct class, else None."""
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return annotation
+    return None
 
 
 def _pass_through(_target: Any, value: Any) -> Any:

@@ -213,7 +213,8 @@ class EngineConnection:
     def receive(self, channel: str, frames: Sequence[Frame]) -> list[Event]:
         """The events of one message the engine's ``channel`` socket received (no identity:
         DEALERs receive none). Raises the ProtocolError of a message that breaks the spec."""
-        _check_channel(channel, ("handshake", "input"), "engine")
+        if channel != "input":
+            _check_channel(channel, ("handshake", "input"), "engine")
         if channel == "handshake":
             _handshake_frame_count(frames, "the init message", 1)
             metadata = self.codec.decode("init", frames)
@@ -273,10 +274,11 @@ class EngineConnection:
         if kind == "ready_response":
             self.session.send_ready_response()
         elif kind == "outputs":
-            finished = set(get_field(value, "finished_requests") or ())
-            for output in get_field(value, "outputs") or ():
-                if get_field(output, "finish_reason") is not None:
-                    finished.add(get_field(output, "request_id"))
+            # The codec checked the value is an EngineCoreOutputs: fields are attributes.
+            finished = set(getattr(value, "finished_requests", None) or ())
+            for output in value.outputs or ():
+                if output.finish_reason is not None:
+                    finished.add(output.request_id)
             self.session.send_outputs(finished)
         elif kind == "utility_reply":
             call_id = get_field(get_field(value, "utility_output"), "call_id")
@@ -326,9 +328,9 @@ class FrontendConnection:
         """The events of one message the front end's ``channel`` socket received (at the
         ROUTERs, the routing identity first). Raises the ProtocolError of a message that breaks
         the spec."""
-        _check_channel(channel, ("handshake", "input", "output"), "front end")
         if channel == "output":
             return self._receive_output(frames)
+        _check_channel(channel, ("handshake", "input", "output"), "front end")
         what = "a handshake message" if channel == "handshake" else "a ready response"
         _handshake_frame_count(frames, f"{what} at the ROUTER ([identity, payload])", 2)
         rank = self.codec.decode_identity(frames[0])

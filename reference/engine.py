@@ -40,6 +40,7 @@ away (``parent_pid``), so a test that crashes leaves no orphan behind.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -68,7 +69,7 @@ from .connection import (
 )
 from .errors import ProtocolError, ProtocolTimeout
 from .session import EngineSession, get_field
-from .transport import ChannelSocket, open_socket
+from .transport import ChannelSocket, open_socket, readable, receive_frames, send_frames
 
 log = logging.getLogger("enginewire.engine")
 
@@ -126,9 +127,20 @@ def generation_plan(request: Any, default_tokens: int) -> tuple[int, int]:
     value it finishes with: ``sampling_params.max_tokens`` and LENGTH, or ``default_tokens``
     and STOP when the request sets no max_tokens."""
     max_tokens = get_field(get_field(request, "sampling_params"), "max_tokens")
-    count = default_tokens if max_tokens is None else int(max_tokens)
-    reason = structs.FinishReason.STOP if max_tokens is None else structs.FinishReason.LENGTH
-    return count, int(reason)
+    if max_tokens is None:
+        return default_tokens, _finish_values()[0]
+    return int(max_tokens), _finish_values()[1]
+
+
+def _finish_values() -> tuple[int, int]:
+    """The FinishReason values STOP and LENGTH (read from the structs once)."""
+    if not _FINISH_VALUES:
+        reasons = structs.FinishReason
+        _FINISH_VALUES.append((int(reasons.STOP), int(reasons.LENGTH)))
+    return _FINISH_VALUES[0]
+
+
+_FINISH_VALUES: list[tuple[int, int]] = []
 
 
 def expected_generation(request: Any, default_tokens: int) -> tuple[list[int], int]:
@@ -266,6 +278,11 @@ class ReferenceEngine:
         self._outputs: list[ChannelSocket] = []
         self._running: dict[str, _Running] = {}
         self._next_step = 0.0
+        # The classes every output is built from, and FinishReason by value, looked up once.
+        classes = self.connection.codec.structs
+        self._output_class = classes["EngineCoreOutput"]
+        self._outputs_class = classes["EngineCoreOutputs"]
+        self._finish_reasons = {int(reason): reason for reason in classes["FinishReason"]}
         #: The violations the engine logged and survived (counted per clause, recent sampled).
         self.violations = Violations()
         self._utilities: dict[str, Callable[..., Any]] = {
@@ -425,14 +442,15 @@ class ReferenceEngine:
                 self._next_step = time.monotonic() + self.options.step_delay
 
     def _drain(self, sock: zmq.Socket[Any]) -> None:
+        """Read what a socket the poll found ready holds, at most
+        :data:`MAX_MESSAGES_PER_POLL` messages, asking the socket whether another one waits
+        (a receive that finds none raises, which costs several times the question)."""
         for _ in range(MAX_MESSAGES_PER_POLL):
             if self._die.is_set() or self._stop.is_set():
                 return
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            self._handle(receive_frames(sock))
+            if not readable(sock):
                 return
-            self._handle(frames)
 
     def _parent_gone(self) -> bool:
         parent = self.options.parent_pid
@@ -463,32 +481,35 @@ class ReferenceEngine:
         elif isinstance(event, UtilityCalled):
             self._call(event.client_index, event.call_id, event.method, event.args)
 
+    # A request here is the codec's EngineCoreRequest struct: its fields are read as
+    # attributes (with the defaults get_field gives a field this release lacks).
+
     def _bad_content(self, request: Any) -> str | None:
-        sampling = get_field(request, "sampling_params")
-        prompt = get_field(request, "prompt_token_ids")
-        client_index = get_field(request, "client_index", 0) or 0
-        if prompt is None and get_field(request, "prompt_embeds") is None:
+        sampling = getattr(request, "sampling_params", None)
+        prompt = getattr(request, "prompt_token_ids", None)
+        client_index = getattr(request, "client_index", 0) or 0
+        if prompt is None and getattr(request, "prompt_embeds", None) is None:
             return "no prompt_token_ids and no prompt_embeds"
         if sampling is None:
             return "no sampling_params (the reference engine only generates)"
         max_tokens = get_field(sampling, "max_tokens")
         if max_tokens is not None and max_tokens < 1:
             return f"max_tokens {max_tokens} < 1"
-        if prompt is not None and any(t < 0 for t in prompt):
+        if prompt and min(prompt) < 0:
             return "a negative token id"
         if not 0 <= client_index < len(self._outputs):
             return f"client_index {client_index} has no output socket"
         return None
 
     def _add(self, request: Any) -> None:
-        request_id = get_field(request, "request_id")
+        request_id = request.request_id
         problem = self._bad_content(request)
         if problem is None and request_id in self._running:
             problem = "a request with this id is already running"
         if problem is not None:
             log.warning("engine %d: request %r refused: %s", self.options.rank, request_id,
                         problem)
-            client_index = get_field(request, "client_index", 0) or 0
+            client_index = getattr(request, "client_index", 0) or 0
             if not 0 <= client_index < len(self._outputs):
                 client_index = 0
             if request_id not in self._running:
@@ -496,8 +517,8 @@ class ReferenceEngine:
             return
         count, reason = generation_plan(request, self.options.tokens)
         self._running[request_id] = _Running(
-            request_id, get_field(request, "client_index", 0) or 0,
-            get_field(request, "prompt_token_ids") or (), count, reason,
+            request_id, getattr(request, "client_index", 0) or 0,
+            getattr(request, "prompt_token_ids", None) or (), count, reason,
         )
         if len(self._running) == 1:
             self._next_step = time.monotonic() + self.options.step_delay
@@ -523,9 +544,7 @@ class ReferenceEngine:
             finished_requests=list(request_ids),  # type: ignore[arg-type]
             timestamp=time.monotonic(),
         )
-        self._outputs[client_index].socket.send_multipart(
-            self.connection.send("outputs", outputs)
-        )
+        send_frames(self._outputs[client_index].socket, self.connection.send("outputs", outputs))
 
     def _call(self, client_index: int, call_id: int, method: str, args: Sequence[Any]) -> None:
         if method == "die":
@@ -547,11 +566,12 @@ class ReferenceEngine:
             timestamp=time.monotonic(),
         )
         frames = self.connection.send("utility_reply", outputs, client_index=client_index)
-        self._outputs[client_index].socket.send_multipart(frames)
+        send_frames(self._outputs[client_index].socket, frames)
 
     # --- output --------------------------------------------------------------------------
 
     def _step(self) -> None:
+        output_class, reasons = self._output_class, self._finish_reasons
         by_client: dict[int, list[Any]] = {}
         for request_id, running in list(self._running.items()):
             token = (scripted_token(running.prompt, running.sent)
@@ -559,30 +579,30 @@ class ReferenceEngine:
             running.sent += 1
             done = running.sent >= running.count
             by_client.setdefault(running.client_index, []).append(
-                structs.EngineCoreOutput(
+                output_class(
                     request_id=request_id,
                     new_token_ids=[] if token is None else [token],
-                    finish_reason=structs.FinishReason(running.finish_reason) if done else None,
+                    finish_reason=reasons[running.finish_reason] if done else None,
                 )
             )
             if done:
                 del self._running[request_id]
         for client_index, outputs in by_client.items():
             done_ids = [o.request_id for o in outputs if o.finish_reason is not None]
-            message = structs.EngineCoreOutputs(
+            message = self._outputs_class(
                 engine_index=self.options.rank,
                 outputs=outputs,
-                finished_requests=done_ids or None,  # type: ignore[arg-type]  # see above
+                # A list (set[str] on the wire is an array): the encoded order is the send order.
+                finished_requests=done_ids or None,
                 timestamp=time.monotonic(),
             )
-            self._outputs[client_index].socket.send_multipart(
-                self.connection.send("outputs", message)
-            )
+            send_frames(self._outputs[client_index].socket,
+                        self.connection.send("outputs", message))
 
     def _send_dead(self) -> None:
         frames = self.connection.send("engine_core_dead")
         for sock in self._outputs:
-            sock.socket.send_multipart(frames)
+            send_frames(sock.socket, frames)
         log.warning("engine %d: sent ENGINE_CORE_DEAD", self.options.rank)
 
 
@@ -617,6 +637,10 @@ def main(options: EngineOptions) -> int:
         engine = ReferenceEngine(options)
         for signum in early:
             _SIGNAL_CONTROLS[signal.Signals(signum)](engine)
+        # As vLLM's engine core does once it is set up: the objects made so far (the spec, the
+        # codec, the struct classes) leave the collector's generations, so no collection on
+        # the serving path walks them.
+        gc.freeze()
         return engine.run()
     except ProtocolError as error:
         log.error("engine %d failed to start: %s", options.rank, error)

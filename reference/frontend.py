@@ -37,7 +37,7 @@ from .connection import (
 )
 from .errors import EngineDeadError, ProtocolError, ProtocolTimeout
 from .session import FrontendSession, get_field
-from .transport import ChannelSocket, open_socket
+from .transport import ChannelSocket, open_socket, readable, receive_frames, send_frames
 
 #: Most messages one :meth:`ReferenceFrontend.pump` reads after its poll, so a flood of outputs
 #: cannot hold off the caller (as the engine bounds its reads per poll).
@@ -170,16 +170,13 @@ class ReferenceFrontend:
     # --- requests ------------------------------------------------------------------------
 
     def _send(self, rank: int, kind: str, value: Any) -> None:
-        self._input.socket.send_multipart(
-            self.connection.send(kind, value, rank=rank), copy=False
-        )
+        send_frames(self._input.socket, self.connection.send(kind, value, rank=rank), copy=False)
 
     def send_raw(self, engine_index: int, frames: Sequence[Any]) -> None:
         """Send ``frames`` as they are to engine ``engine_index``'s identity on the input
         channel, bypassing the codec and the session (for robustness tests and fuzzing)."""
-        self._input.socket.send_multipart(
-            [self.connection.identity(engine_index), *frames], copy=False
-        )
+        send_frames(self._input.socket, [self.connection.identity(engine_index), *frames],
+                    copy=False)
 
     def add_request(self, request: Any, engine_index: int | None = None) -> int:
         """Send an ADD (an EngineCoreRequest); returns the engine it went to.
@@ -241,9 +238,10 @@ class ReferenceFrontend:
     def pump(self, timeout: float) -> bool:
         """Read one batch from the output channel: one poll that waits at most ``timeout`` s,
         then every message the socket holds (at most :data:`MAX_MESSAGES_PER_PUMP`), each
-        read without blocking; returns whether one came. Utility replies resolve their
-        futures; outputs are queued. A message that breaks the spec raises its ProtocolError
-        here (the session state is unchanged; the messages after it stay in the socket)."""
+        read without blocking, asking the socket whether another one waits; returns whether
+        one came. Utility replies resolve their futures; outputs are queued. A message that
+        breaks the spec raises its ProtocolError here (the session state is unchanged; the
+        messages after it stay in the socket)."""
         if self.session.dead:
             return False
         # One Poller for the front end's life (Socket.poll builds and registers a new one on
@@ -252,12 +250,8 @@ class ReferenceFrontend:
             return False
         sock = self._output.socket
         for _ in range(MAX_MESSAGES_PER_PUMP):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            self._receive(frames)
-            if self.session.dead:
+            self._receive(receive_frames(sock))
+            if self.session.dead or not readable(sock):
                 break
         return True
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -62,13 +62,13 @@ def _simple_types(expression: str) -> tuple[type, ...] | None:
     return (int, float) if found is float else (found,)
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(NamedTuple):
     """What a session asks its transport (or its user) to do.
 
     ``name`` is the ``action`` of the transition that produced it (see the handshake
     surface's ``machines`` table); ``rank`` the engine it concerns; ``data`` the value the
-    action needs (documented at each method that returns actions).
+    action needs (documented at each method that returns actions). Immutable (a named tuple:
+    several are made per request, and a frozen dataclass costs twice as much to build).
     """
 
     name: str
@@ -461,8 +461,11 @@ class FrontendSession:
         finish_reason, or listed in finished_requests) stop being tracked. Outputs for request
         ids no longer tracked are legal (handshake.session.outputs-for-unknown-requests-ignored).
         """
-        self._check_alive()
-        index = get_field(outputs, "engine_index", 0)
+        if self.dead:
+            self._check_alive()
+        # The codec's struct (the common case) is read by attribute, a map through get_field.
+        field = getattr if isinstance(outputs, msgspec.Struct) else get_field
+        index = field(outputs, "engine_index", 0)
         link = self.engines.get(index)
         if link is None:
             raise StateError(
@@ -470,7 +473,7 @@ class FrontendSession:
                 f"outputs from engine index {index}, which this front end does not manage",
                 expected=sorted(self.engines), got=index,
             )
-        utility = get_field(outputs, "utility_output")
+        utility = field(outputs, "utility_output", None)
         if utility is not None:
             call_id = get_field(utility, "call_id")
             if call_id not in RESERVED_CALL_IDS and call_id not in self.pending_calls:
@@ -483,9 +486,12 @@ class FrontendSession:
             self.pending_calls.pop(call_id, None)
             return _action(transition, link.rank, utility)
         transition = link.machine.fire("outputs", what="outputs")
-        finished = set(get_field(outputs, "finished_requests") or ())
-        for output in get_field(outputs, "outputs") or ():
-            if get_field(output, "finish_reason") is not None:
+        finished = set(field(outputs, "finished_requests", None) or ())
+        for output in field(outputs, "outputs", None) or ():
+            if isinstance(output, msgspec.Struct):
+                if getattr(output, "finish_reason", None) is not None:
+                    finished.add(getattr(output, "request_id", None))
+            elif get_field(output, "finish_reason") is not None:
                 finished.add(get_field(output, "request_id"))
         link.requests.difference_update(finished)
         return _action(transition, link.rank, outputs)

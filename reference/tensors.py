@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -316,6 +316,79 @@ def encode_tensor(
     inline = tensor.is_cpu and tensor.nbytes < threshold
     flat = tensor.detach().cpu().contiguous().reshape(-1).view(_torch().uint8)
     return dtype, shape, _place(flat.numpy().data, aux, inline, copy)
+
+
+class EncodeScratch:
+    """What one encode call in progress shares with its msgspec hook: ``aux``, the list of
+    out-of-band buffers (``aux[0]`` the msgpack frame's placeholder), None between calls."""
+
+    __slots__ = ("aux",)
+
+    def __init__(self) -> None:
+        self.aux: list[Any] | None = None
+
+
+def encode_hook(
+    scratch: EncodeScratch,
+    *,
+    threshold: int,
+    copy: bool,
+    vocab: Vocabulary,
+    other: Callable[[Any, list[Any]], Any],
+) -> Callable[[Any], Any]:
+    """The msgspec ``enc_hook`` of one encoder: the tuple of a tensor or array, any other value
+    handed to ``other(value, aux)``.
+
+    The common out-of-band value is written in the hook itself, with no further Python call:
+    a contiguous CPU torch tensor of a vocabulary dtype that numpy shares, or a C-contiguous
+    ndarray of a vocabulary dtype, of at least ``threshold`` bytes, without ``copy``. Its data
+    is a byte view of the value's own memory, exactly what :func:`encode_tensor` and
+    :func:`encode_ndarray` write for it; every other tensor or array (inline, bfloat16,
+    float8, strided, off the CPU, requiring grad, ``copy``) goes to ``other``, which writes
+    it with those functions. Raises RuntimeError when called outside an encode call
+    (``scratch.aux`` None).
+    """
+    # torch dtype -> wire name for the vocabulary's dtypes numpy shares, filled (and torch's
+    # tensor class learnt) the first time a torch tensor comes: torch is never imported here.
+    tensor_names: dict[Any, str] = {}
+    tensor_class: type | None = None
+    array_dtypes = frozenset(vocab.numpy)
+    ndarray = np.ndarray
+
+    def hook(value: Any) -> Any:
+        nonlocal tensor_class
+        aux = scratch.aux
+        if aux is None:
+            raise RuntimeError("enc_hook outside an encode call")
+        kind = type(value)
+        if kind is tensor_class:
+            name = tensor_names.get(value.dtype)
+            if name is not None and not copy:
+                try:
+                    # Raises for a tensor off the CPU, one that requires grad or carries a
+                    # conjugate or negative bit, and (the cast) for a strided or empty one.
+                    array = value.numpy()
+                    data = array.data.cast("B")
+                except (RuntimeError, TypeError):
+                    pass
+                else:
+                    if data.nbytes >= threshold:
+                        aux.append(data)
+                        return name, array.shape, len(aux) - 1
+        elif kind is ndarray:
+            nbytes = value.nbytes
+            if (nbytes and nbytes >= threshold and not copy and value.ndim
+                    and value.flags.c_contiguous and value.dtype.str in array_dtypes):
+                aux.append(value.data.cast("B"))
+                return value.dtype.str, value.shape, len(aux) - 1
+        elif tensor_class is None and is_torch_tensor(value):
+            torch_names = _TORCH_NAMES or _torch_dtypes()
+            tensor_names.update((dtype, name) for dtype, name in torch_names.items()
+                                if name in vocab.torch and name in TORCH_TO_NUMPY)
+            tensor_class = _torch().Tensor
+        return other(value, aux)
+
+    return hook
 
 
 def encode_wire_tensor(

@@ -393,3 +393,52 @@ def test_every_tensor_path_writes_the_bytes_of_the_c_order_tensor(make: Any) -> 
     got = Codec().encode("add", _request(tensor))
     assert [_as_bytes(f) for f in got] == [_as_bytes(f) for f in expected]
     assert memoryview(got[2]).format == "B" and memoryview(got[2]).ndim == 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(512, dtype=torch.float16).reshape(16, 32),     # the hook's own path
+    lambda: torch.arange(512, dtype=torch.int64)[::2],                  # strided: the writer
+    lambda: torch.arange(512, dtype=torch.bfloat16),                    # no numpy twin
+    lambda: torch.arange(512, dtype=torch.float32).requires_grad_(),    # requires grad
+    lambda: torch.arange(8, dtype=torch.float16),                       # inline
+])
+@pytest.mark.parametrize("copy", [False, True])
+def test_encode_hook_writes_what_encode_tensor_writes(make: Any, copy: bool) -> None:
+    """Every tensor the encoder's hook writes itself, and every one it hands on, travels as
+    the tuple and bytes encode_tensor gives it."""
+    from enginewire.reference.tensors import encode_tensor
+
+    tensor = make()
+    frames = Codec(copy=copy).encode("add", _request(tensor))
+    aux: list[Any] = [b""]
+    dtype, shape, data = encode_tensor(tensor, aux, threshold=SURFACE.threshold_default,
+                                       copy=copy, vocab=vocabulary())
+    got = _tensor_field(frames)
+    assert got[:2] == [dtype, list(shape)]
+    if isinstance(data, int):
+        assert got[2] == data == 1 and bytes(frames[2]) == bytes(aux[1])
+        assert len(frames) == 3
+    else:
+        assert bytes(got[2].data) == bytes(data.data) and len(frames) == 2
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(256, dtype=np.int64).reshape(16, 16),             # the hook's own path
+    lambda: np.arange(256, dtype=np.int64)[::2],                        # strided: the writer
+    lambda: np.arange(4, dtype=np.int64),                               # inline
+    lambda: np.zeros((0, 64), dtype=np.float32),                        # empty
+])
+def test_encode_hook_writes_what_encode_ndarray_writes(make: Any) -> None:
+    from enginewire.reference.tensors import encode_ndarray
+
+    array = make()
+    frames = Codec().encode("outputs", _outputs(array))
+    aux: list[Any] = [b""]
+    dtype, shape, data = encode_ndarray(array, aux, threshold=SURFACE.threshold_default,
+                                        copy=False, vocab=vocabulary())
+    got = _array_field(frames)
+    assert got[:2] == [dtype, list(shape)]
+    if isinstance(data, int):
+        assert got[2] == data and bytes(frames[1]) == bytes(aux[1])
+    else:
+        assert bytes(got[2].data) == bytes(data.data)

@@ -469,3 +469,54 @@ def test_command_line_frontend_with_spawned_engines() -> None:
         {"engine": 0, "method": "echo", "result": [7, "x"]},
         {"engine": 1, "method": "echo", "result": [7, "x"]},
     ]
+
+
+class _Wrapped:
+    """A socket wrapper (as a test or a mutant puts in place): only the sugar methods."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames, copy=True):  # type: ignore[no-untyped-def]
+        self.sent.append([bytes(f) for f in frames])
+        self.sock.send_multipart(frames, copy=copy)
+
+    def recv_multipart(self, flags=0):  # type: ignore[no-untyped-def]
+        return self.sock.recv_multipart(flags)
+
+    def getsockopt(self, option):  # type: ignore[no-untyped-def]
+        return self.sock.getsockopt(option)
+
+
+def test_transport_frames_helpers() -> None:
+    """send_frames, receive_frames and readable over a socket pair, on pyzmq's own sockets and
+    through a wrapper: the same frames arrive, the first two as bytes, the rest as frames that
+    hold the same bytes; readable says whether a message waits."""
+    from enginewire.reference.transport import readable, receive_frames, send_frames
+
+    context = zmq.Context()
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    try:
+        a.bind("inproc://transport-helpers")
+        b.connect("inproc://transport-helpers")
+        big = memoryview(bytes(range(256)) * 512)
+        message = [b"\x00", b"payload", big]
+        assert not readable(b)
+        send_frames(a, message, copy=False)
+        assert b.poll(5000)
+        assert readable(b)
+        got = receive_frames(b)
+        assert [type(f) for f in got[:2]] == [bytes, bytes] and isinstance(got[2], zmq.Frame)
+        assert [bytes(f) for f in got] == [bytes(f) for f in message]
+        assert not readable(b)
+        wrapped = _Wrapped(a)
+        send_frames(wrapped, [b"x", b"y"])
+        assert wrapped.sent == [[b"x", b"y"]]
+        assert b.poll(5000) and readable(_Wrapped(b))
+        assert [bytes(f) for f in receive_frames(_Wrapped(b))] == [b"x", b"y"]
+        assert not readable(_Wrapped(b))
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
+        context.term()
