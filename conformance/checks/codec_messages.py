@@ -1180,13 +1180,17 @@ _READY_LITERALS = {"empty": b"", "READY": b"READY"}
 def _ready_form(spec: Any) -> str:
     """How the run's release sends the ready response (``history/constants.toml``
     ``ready_response``): ``struct`` (a msgpack EngineCoreReadyResponse), ``empty`` (one empty
-    frame) or ``READY`` (the literal bytes); NOT APPLICABLE where it sends none."""
+    frame) or ``READY`` (the literal bytes); NOT APPLICABLE where it sends none, or only the
+    handshake's READY map (``handshake``)."""
     from enginewire.spec.history.compat import constants_at
 
     form = str(constants_at(spec.version, "ready_response").get("payload", "struct"))
     if form == "none":
         raise NotInRelease(f"vLLM {spec.version} has no ready response (its engine sends "
                            "nothing first on an input socket)")
+    if form == "handshake":
+        raise NotInRelease(f"vLLM {spec.version} has no ready response of its own (its engine "
+                           "holds the HELLO/READY handshake on the input socket itself)")
     return form
 
 
