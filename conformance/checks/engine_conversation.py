@@ -179,7 +179,7 @@ def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
     except Exception as exc:  # noqa: BLE001
         raise CheckFailure(f"the ready response is not an EngineCoreReadyResponse map: {exc}",
                            Reproduction(received=frames)) from exc
-    if value["data_parallel_rank"] != 0:
+    if "data_parallel_rank" in value and value["data_parallel_rank"] != 0:
         raise CheckFailure(f"engine 0's ready response says data_parallel_rank "
                            f"{value['data_parallel_rank']}", Reproduction(received=frames))
 
