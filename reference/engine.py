@@ -108,15 +108,20 @@ def generation_request(
     request_id: str,
     prompt_token_ids: Sequence[int] = (1, 2, 3),
     max_tokens: int | None = None,
+    *,
+    release: structs.ReleaseStructs | None = None,
     **fields: Any,
 ) -> Any:
     """An EngineCoreRequest (reference structs) the reference engine serves: greedy sampling
-    params with ``max_tokens`` (None: the engine's ``tokens``), other fields from ``fields``."""
+    params with ``max_tokens`` (None: the engine's ``tokens``), other fields from ``fields``.
+    ``release``: build it in that release's layout (a front end's ``structs``; fields the
+    release lacks are left out)."""
+    make = (release or structs.ReleaseStructs()).make
     values: dict[str, Any] = {
         "request_id": request_id,
         "prompt_token_ids": list(prompt_token_ids),
         "mm_features": None,
-        "sampling_params": structs.SamplingParams(max_tokens=max_tokens),
+        "sampling_params": make("SamplingParams", max_tokens=max_tokens),
         "pooling_params": None,
         "arrival_time": time.time(),
         "lora_request": None,
@@ -124,7 +129,7 @@ def generation_request(
         "data_parallel_rank": None,
     }
     values.update(fields)
-    return structs.EngineCoreRequest(**values)
+    return make("EngineCoreRequest", **values)
 
 
 def generation_plan(request: Any, default_tokens: int) -> tuple[int, int]:
@@ -385,7 +390,7 @@ class ReferenceEngine:
             self._send_ready_responses()
             extra = self._release_ready_keys()
             extra.update(opts.ready_extra)
-            if opts.dp_size > 1:
+            if opts.dp_size > 1 and self._release_has_ready_key("parallel_config_hash"):
                 # Clause handshake.ready-optional-keys: DP > 1 engines send their config hash.
                 extra.setdefault("parallel_config_hash", parallel_config_hash(opts.dp_size))
             handshake.socket.send_multipart(self.connection.send("ready", extra or None))
@@ -402,6 +407,12 @@ class ReferenceEngine:
             )
         for address in get_field(addresses, "outputs"):
             self._outputs.append(open_socket(self._ctx, "output", "engine", address))
+
+    def _release_has_ready_key(self, key: str) -> bool:
+        if self.release is None:
+            return True
+        keys = handshake_keys_at(self.release, "READY")
+        return keys is not None and key in {*keys[0], *keys[1]}
 
     def _release_ready_keys(self) -> dict[str, Any]:
         """The READY keys the release requires beyond status, local and headless."""

@@ -23,6 +23,7 @@ from enginewire.spec.classes import (
     UnionSlot,
     build,
 )
+from enginewire.spec.types import parse_type
 
 # Imported for its effect: the tensor values this implementation builds fill tensor slots.
 from . import tensors as _tensors  # noqa: F401
@@ -49,13 +50,21 @@ class ReleaseStructs:
 
     def __init__(self, codec: Any = None) -> None:
         self.set = None if codec is None else codec.structs
+        self.spec = None if codec is None else codec.spec
 
     def make(self, name: str, **values: Any) -> Any:
+        """``name``'s class of the release called with ``values``: a field the release lacks
+        is left out, a required field of a nullable (or any) type that ``values`` lacks is nil."""
         if self.set is None:
             return getattr(_classes, name)(**values)
         cls = self.set.classes[name]
-        names = set(cls.__struct_fields__)
-        return cls(**{k: v for k, v in values.items() if k in names})
+        names = set(getattr(cls, "__struct_fields__", None) or cls._fields)
+        out = {k: v for k, v in values.items() if k in names}
+        for fld in getattr(self.spec.structs.get(name), "fields", ()):
+            expr = parse_type(fld.type)
+            if fld.required and fld.name not in out and (expr.nullable or expr.name == "any"):
+                out[fld.name] = None
+        return cls(**out)
 
     def has(self, name: str) -> bool:
         return self.set is None or name in self.set.classes

@@ -24,6 +24,7 @@ from enginewire.conformance.peers.zmq_peers import (
     TYPE_BYTES,
     SuiteEngine,
     decode,
+    require_ready_key,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
 
@@ -708,6 +709,7 @@ def _config_hash(frontend: FrontendSurface, ctx: CheckContext) -> None:
 
     A READY with another hash fails the start-up; the same READY with the front end's hash
     completes it."""
+    require_ready_key(ctx.spec, "parallel_config_hash")
     config_hash = "5f0c4e3b2a1d"
     waiter, engine = _coordinated(frontend, ctx, config_hash)
     engine.ready(parallel_config_hash="0" * 12)

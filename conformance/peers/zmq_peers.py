@@ -42,6 +42,7 @@ from enginewire.spec.history.release_facts import (
     conversation_gap,
     handshake_keys_at,
     ready_response_at,
+    request_types_at,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
@@ -70,7 +71,7 @@ def encode(value: Any, type_text: str, spec: Any,
 
 def decode(frames: Sequence[bytes], type_text: str, spec: Any,
            clause: str = "frames.payload-matches-type") -> Any:
-    """Read what a target sent as vLLM 0.33.0 reads it: frame 0 with the exact typing of
+    """Read what a target sent as ``spec``'s vLLM release reads it: frame 0 with the exact typing of
     ``type_text`` (:mod:`enginewire.conformance.oracle.strict`; a value vLLM's typed decoder
     rejects raises ``StrictWireError`` naming ``clause``, the ``$``-path and the field), then
     as a neutral value."""
@@ -90,6 +91,28 @@ def require_conversation(spec: Any) -> None:
     gap = conversation_gap(spec)
     if gap is not None:
         raise NotInRelease(gap)
+
+
+def require_request_type(spec: Any, name: str) -> None:
+    """Raise :class:`NotInRelease` where ``spec``'s release has no request type ``name``
+    (history/constants.toml [[request_types]]; the reference release's table is the
+    request_types surface, which has every one)."""
+    if spec.version == REFERENCE_VLLM_VERSION:
+        return
+    if name not in request_types_at(spec.version):
+        raise NotInRelease(f"vLLM {spec.version} has no request type {name} "
+                           "(history/constants.toml [[request_types]])")
+
+
+def require_ready_key(spec: Any, key: str) -> None:
+    """Raise :class:`NotInRelease` where ``spec``'s release's engine never sends ``key`` in
+    READY (history/constants.toml [[handshake]])."""
+    if spec.version == REFERENCE_VLLM_VERSION:
+        return
+    keys = handshake_keys_at(spec.version, "READY")
+    if keys is None or key not in {*keys[0], *keys[1]}:
+        raise NotInRelease(f"vLLM {spec.version}'s READY has no {key} key "
+                           "(history/constants.toml [[handshake]])")
 
 
 def in_release(value: dict[str, Any], type_text: str, spec: Any) -> dict[str, Any]:
@@ -341,8 +364,8 @@ def _map(payload: bytes, what: str, frames: Sequence[bytes],
         problems = handshake_problems(value, what, spec)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise HandshakeProblem(f"[handshake.message-keys] {what} that vLLM 0.33.0 "
-                                   f"rejects: {problems[0]}{more}", frames)
+            raise HandshakeProblem(f"[handshake.message-keys] {what} that vLLM "
+                                   f"{spec.version} rejects: {problems[0]}{more}", frames)
     return value
 
 

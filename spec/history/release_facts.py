@@ -6,6 +6,7 @@ handshake keys and the form of the ready response live in ``history/constants.to
 
 - :func:`handshake_keys_at`: the keys of the engine's HELLO or READY map, ``(required,
   optional)``, or None where the release has no HELLO/READY handshake;
+- :func:`request_types_at`: the request type bytes the release knows, name -> byte;
 - :func:`ready_response_at`: the engine's first message on each input DEALER: ``struct`` (a
   msgpack ``EngineCoreReadyResponse``), ``empty`` (an empty frame), ``READY`` (the literal
   bytes) or ``none``;
@@ -37,6 +38,11 @@ def handshake_keys_at(version: str, status: str) -> tuple[list[str], list[str]] 
     if not entry:
         return None
     return list(entry.get("required", [])), list(entry.get("optional", []))
+
+
+def request_types_at(version: str) -> dict[str, int]:
+    """The release's EngineCoreRequestType table, name -> byte ({} where not derived)."""
+    return {str(k): int(v) for k, v in constants_at(version, "request_types").items()}
 
 
 def ready_response_at(version: str) -> str:
