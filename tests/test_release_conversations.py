@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, PASSED
+from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, NOT_RUN, PASSED
 from enginewire.conformance.framework.registry import all_checks, select
 from enginewire.conformance.framework.runner import run_check
 from enginewire.conformance.targets.reference import ReferenceEngines, reference_target
@@ -155,25 +155,33 @@ def _last_of_each_minor_line() -> list[str]:
     return list(last.values())
 
 
-#: One check of each step of both conversations: handshake, ready response, READY, serving,
-#: aborting, utility calls, outputs and their garbage.
-SWEEP_CHECKS = [
-    "engine/handshake/hello-first", "engine/handshake/ready-response-map",
-    "engine/handshake/ready-keys", "engine/handshake/ready-hash-with-dp",
-    "engine/serve/add-generates", "engine/serve/abort", "engine/garbage/two-byte-type",
-    "frontend/handshake/init-answers-hello", "frontend/handshake/waits-for-ready-response",
-    "frontend/requests/add-frames", "frontend/requests/abort-frames",
-    "frontend/outputs/delivered", "frontend/utility/call-and-reply",
-]
+#: Conversation checks left out of the sweep: each waits about a second or more for
+#: something not to happen (a timeout, a message that must not come), in the same way at
+#: every release; the fast test above runs them at 0.22.0.
+SWEEP_SKIPS = {
+    "engine/dead/sentinel-last", "engine/handshake/garbage-init",
+    "engine/handshake/init-timeout", "frontend/handshake/garbage-hello",
+    "frontend/handshake/local-mismatch", "frontend/handshake/missing-keys",
+    "frontend/handshake/ready-before-hello", "frontend/handshake/second-hello",
+    "frontend/handshake/two-frame-hello", "frontend/handshake/unknown-rank-ignored",
+    "frontend/handshake/unknown-status", "frontend/transport/duplicate-identity-ignored",
+    "frontend/transport/no-drop-at-high-water-mark",
+}
+
+
+def _sweep_checks() -> list[str]:
+    ids = [item.id for item in select(all_checks(), patterns=CONVERSATIONS)]
+    assert SWEEP_SKIPS <= set(ids), sorted(SWEEP_SKIPS - set(ids))
+    return [i for i in ids if i not in SWEEP_SKIPS]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", _last_of_each_minor_line())
 def test_conversations_pass_or_are_not_applicable_at_the_last_release_of_each_line(
         version: str) -> None:
-    results = _run(version, SWEEP_CHECKS)
+    results = _run(version, _sweep_checks())
     assert _failures(results) == []
-    statuses = {r.status for r in results}
+    statuses = {r.status for r in results} - {NOT_RUN}  # SHOULD checks: --strict only
     if conversation_gap(load(version)) is not None:
         assert statuses == {NOT_APPLICABLE}
     else:
