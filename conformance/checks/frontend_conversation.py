@@ -24,6 +24,7 @@ from enginewire.conformance.peers.zmq_peers import (
     TYPE_BYTES,
     SuiteEngine,
     decode,
+    require_conversation,
     require_ready_key,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
@@ -65,6 +66,9 @@ class _Waiter:
 
 
 def _start(frontend: Any, ctx: Any, engine_count: int = 1) -> tuple[Any, FrontendLaunch]:
+    # Before the front end starts: a release the suite's engines cannot speak leaves no
+    # front end waiting on another thread.
+    require_conversation(ctx.spec)
     launch = FrontendLaunch(
         handshake_address=ctx.ipc_address("fe-handshake"),
         input_address=ctx.ipc_address("fe-input"),
