@@ -12,7 +12,8 @@ handshake keys and the form of the ready response live in ``history/constants.to
   bytes) or ``none``;
 - :func:`conversation_gap`: why the reference peers and the suite's peers cannot hold a
   start-up conversation in a release's terms (None when they can): the release has no
-  HELLO/READY handshake, no ``EngineHandshakeMetadata`` for its init message in the spec, or a
+  HELLO/READY handshake, a HELLO or READY without one of status, local and headless, no
+  ``EngineHandshakeMetadata`` for its init message in the spec, or a
   ready response that is neither a struct nor an empty frame.
 
 At the reference release (:data:`~enginewire.spec.loader.REFERENCE_VLLM_VERSION`) the
@@ -57,6 +58,13 @@ def conversation_gap(spec: Any) -> str | None:
     if handshake_keys_at(version, "HELLO") is None:
         return (f"vLLM {version} has no HELLO/READY handshake (history/constants.toml "
                 "[[handshake]] is empty for it)")
+    for status in ("HELLO", "READY"):
+        keys = handshake_keys_at(version, status) or ([], [])
+        lacking = [k for k in BASE_KEYS if k not in keys[0]]
+        if lacking:
+            return (f"vLLM {version}'s {status} has no {', '.join(lacking)} key "
+                    "(history/constants.toml [[handshake]]): the conversations are held with "
+                    f"the {'/'.join(BASE_KEYS)} HELLO and READY of later releases")
     if "EngineHandshakeMetadata" not in spec.structs:
         return (f"vLLM {version} has no EngineHandshakeMetadata: its init message has no "
                 "layout in the spec")
