@@ -13,6 +13,10 @@ processes), then runs one action and prints JSON lines on stdout:
 - ``utility METHOD [ARG...]``: one line ``{"engine", "method", "result"}`` per engine (each ARG
   is read as JSON, falling back to a string), or ``{"engine", "method", "error"}``;
 - ``ready``: one line per engine with its ready response.
+
+``--version X`` (both commands): the peer speaks vLLM release X (its struct layouts, handshake
+keys and ready response, from the spec's history); ``frontend --spawn --version X`` starts
+engines of release X.
 """
 
 from __future__ import annotations
@@ -64,6 +68,22 @@ def prompt_tokens(text: str) -> list[int]:
     return tokens
 
 
+def vllm_release(text: str) -> str:
+    """A vLLM release the spec was derived from (``enginewire spec releases``)."""
+    from enginewire.spec import load
+    from enginewire.spec.loader import UnknownVersionError
+
+    try:
+        load(text)
+    except UnknownVersionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+VERSION_HELP = ("vLLM release whose struct layouts, handshake keys and ready response it "
+                "speaks (default: the spec's reference release)")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     engine = subparsers.add_parser(
         "serve-engine", help="run the scripted reference engine core"
@@ -94,6 +114,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     engine.add_argument("--dp-size", type=engine_count, default=1)
     engine.add_argument("--parent-pid", type=positive_int, default=None,
                         help="exit when this process is no longer the parent")
+    engine.add_argument("--version", type=vllm_release, default=None, metavar="X",
+                        help=VERSION_HELP)
     engine.set_defaults(handler=cmd_serve_engine)
 
     frontend = subparsers.add_parser(
@@ -110,6 +132,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     frontend.add_argument("--timeout", type=positive_float, default=30.0,
                           help="seconds for the handshake and for each output (default: "
                                "%(default)s)")
+    frontend.add_argument("--version", type=vllm_release, default=None, metavar="X",
+                          help=VERSION_HELP + "; --spawn starts engines of the same release")
     actions = frontend.add_subparsers(dest="action", metavar="ACTION", required=True)
     send = actions.add_parser("send", help="send requests and print their outputs")
     send.add_argument("--count", type=positive_int, default=1)
@@ -157,6 +181,7 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
         max_model_len=args.max_model_len,
         dp_size=args.dp_size,
         parent_pid=args.parent_pid,
+        version=args.version,
     )
     return main(options)
 
@@ -187,7 +212,7 @@ def cmd_frontend(args: argparse.Namespace) -> int:
     try:
         opened = ReferenceFrontend(
             args.engines, handshake_address=args.handshake, input_address=args.input,
-            output_address=args.output,
+            output_address=args.output, version=args.version,
         )
     except (zmq.ZMQError, OSError) as error:
         print(f"enginewire frontend: cannot open the front end's sockets: {error}",
@@ -200,7 +225,7 @@ def cmd_frontend(args: argparse.Namespace) -> int:
                 for rank in range(args.engines):
                     engines.append(spawn_engine(EngineOptions(
                         handshake_address=frontend.handshake_address, rank=rank,
-                        dp_size=args.engines,
+                        dp_size=args.engines, version=args.version,
                     ), stderr=subprocess.DEVNULL))
             frontend.wait_ready(args.timeout)
             return _run_action(frontend, args)
@@ -238,7 +263,8 @@ def _run_action(frontend: Any, args: argparse.Namespace) -> int:
     prompt = args.prompt
     pending = set()
     for index in range(args.count):
-        request = generation_request(f"cli-{index}", prompt, args.max_tokens)
+        request = generation_request(f"cli-{index}", prompt, args.max_tokens,
+                                     release=frontend.structs)
         frontend.add_request(request)
         pending.add(request.request_id)
     while pending:

@@ -40,6 +40,7 @@ away (``parent_pid``), so a test that crashes leaves no orphan behind.
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import logging
@@ -56,9 +57,15 @@ from typing import Any
 
 import zmq
 
+from enginewire.spec.history.release_facts import (
+    BASE_KEYS,
+    handshake_keys_at,
+    ready_response_at,
+)
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 from . import structs
+from .codec import default_codec
 from .connection import (
     EngineConnection,
     Event,
@@ -103,15 +110,20 @@ def generation_request(
     request_id: str,
     prompt_token_ids: Sequence[int] = (1, 2, 3),
     max_tokens: int | None = None,
+    *,
+    release: structs.ReleaseStructs | None = None,
     **fields: Any,
 ) -> Any:
     """An EngineCoreRequest (reference structs) the reference engine serves: greedy sampling
-    params with ``max_tokens`` (None: the engine's ``tokens``), other fields from ``fields``."""
+    params with ``max_tokens`` (None: the engine's ``tokens``), other fields from ``fields``.
+    ``release``: build it in that release's layout (a front end's ``structs``; fields the
+    release lacks are left out)."""
+    make = (release or structs.ReleaseStructs()).make
     values: dict[str, Any] = {
         "request_id": request_id,
         "prompt_token_ids": list(prompt_token_ids),
         "mm_features": None,
-        "sampling_params": structs.SamplingParams(max_tokens=max_tokens),
+        "sampling_params": make("SamplingParams", max_tokens=max_tokens),
         "pooling_params": None,
         "arrival_time": time.time(),
         "lora_request": None,
@@ -119,7 +131,7 @@ def generation_request(
         "data_parallel_rank": None,
     }
     values.update(fields)
-    return structs.EngineCoreRequest(**values)
+    return make("EngineCoreRequest", **values)
 
 
 def generation_plan(request: Any, default_tokens: int) -> tuple[int, int]:
@@ -240,6 +252,14 @@ class EngineOptions:
     ready_extra: dict[str, Any] = field(default_factory=dict)
     #: Exit when this process is no longer our parent (None: don't watch).
     parent_pid: int | None = None
+    #: The vLLM release whose layouts, handshake keys and ready response it speaks (None:
+    #: the spec's reference release).
+    version: str | None = None
+
+
+#: Values of the READY keys an older release requires beyond status, local and headless
+#: (history/constants.toml [[handshake]]): what a scripted engine without a GPU says.
+READY_KEY_VALUES: dict[str, Any] = {"num_gpu_blocks": 1024, "dp_stats_address": None}
 
 
 #: Most messages read from one input socket per poll, so a flood on one socket cannot hold off
@@ -268,9 +288,21 @@ class ReferenceEngine:
         handshake = options.handshake_address is not None
         if not handshake and not options.input_addresses:
             raise ValueError("an engine needs a handshake address or input/output addresses")
+        release = options.version if options.version != REFERENCE_VLLM_VERSION else None
+        #: The release it speaks (None: the reference release, the handshake surface's terms).
+        self.release = release
+        codec = default_codec(version=release) if release is not None else None
         self.connection = EngineConnection(
-            options.rank, local=options.local, headless=options.headless, handshake=handshake
+            options.rank, local=options.local, headless=options.headless, handshake=handshake,
+            codec=codec,
         )
+        self.structs = structs.ReleaseStructs(codec)
+        self._ready_form = "struct" if release is None else ready_response_at(release)
+        if self._ready_form not in ("struct", "empty"):
+            raise NotImplementedError(
+                f"vLLM {release}'s engine sends no ready response frame "
+                f"({self._ready_form}): the reference engine speaks the handshake of "
+                "releases that send one")
         self._stop = threading.Event()
         self._die = threading.Event()
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -278,11 +310,19 @@ class ReferenceEngine:
         self._outputs: list[ChannelSocket] = []
         self._running: dict[str, _Running] = {}
         self._next_step = 0.0
-        # The classes every output is built from, and FinishReason by value, looked up once.
-        classes = self.connection.codec.structs
-        self._output_class = classes["EngineCoreOutput"]
-        self._outputs_class = classes["EngineCoreOutputs"]
-        self._finish_reasons = {int(reason): reason for reason in classes["FinishReason"]}
+        # What every output is built from, decided once. The reference release calls its
+        # classes directly (the per-step path); another release's go through ReleaseStructs,
+        # which leaves out fields the release lacks and maps finish reasons it lacks.
+        if release is None:
+            classes = self.connection.codec.structs
+            self._output_class: Callable[..., Any] = classes["EngineCoreOutput"]
+            self._outputs_class: Callable[..., Any] = classes["EngineCoreOutputs"]
+            self._finish_reason: Callable[[int], Any] = {
+                int(reason): reason for reason in classes["FinishReason"]}.__getitem__
+        else:
+            self._output_class = functools.partial(self.structs.make, "EngineCoreOutput")
+            self._outputs_class = functools.partial(self.structs.make, "EngineCoreOutputs")
+            self._finish_reason = self.structs.finish_reason
         #: The violations the engine logged and survived (counted per clause, recent sampled).
         self.violations = Violations()
         self._utilities: dict[str, Callable[..., Any]] = {
@@ -374,8 +414,9 @@ class ReferenceEngine:
             assert isinstance(init, InitReceived)
             self._connect(init.addresses)
             self._send_ready_responses()
-            extra = dict(opts.ready_extra)
-            if opts.dp_size > 1:
+            extra = self._release_ready_keys()
+            extra.update(opts.ready_extra)
+            if opts.dp_size > 1 and self._release_has_ready_key("parallel_config_hash"):
                 # Clause handshake.ready-optional-keys: DP > 1 engines send their config hash.
                 extra.setdefault("parallel_config_hash", parallel_config_hash(opts.dp_size))
             handshake.socket.send_multipart(self.connection.send("ready", extra or None))
@@ -393,15 +434,33 @@ class ReferenceEngine:
         for address in get_field(addresses, "outputs"):
             self._outputs.append(open_socket(self._ctx, "output", "engine", address))
 
+    def _release_has_ready_key(self, key: str) -> bool:
+        if self.release is None:
+            return True
+        keys = handshake_keys_at(self.release, "READY")
+        return keys is not None and key in {*keys[0], *keys[1]}
+
+    def _release_ready_keys(self) -> dict[str, Any]:
+        """The READY keys the release requires beyond status, local and headless."""
+        if self.release is None:
+            return {}
+        keys = handshake_keys_at(self.release, "READY")
+        required = keys[0] if keys is not None else []
+        return {k: READY_KEY_VALUES[k] for k in required if k not in BASE_KEYS}
+
     def _ready_response(self) -> Any:
+        """The ready response: the release's EngineCoreReadyResponse, or None (an empty
+        frame) for a release whose engine sends one."""
+        if self._ready_form == "empty":
+            return None
         opts = self.options
-        return structs.EngineCoreReadyResponse(
+        return self.structs.make("EngineCoreReadyResponse",
             max_model_len=opts.max_model_len,
             num_gpu_blocks=1024,
             block_size=16,
             dp_stats_address=None,
             dtype="float16",
-            vllm_version=REFERENCE_VLLM_VERSION,
+            vllm_version=self.release or REFERENCE_VLLM_VERSION,
             world_size=1,
             data_parallel_size=opts.dp_size,
             tensor_parallel_size=1,
@@ -513,7 +572,7 @@ class ReferenceEngine:
             if not 0 <= client_index < len(self._outputs):
                 client_index = 0
             if request_id not in self._running:
-                self._finish_now([request_id], client_index, structs.FinishReason.ERROR)
+                self._finish_now([request_id], client_index, int(structs.FinishReason.ERROR))
             return
         count, reason = generation_plan(request, self.options.tokens)
         self._running[request_id] = _Running(
@@ -530,14 +589,16 @@ class ReferenceEngine:
             if running is not None:
                 by_client.setdefault(running.client_index, []).append(request_id)
         for client_index, ids in by_client.items():
-            self._finish_now(ids, client_index, structs.FinishReason.ABORT)
+            self._finish_now(ids, client_index, int(structs.FinishReason.ABORT))
 
     def _finish_now(self, request_ids: list[str], client_index: int, reason: int) -> None:
-        outputs = structs.EngineCoreOutputs(
+        make = self.structs.make
+        outputs = make(
+            "EngineCoreOutputs",
             engine_index=self.options.rank,
             outputs=[
-                structs.EngineCoreOutput(request_id=r, new_token_ids=[],
-                                         finish_reason=structs.FinishReason(reason))
+                make("EngineCoreOutput", request_id=r, new_token_ids=[],
+                     finish_reason=self.structs.finish_reason(reason))
                 for r in request_ids
             ],
             # A list (set[str] on the wire is an array): the encoded order stays the send order.
@@ -555,12 +616,17 @@ class ReferenceEngine:
         try:
             if function is None:
                 raise AttributeError(f"the reference engine has no method {method!r}")
-            result = structs.UtilityResult(None, function(*args))
+            value = function(*args)
+            # Releases before 0.10.1 carry the bare result (no UtilityResult).
+            result = (self.structs.make("UtilityResult", type_info=None, value=value)
+                      if self.structs.has("UtilityResult") else value)
         except Exception as error:  # every failure becomes the call's answer
             failure = f"Call to {method} method failed: {error}"
-        outputs = structs.EngineCoreOutputs(
+        outputs = self.structs.make(
+            "EngineCoreOutputs",
             engine_index=self.options.rank,
-            utility_output=structs.UtilityOutput(
+            utility_output=self.structs.make(
+                "UtilityOutput",
                 call_id=call_id, failure_message=failure, result=result
             ),
             timestamp=time.monotonic(),
@@ -571,7 +637,7 @@ class ReferenceEngine:
     # --- output --------------------------------------------------------------------------
 
     def _step(self) -> None:
-        output_class, reasons = self._output_class, self._finish_reasons
+        output_class, finish_reason = self._output_class, self._finish_reason
         by_client: dict[int, list[Any]] = {}
         for request_id, running in list(self._running.items()):
             token = (scripted_token(running.prompt, running.sent)
@@ -582,7 +648,7 @@ class ReferenceEngine:
                 output_class(
                     request_id=request_id,
                     new_token_ids=[] if token is None else [token],
-                    finish_reason=reasons[running.finish_reason] if done else None,
+                    finish_reason=finish_reason(running.finish_reason) if done else None,
                 )
             )
             if done:
@@ -706,6 +772,8 @@ def engine_argv(options: EngineOptions) -> list[str]:
         argv.append("--headless")
     if options.parent_pid is not None:
         argv += ["--parent-pid", str(options.parent_pid)]
+    if options.version is not None:
+        argv += ["--version", options.version]
     return argv
 
 

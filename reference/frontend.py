@@ -26,8 +26,11 @@ from typing import Any
 
 import zmq
 
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+
 from . import structs
 from .addresses import ipc_address
+from .codec import default_codec
 from .connection import (
     EngineDied,
     FrontendConnection,
@@ -62,6 +65,8 @@ class ReferenceFrontend:
     :attr:`output_address`). ``handshake=False`` skips the handshake channel (the engines are
     given the input/output addresses directly, as with vLLM's ``client_addresses``).
     ``local`` and ``remote_headless`` are what the engines' HELLO/READY must say.
+    ``version``: the vLLM release whose struct layouts it sends and reads (its codec is built
+    for that release; None: the spec's reference release).
     """
 
     def __init__(
@@ -75,13 +80,21 @@ class ReferenceFrontend:
         local: bool = True,
         remote_headless: bool = True,
         client_index: int = 0,
+        version: str | None = None,
     ) -> None:
         self.engine_count = engine_count
         self.client_index = client_index
+        if version == REFERENCE_VLLM_VERSION:
+            version = None
+        #: The vLLM release whose layouts it speaks (None: the spec's reference release).
+        self.version = version
         self.connection = FrontendConnection(
             range(engine_count), local=local, remote_headless=remote_headless,
             handshake=handshake,
+            codec=default_codec(version=version) if version is not None else None,
         )
+        self.structs = structs.ReleaseStructs(
+            self.connection.codec if version is not None else None)
         self._ctx = zmq.Context()
         self._sockets: list[ChannelSocket] = []
         self._handshake: ChannelSocket | None = None
@@ -136,9 +149,11 @@ class ReferenceFrontend:
         A protocol violation during start-up raises (as vLLM's front end fails start-up).
         """
         deadline = time.monotonic() + timeout
-        metadata = structs.EngineHandshakeMetadata(
-            addresses=structs.EngineZmqAddresses(
-                inputs=[self.input_address], outputs=[self.output_address]
+        make = self.structs.make
+        metadata = make(
+            "EngineHandshakeMetadata",
+            addresses=make(
+                "EngineZmqAddresses", inputs=[self.input_address], outputs=[self.output_address]
             ),
             parallel_config={},
         )
@@ -280,7 +295,9 @@ class ReferenceFrontend:
             future.set_exception(UtilityCallError(method, failure))
         else:
             result = get_field(utility, "result")
-            future.set_result(None if result is None else result[1])
+            # Releases before 0.10.1 carry the bare result (no UtilityResult pair).
+            bare = not self.structs.has("UtilityResult")
+            future.set_result(None if result is None else result if bare else result[1])
 
     def get_output(self, timeout: float) -> Any:
         """The next EngineCoreOutputs with request outputs, within ``timeout`` s."""

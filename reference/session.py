@@ -32,7 +32,8 @@ from typing import Any, NamedTuple
 import msgspec
 
 from enginewire.spec import load
-from enginewire.spec.loader import Spec
+from enginewire.spec.history.release_facts import BASE_KEYS, handshake_keys_at
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 from enginewire.spec.schema import HandshakeMessage, StateMachine, Transition
 from enginewire.spec.types import parse_type, scalar_type
 
@@ -557,6 +558,11 @@ class EngineSession:
         )
         surface = self.spec.surface("handshake")
         self._ready_spec = next(m for m in surface.messages if m.name == "READY")
+        #: An older release's READY keys (required, optional) from the history; None at the
+        #: reference release (the handshake surface's READY is authoritative).
+        self._release_ready: tuple[list[str], list[str]] | None = None
+        if self.spec.version != REFERENCE_VLLM_VERSION:
+            self._release_ready = handshake_keys_at(self.spec.version, "READY")
         self._request_events = {
             t.byte: (t.name, t.message, t.on_wire)
             for t in self.spec.surface("request_types").types
@@ -648,6 +654,16 @@ class EngineSession:
         self._require_mode(True, "READY")
         ready = {"status": "READY", "local": self.local, "headless": self.headless}
         known = {k.name for k in self._ready_spec.keys if not k.required}
+        if self._release_ready is not None:
+            required, optional = self._release_ready
+            known = {*optional, *(k for k in required if k not in BASE_KEYS)}
+            missing = [k for k in required if k not in BASE_KEYS and k not in (extra or {})]
+            if missing:
+                raise HandshakeError(
+                    "handshake.message-keys",
+                    f"READY of vLLM {self.spec.version} requires the keys {missing}",
+                    expected=sorted(required), got=sorted(extra or {}),
+                )
         for key in extra or {}:
             if key not in known:
                 raise HandshakeError(

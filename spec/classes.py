@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import json
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -329,6 +330,10 @@ def _coerce(value: Any, annotation: Any) -> Any:
 _BUILT: dict[str, StructSet] = {}
 #: The reference version's set, once built.
 _DEFAULT: list[StructSet] = []
+#: Held while a set is built: two threads asking for one release at once (an engine thread and
+#: a front end touching the module attributes first) get the same classes, never two sets of
+#: look-alike classes that fail each other's isinstance checks.
+_BUILD_LOCK = threading.RLock()
 
 
 def build(version: str | None = None) -> StructSet:
@@ -337,18 +342,19 @@ def build(version: str | None = None) -> StructSet:
         # The module attributes (``structs.EngineCoreOutputs``) come here on every access.
         return _DEFAULT[0]
     spec = load(version)
-    found = _BUILT.get(spec.version)
-    if found is None:
-        found = StructSet(version=spec.version, spec=spec)
-        for name, item in spec.structs.items():
-            if isinstance(item, EnumSpec):
-                found.enums[name] = found._enum(item)
-        for name, item in spec.structs.items():
-            if isinstance(item, StructSpec):
-                found._class(name)
-        _BUILT[spec.version] = found
-    if version is None and not _DEFAULT:
-        _DEFAULT.append(found)
+    with _BUILD_LOCK:
+        found = _BUILT.get(spec.version)
+        if found is None:
+            found = StructSet(version=spec.version, spec=spec)
+            for name, item in spec.structs.items():
+                if isinstance(item, EnumSpec):
+                    found.enums[name] = found._enum(item)
+            for name, item in spec.structs.items():
+                if isinstance(item, StructSpec):
+                    found._class(name)
+            _BUILT[spec.version] = found
+        if version is None and not _DEFAULT:
+            _DEFAULT.append(found)
     return found
 
 

@@ -16,7 +16,12 @@ import zmq
 
 from enginewire.conformance.checks._helpers import check_high_water_marks, require_ipv6_loopback
 from enginewire.conformance.framework.context import CheckContext
-from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
+from enginewire.conformance.framework.registry import (
+    CheckFailure,
+    Reproduction,
+    check,
+    require_field,
+)
 from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.strict import handshake_problems
 from enginewire.conformance.peers.zmq_peers import (
@@ -27,6 +32,9 @@ from enginewire.conformance.peers.zmq_peers import (
     decode,
     encode,
     identity_of,
+    in_release,
+    require_ready_key,
+    require_request_type,
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
 
@@ -112,7 +120,8 @@ def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
     problems = handshake_problems(hello, "HELLO", ctx.spec)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise CheckFailure(f"[handshake.message-keys] HELLO that vLLM 0.33.0 rejects: "
+        raise CheckFailure(f"[handshake.message-keys] HELLO that vLLM {ctx.spec.version} "
+                           f"rejects: "
                            f"{problems[0]}{more}",
                            Reproduction(received=frames,
                                         notes={"problems": [str(p) for p in problems]}))
@@ -179,7 +188,7 @@ def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
     except Exception as exc:  # noqa: BLE001
         raise CheckFailure(f"the ready response is not an EngineCoreReadyResponse map: {exc}",
                            Reproduction(received=frames)) from exc
-    if value["data_parallel_rank"] != 0:
+    if "data_parallel_rank" in value and value["data_parallel_rank"] != 0:
         raise CheckFailure(f"engine 0's ready response says data_parallel_rank "
                            f"{value['data_parallel_rank']}", Reproduction(received=frames))
 
@@ -205,6 +214,7 @@ def _ready_keys(engine: EngineSurface, ctx: CheckContext) -> None:
        surface="engine", requires=["engine.coordinated-dp"], timeout=PEER_TIMEOUT)
 def _ready_hash(engine: EngineSurface, ctx: CheckContext) -> None:
     """READY of an engine with data_parallel_size 2 carries parallel_config_hash."""
+    require_ready_key(ctx.spec, "parallel_config_hash")
     _, handshake = _started(engine, ctx, rank=1, dp_size=2)
     if "parallel_config_hash" not in handshake.ready:
         raise CheckFailure(f"READY of a DP=2 engine has no parallel_config_hash: "
@@ -418,19 +428,22 @@ def _garbage(frames_of: Any, what: str, clauses: list[str], check_id: str) -> No
     @check(check_id, clauses=clauses, surface="engine", timeout=PEER_TIMEOUT,
            description=f"the engine survives {what} and keeps serving")
     def _run(engine: EngineSurface, ctx: CheckContext) -> None:
-        front, handshake = _started(engine, ctx)
         frames = frames_of(ctx.spec)
+        front, handshake = _started(engine, ctx)
         front.send_input(handshake.identity, frames)
         _still_serving(front, ctx, handshake.identity, what, frames)
 
 
 def _type(spec: Any, name: str) -> bytes:
-    """The type frame of request type ``name`` (request_types.toml)."""
+    """The type frame of request type ``name`` (request_types.toml); NOT APPLICABLE where the
+    release has no such request type."""
+    require_request_type(spec, name)
     return bytes(spec.request_type_byte(name))
 
 
 def _add_payload(spec: Any, **fields: Any) -> list[bytes]:
-    return encode(minimal_request("req-bad", **fields), "EngineCoreRequest", spec)
+    request = in_release(minimal_request("req-bad", **fields), "EngineCoreRequest", spec)
+    return encode(request, "EngineCoreRequest", spec)
 
 
 _garbage(lambda spec: [b"\x09", msgspec.msgpack.encode(["x"])], "type byte 0x09",
@@ -470,7 +483,9 @@ def _missing_oob(spec: Any) -> list[bytes]:
 
     from enginewire.conformance.oracle.wire import expected_wire
 
-    request = minimal_request("req-oob", prompt_token_ids=None)
+    require_field(spec, "EngineCoreRequest", "prompt_embeds")
+    request = in_release(minimal_request("req-oob", prompt_token_ids=None),
+                         "EngineCoreRequest", spec)
     wire = list(expected_wire(request, "EngineCoreRequest", spec).value)
     index = [f.name for f in spec.struct("EngineCoreRequest").fields].index("prompt_embeds")
     wire[index] = ["float32", [4, 64], 1]

@@ -24,6 +24,8 @@ from enginewire.conformance.peers.zmq_peers import (
     TYPE_BYTES,
     SuiteEngine,
     decode,
+    require_conversation,
+    require_ready_key,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
 
@@ -64,6 +66,9 @@ class _Waiter:
 
 
 def _start(frontend: Any, ctx: Any, engine_count: int = 1) -> tuple[Any, FrontendLaunch]:
+    # Before the front end starts: a release the suite's engines cannot speak leaves no
+    # front end waiting on another thread.
+    require_conversation(ctx.spec)
     launch = FrontendLaunch(
         handshake_address=ctx.ipc_address("fe-handshake"),
         input_address=ctx.ipc_address("fe-input"),
@@ -708,6 +713,7 @@ def _config_hash(frontend: FrontendSurface, ctx: CheckContext) -> None:
 
     A READY with another hash fails the start-up; the same READY with the front end's hash
     completes it."""
+    require_ready_key(ctx.spec, "parallel_config_hash")
     config_hash = "5f0c4e3b2a1d"
     waiter, engine = _coordinated(frontend, ctx, config_hash)
     engine.ready(parallel_config_hash="0" * 12)

@@ -55,14 +55,15 @@ class StrictWireError(WireShapeError):
     """Wire data vLLM's typed decoder rejects; ``clause``, ``problems`` (first: the one
     vLLM reports), ``path`` and ``field`` of the first."""
 
-    def __init__(self, clause: str, what: str, problems: list[TypeProblem]) -> None:
+    def __init__(self, clause: str, what: str, problems: list[TypeProblem],
+                 release: str = "0.33.0") -> None:
         self.clause = clause
         self.problems = problems
         first = problems[0]
         self.path = first.path
         self.field = first.field
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(f"[{clause}] {what} that vLLM 0.33.0 rejects: {first}{more}")
+        super().__init__(f"[{clause}] {what} that vLLM {release} rejects: {first}{more}")
 
 
 def msgpack_type(raw: Any) -> str:
@@ -112,7 +113,7 @@ def check_wire(raw: Any, type_expr: str, spec: Any, *, clause: str, what: str) -
     """Raise :class:`StrictWireError` when vLLM's typed decoder rejects ``raw``."""
     problems = type_problems(raw, type_expr, spec)
     if problems:
-        raise StrictWireError(clause, what, problems)
+        raise StrictWireError(clause, what, problems, getattr(spec, "version", "0.33.0"))
 
 
 def _fits(raw: Any, expr: TypeExpr, spec: Any) -> bool:

@@ -27,6 +27,8 @@ from typing import Any
 import msgspec
 import zmq
 
+from enginewire.conformance.framework.evidence import for_release
+from enginewire.conformance.framework.registry import NotInRelease
 from enginewire.conformance.oracle.strict import check_wire, handshake_problems
 from enginewire.conformance.oracle.wire import (
     THRESHOLD_DEFAULT,
@@ -35,6 +37,14 @@ from enginewire.conformance.oracle.wire import (
     raw_decode,
 )
 from enginewire.spec import load
+from enginewire.spec.history.release_facts import (
+    BASE_KEYS,
+    conversation_gap,
+    handshake_keys_at,
+    ready_response_at,
+    request_types_at,
+)
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 #: The engine's dying words, the literal frame of the engine_core_dead message (frames.toml).
 ENGINE_CORE_DEAD = bytes.fromhex(next(
@@ -61,13 +71,73 @@ def encode(value: Any, type_text: str, spec: Any,
 
 def decode(frames: Sequence[bytes], type_text: str, spec: Any,
            clause: str = "frames.payload-matches-type") -> Any:
-    """Read what a target sent as vLLM 0.33.0 reads it: frame 0 with the exact typing of
+    """Read what a target sent as ``spec``'s vLLM release reads it: frame 0 with the exact typing of
     ``type_text`` (:mod:`enginewire.conformance.oracle.strict`; a value vLLM's typed decoder
     rejects raises ``StrictWireError`` naming ``clause``, the ``$``-path and the field), then
     as a neutral value."""
     raw = raw_decode(frames[0])
     check_wire(raw, type_text, spec, clause=clause, what=f"a {type_text} payload")
     return from_wire(raw, type_text, spec, [bytes(f) for f in frames[1:]])
+
+
+#: Values of the READY keys an older release requires beyond status, local and headless.
+READY_KEY_VALUES: dict[str, Any] = {"num_gpu_blocks": 512, "dp_stats_address": None}
+
+
+def require_conversation(spec: Any) -> None:
+    """Raise :class:`NotInRelease` where the suite cannot hold a start-up conversation in the
+    terms of ``spec``'s release (:func:`~enginewire.spec.history.release_facts.
+    conversation_gap`: no HELLO/READY handshake, no init layout, no ready response frame)."""
+    gap = conversation_gap(spec)
+    if gap is not None:
+        raise NotInRelease(gap)
+
+
+def require_request_type(spec: Any, name: str) -> None:
+    """Raise :class:`NotInRelease` where ``spec``'s release has no request type ``name``
+    (history/constants.toml [[request_types]]; the reference release's table is the
+    request_types surface, which has every one)."""
+    if spec.version == REFERENCE_VLLM_VERSION:
+        return
+    if name not in request_types_at(spec.version):
+        raise NotInRelease(f"vLLM {spec.version} has no request type {name} "
+                           "(history/constants.toml [[request_types]])")
+
+
+def require_ready_key(spec: Any, key: str) -> None:
+    """Raise :class:`NotInRelease` where ``spec``'s release's engine never sends ``key`` in
+    READY (history/constants.toml [[handshake]])."""
+    if spec.version == REFERENCE_VLLM_VERSION:
+        return
+    keys = handshake_keys_at(spec.version, "READY")
+    if keys is None or key not in {*keys[0], *keys[1]}:
+        raise NotInRelease(f"vLLM {spec.version}'s READY has no {key} key "
+                           "(history/constants.toml [[handshake]])")
+
+
+def in_release(value: dict[str, Any], type_text: str, spec: Any) -> dict[str, Any]:
+    """A neutral ``value`` written for the newest layout, as ``spec``'s release lays it out
+    (:func:`~enginewire.conformance.framework.evidence.for_release`); a field that carries a
+    value and that the release lacks raises :class:`NotInRelease`. The reference release's
+    value is returned as it is."""
+    if spec.version == REFERENCE_VLLM_VERSION:
+        return value
+    out, absent = for_release(value, type_text, spec)
+    if absent:
+        raise NotInRelease(f"vLLM {spec.version} has no {', '.join(absent)}")
+    return out
+
+
+def ready_response_payload(spec: Any, value: dict[str, Any]) -> bytes:
+    """The ready-response frame of ``spec``'s release for ``value`` (a newest-layout map):
+    an empty frame where the release's engine sends one, else the release's
+    EngineCoreReadyResponse with the fields of ``value`` the release has."""
+    if spec.version != REFERENCE_VLLM_VERSION:
+        if ready_response_at(spec.version) == "empty":
+            return b""
+        names = {f.name for f in spec.structs["EngineCoreReadyResponse"].fields}
+        value = {k: v for k, v in value.items() if k in names}
+    return msgspec.msgpack.encode(expected_wire(value, "EngineCoreReadyResponse", spec).value)
 
 
 def ready_response_value(rank: int, dp_size: int = 1) -> dict[str, Any]:
@@ -155,6 +225,7 @@ class SuiteFrontend:
 
     def __init__(self, spec: Any, directory: str, *, clients: int = 1,
                  transport: str = "ipc") -> None:
+        require_conversation(spec)
         self.spec = spec
         self.net = _Net(directory)
         try:
@@ -225,6 +296,7 @@ class SuiteFrontend:
         self.input_sockets[client].send_multipart([identity, *frames])
 
     def add(self, identity: bytes, request: dict[str, Any], client: int = 0) -> None:
+        request = in_release(request, "EngineCoreRequest", self.spec)
         self.send_input(identity, [TYPE_BYTES["add"], *encode(request, "EngineCoreRequest",
                                                                self.spec)], client)
 
@@ -292,8 +364,8 @@ def _map(payload: bytes, what: str, frames: Sequence[bytes],
         problems = handshake_problems(value, what, spec)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise HandshakeProblem(f"[handshake.message-keys] {what} that vLLM 0.33.0 "
-                                   f"rejects: {problems[0]}{more}", frames)
+            raise HandshakeProblem(f"[handshake.message-keys] {what} that vLLM "
+                                   f"{spec.version} rejects: {problems[0]}{more}", frames)
     return value
 
 
@@ -306,6 +378,7 @@ class SuiteEngine:
         given its addresses, :meth:`connect_direct`). ``input_rcvhwm``: the receive
         high-water mark of the input DEALERs; 1 makes the engine a slow reader whose pending
         input piles up at the front end's ROUTER, where a high-water mark would drop it."""
+        require_conversation(spec)
         self.spec = spec
         self.rank = rank
         self.identity = identity_of(rank)
@@ -328,8 +401,17 @@ class SuiteEngine:
         self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
 
     def ready(self, **overrides: Any) -> None:
-        value = {"status": "READY", "local": self.local, "headless": self.headless, **overrides}
+        value = {"status": "READY", "local": self.local, "headless": self.headless,
+                 **self._release_ready_keys(), **overrides}
         self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
+
+    def _release_ready_keys(self) -> dict[str, Any]:
+        """The READY keys an older release requires beyond status, local and headless."""
+        if self.spec.version == REFERENCE_VLLM_VERSION:
+            return {}
+        keys = handshake_keys_at(self.spec.version, "READY")
+        required = keys[0] if keys is not None else []
+        return {k: READY_KEY_VALUES[k] for k in required if k not in BASE_KEYS}
 
     def recv_init(self, timeout: float) -> list[bytes]:
         return recv(self.handshake_socket, timeout, "init after HELLO")  # type: ignore[arg-type]
@@ -352,9 +434,8 @@ class SuiteEngine:
 
     def send_ready_response(self, value: dict[str, Any] | None = None, *,
                             raw: bytes | None = None) -> None:
-        payload = raw if raw is not None else msgspec.msgpack.encode(
-            expected_wire(value or ready_response_value(self.rank),
-                          "EngineCoreReadyResponse", self.spec).value)
+        payload = raw if raw is not None else ready_response_payload(
+            self.spec, value or ready_response_value(self.rank))
         for sock in self.inputs:
             sock.send(payload)
 
@@ -379,11 +460,15 @@ class SuiteEngine:
     def push(self, outputs: dict[str, Any], client: int = 0) -> list[bytes]:
         # A fixed timestamp keeps reproductions byte-identical from run to run.
         value = {"engine_index": self.rank, "timestamp": 0.0, **outputs}
+        value = in_release(value, "EngineCoreOutputs", self.spec)
         return self.push_raw(encode(value, "EngineCoreOutputs", self.spec), client)
 
     def reply(self, call_id: int, *, result: Any = None, failure: str | None = None,
               client: int = 0) -> list[bytes]:
+        # Releases before 0.10.1 carry the bare result (no UtilityResult pair).
+        pair = "UtilityResult" in self.spec.structs
         utility = {"call_id": call_id, "failure_message": failure,
                    "result": None if failure is not None else {"type_info": None,
-                                                               "value": result}}
+                                                               "value": result}
+                   if pair else result}
         return self.push({"utility_output": utility}, client)

@@ -18,8 +18,11 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from enginewire.conformance.framework.evidence import for_release
+from enginewire.conformance.framework.registry import NotInRelease
 from enginewire.conformance.oracle.values import build
 from enginewire.conformance.targets.contract import RingHandle, Target
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 
 def _optional(module: str) -> Any:
@@ -397,9 +400,12 @@ class ReferenceFrontendClient:
             from enginewire.reference.frontend import ReferenceFrontend as frontend_class
 
         self.codec = codec
+        release = {} if codec.version in (None, REFERENCE_VLLM_VERSION) else {
+            "version": codec.version}
         self.frontend = frontend_class(
             launch.engine_count, handshake_address=launch.handshake_address,
             input_address=launch.input_address, output_address=launch.output_address,
+            **release,
         )
         # ReferenceFrontend has no parameter for it; its session checks READY's hash.
         self.frontend.session.config_hash = launch.parallel_config_hash
@@ -408,7 +414,13 @@ class ReferenceFrontendClient:
         self.frontend.wait_ready(timeout)
 
     def add_request(self, request: dict[str, Any], engine_index: int = 0) -> None:
-        value = build(request, "EngineCoreRequest", self.codec.spec, self.codec._class)
+        spec = self.codec.spec
+        if spec.version != REFERENCE_VLLM_VERSION:
+            # A request written for the newest layout, as the release lays it out.
+            request, absent = for_release(request, "EngineCoreRequest", spec)
+            if absent:
+                raise NotInRelease(f"vLLM {spec.version} has no {', '.join(absent)}")
+        value = build(request, "EngineCoreRequest", spec, self.codec._class)
         self.frontend.add_request(value, engine_index)
 
     def abort(self, request_ids: list[str], engine_index: int = 0) -> None:
@@ -455,7 +467,9 @@ def reference_target(version: str | None = None) -> Target:
     codec = (ReferenceCodec(version=version) if _optional("enginewire.reference.codec")
              is not None else None)
     ring = ReferenceRing() if _optional("enginewire.reference.ring") is not None else None
-    engine = ReferenceEngines() if _optional("enginewire.reference.engine") else None
+    # The engines speak the release's layouts, handshake keys and ready response.
+    release = {} if version in (None, REFERENCE_VLLM_VERSION) else {"version": version}
+    engine = ReferenceEngines(**release) if _optional("enginewire.reference.engine") else None
     frontend = None
     if codec is not None and _optional("enginewire.reference.frontend") is not None:
         frontend = ReferenceFrontends(codec)

@@ -1,0 +1,191 @@
+"""``enginewire check --version X``: the engine and front-end conversations at release X.
+
+The reference engine and front end built for X speak X on the wire (X's struct layouts, its
+HELLO/READY keys, its ready response: a struct, or an empty frame before 0.20.0), and the
+suite's peers follow X too. A check whose subject X lacks (a release without the HELLO/READY
+handshake, a READY key or request type that came later) is NOT APPLICABLE with the reason,
+taken from the spec's history, never from a list of versions in the check.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import tomllib
+from typing import Any
+
+import pytest
+
+from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, NOT_RUN, PASSED
+from enginewire.conformance.framework.registry import all_checks, select
+from enginewire.conformance.framework.runner import run_check
+from enginewire.conformance.targets.reference import ReferenceEngines, reference_target
+from enginewire.reference import structs
+from enginewire.reference.codec import default_codec
+from enginewire.reference.engine import (
+    EngineOptions,
+    ReferenceEngine,
+    expected_generation,
+    generation_request,
+)
+from enginewire.reference.frontend import ReferenceFrontend
+from enginewire.spec import load
+from enginewire.spec.history.release_facts import conversation_gap, ready_response_at
+from enginewire.spec.loader import DATA_DIR
+
+CONVERSATIONS = ["engine/*", "frontend/*"]
+
+
+def _run(version: str, patterns: list[str], target: Any = None) -> list[Any]:
+    target = target or reference_target(version)
+    spec = load(version)
+    try:
+        return [run_check(item, target, spec)
+                for item in select(all_checks(), patterns=patterns)]
+    finally:
+        target.close()
+
+
+def _failures(results: list[Any]) -> list[str]:
+    return [f"{r.check.id}: {r.message}" for r in results if r.status == FAILED]
+
+
+def test_every_conversation_check_passes_at_0_22_0() -> None:
+    """0.22.0: a ready response of four fields, EngineCoreOutput without the later fields."""
+    results = _run("0.22.0", CONVERSATIONS)
+    assert _failures(results) == []
+    passed = [r for r in results if r.status == PASSED]
+    assert len(passed) > 50
+    for result in results:
+        if result.status == NOT_APPLICABLE:
+            assert "0.22.0" in result.message, result.message
+
+
+def test_a_release_without_the_handshake_is_not_applicable_with_the_reason() -> None:
+    for version, reason in (("0.7.3", "vLLM 0.7.3 has no HELLO/READY handshake"),
+                            ("0.9.2", "vLLM 0.9.2's HELLO has no headless key")):
+        results = _run(version, ["engine/handshake/hello-first",
+                                 "frontend/handshake/init-answers-hello"])
+        assert [r.status for r in results] == [NOT_APPLICABLE] * 2
+        assert all(reason in r.message for r in results)
+
+
+def test_a_ready_key_that_came_later_is_not_applicable() -> None:
+    """READY's parallel_config_hash came in 0.11.1 (history/constants.toml)."""
+    [engine, frontend] = _run("0.10.2", ["engine/handshake/ready-hash-with-dp",
+                                         "frontend/handshake/config-hash-checked"])
+    for result in (engine, frontend):
+        assert result.status == NOT_APPLICABLE
+        assert "0.10.2's READY has no parallel_config_hash key" in result.message
+    [later] = _run("0.11.2", ["engine/handshake/ready-hash-with-dp"])
+    assert later.status == PASSED
+
+
+def test_a_request_type_that_came_later_is_not_applicable() -> None:
+    """WAKEUP came in 0.18.0."""
+    [older] = _run("0.17.1", ["engine/garbage/sentinel-wakeup"])
+    assert older.status == NOT_APPLICABLE
+    assert "0.17.1 has no request type WAKEUP" in older.message
+
+
+class _NewestLayoutEngine(ReferenceEngine):
+    """An engine built for an older release that still writes the newest struct layouts."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        # The newest classes and codec; the session, READY keys and ready response form stay
+        # the release's.
+        self.structs = structs.ReleaseStructs()
+        self.connection.codec = default_codec()
+
+
+def test_an_engine_that_sends_the_newest_layout_fails_at_an_older_release() -> None:
+    target = reference_target("0.22.0")
+    target.engine = ReferenceEngines(engine_class=_NewestLayoutEngine, version="0.22.0")
+    results = _run("0.22.0", ["engine/serve/add-generates", "engine/serve/abort"], target)
+    assert [r.status for r in results] == [FAILED, FAILED], _failures(results)
+    assert all("EngineCoreOutput" in r.message for r in results), [r.message for r in results]
+    # The same engine at its own newest release passes: the failure is the layout.
+    target = reference_target()
+    target.engine = ReferenceEngines(engine_class=_NewestLayoutEngine)
+    assert [r.status for r in _run("0.33.0", ["engine/serve/add-generates"], target)] \
+        == [PASSED]
+
+
+@pytest.mark.parametrize("version", ["0.11.2", "0.27.1"])
+def test_reference_front_end_and_engine_of_one_release_talk(version: str) -> None:
+    """A front end at X with an engine at X: the handshake with X's keys, X's ready response
+    (an empty frame at 0.11.2), a generation and a utility call."""
+    with ReferenceFrontend(1, version=version) as frontend:
+        engine = ReferenceEngine(EngineOptions(handshake_address=frontend.handshake_address,
+                                               handshake_timeout=10.0, version=version))
+        thread = threading.Thread(target=engine.run, daemon=True)
+        thread.start()
+        try:
+            frontend.wait_ready(10.0)
+            response = frontend.ready_responses[0]
+            if ready_response_at(version) == "empty":
+                assert response is None
+            else:
+                assert type(response) is frontend.connection.codec.structs.classes[
+                    "EngineCoreReadyResponse"]
+                assert response.vllm_version == version
+            request = generation_request("r-1", [4, 5], 3, release=frontend.structs)
+            frontend.add_request(request)
+            tokens: list[int] = []
+            reason = None
+            deadline = time.monotonic() + 10.0
+            while reason is None and time.monotonic() < deadline:
+                for output in frontend.get_output(5.0).outputs:
+                    tokens += output.new_token_ids
+                    reason = output.finish_reason
+            assert (tokens, int(reason)) == expected_generation(request, 4)
+            assert frontend.call_utility("echo", [1, "a"], 0, 5.0) == [1, "a"]
+        finally:
+            engine.request_stop()
+            thread.join(5.0)
+
+
+def _last_of_each_minor_line() -> list[str]:
+    with (DATA_DIR / "history" / "releases.toml").open("rb") as handle:
+        releases = tomllib.load(handle)["releases"]
+    last: dict[str, str] = {}
+    for release in releases:
+        last[release.rsplit(".", 1)[0]] = release
+    return list(last.values())
+
+
+#: Conversation checks left out of the sweep: each waits about a second or more for
+#: something not to happen (a timeout, a message that must not come), in the same way at
+#: every release; the fast test above runs them at 0.22.0.
+SWEEP_SKIPS = {
+    "engine/dead/sentinel-last", "engine/handshake/garbage-init",
+    "engine/handshake/init-timeout", "frontend/handshake/garbage-hello",
+    "frontend/handshake/local-mismatch", "frontend/handshake/missing-keys",
+    "frontend/handshake/ready-before-hello", "frontend/handshake/second-hello",
+    "frontend/handshake/two-frame-hello", "frontend/handshake/unknown-rank-ignored",
+    "frontend/handshake/unknown-status", "frontend/transport/duplicate-identity-ignored",
+    "frontend/transport/no-drop-at-high-water-mark",
+}
+
+
+def _sweep_checks() -> list[str]:
+    ids = [item.id for item in select(all_checks(), patterns=CONVERSATIONS)]
+    assert SWEEP_SKIPS <= set(ids), sorted(SWEEP_SKIPS - set(ids))
+    return [i for i in ids if i not in SWEEP_SKIPS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", _last_of_each_minor_line())
+def test_conversations_pass_or_are_not_applicable_at_the_last_release_of_each_line(
+        version: str) -> None:
+    results = _run(version, _sweep_checks())
+    assert _failures(results) == []
+    statuses = {r.status for r in results} - {NOT_RUN}  # SHOULD checks: --strict only
+    if conversation_gap(load(version)) is not None:
+        assert statuses == {NOT_APPLICABLE}
+    else:
+        assert PASSED in statuses
+        for result in results:
+            if result.status == NOT_APPLICABLE:
+                assert f"vLLM {version}" in result.message, result.message
