@@ -40,7 +40,6 @@ away (``parent_pid``), so a test that crashes leaves no orphan behind.
 
 from __future__ import annotations
 
-import functools
 import gc
 import hashlib
 import logging
@@ -320,9 +319,11 @@ class ReferenceEngine:
             self._finish_reason: Callable[[int], Any] = {
                 int(reason): reason for reason in classes["FinishReason"]}.__getitem__
         else:
-            self._output_class = functools.partial(self.structs.make, "EngineCoreOutput")
-            self._outputs_class = functools.partial(self.structs.make, "EngineCoreOutputs")
-            self._finish_reason = self.structs.finish_reason
+            # Read self.structs at each call: what it builds is the engine's current release.
+            self._output_class = lambda **values: self.structs.make("EngineCoreOutput", **values)
+            self._outputs_class = lambda **values: self.structs.make("EngineCoreOutputs",
+                                                                     **values)
+            self._finish_reason = lambda value: self.structs.finish_reason(value)
         #: The violations the engine logged and survived (counted per clause, recent sampled).
         self.violations = Violations()
         self._utilities: dict[str, Callable[..., Any]] = {
@@ -602,7 +603,7 @@ class ReferenceEngine:
                 for r in request_ids
             ],
             # A list (set[str] on the wire is an array): the encoded order stays the send order.
-            finished_requests=list(request_ids),  # type: ignore[arg-type]
+            finished_requests=list(request_ids),
             timestamp=time.monotonic(),
         )
         send_frames(self._outputs[client_index].socket, self.connection.send("outputs", outputs))

@@ -50,7 +50,7 @@ class ReleaseStructs:
 
     def __init__(self, codec: Any = None) -> None:
         self.set = None if codec is None else codec.structs
-        self.spec = None if codec is None else codec.spec
+        self.spec: Any = None if codec is None else codec.spec
 
     def make(self, name: str, **values: Any) -> Any:
         """``name``'s class of the release called with ``values``: a field the release lacks

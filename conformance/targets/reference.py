@@ -468,7 +468,8 @@ def reference_target(version: str | None = None) -> Target:
              is not None else None)
     ring = ReferenceRing() if _optional("enginewire.reference.ring") is not None else None
     # The engines speak the release's layouts, handshake keys and ready response.
-    release = {} if version in (None, REFERENCE_VLLM_VERSION) else {"version": version}
+    release: dict[str, Any] = ({} if version in (None, REFERENCE_VLLM_VERSION)
+                               else {"version": version})
     engine = ReferenceEngines(**release) if _optional("enginewire.reference.engine") else None
     frontend = None
     if codec is not None and _optional("enginewire.reference.frontend") is not None:
