@@ -23,7 +23,7 @@ from enginewire.spec.classes import (
     UnionSlot,
     build,
 )
-from enginewire.spec.types import parse_type
+from enginewire.spec.types import kind_of, parse_type
 
 # Imported for its effect: the tensor values this implementation builds fill tensor slots.
 from . import tensors as _tensors  # noqa: F401
@@ -62,7 +62,7 @@ class ReleaseStructs:
         out = {k: v for k, v in values.items() if k in names}
         for fld in getattr(self.spec.structs.get(name), "fields", ()):
             expr = parse_type(fld.type)
-            if fld.required and fld.name not in out and (expr.nullable or expr.name == "any"):
+            if fld.required and fld.name not in out and (expr.nullable or kind_of(expr) == "any"):
                 out[fld.name] = None
         return cls(**out)
 
