@@ -456,6 +456,7 @@ def test_ctrl_c_keeps_what_was_measured(monkeypatch: pytest.MonkeyPatch) -> None
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_tiny_run_against_vllm() -> None:
     pytest.importorskip("vllm")

@@ -50,6 +50,7 @@ def _failures(results: list[Any]) -> list[str]:
     return [f"{r.check.id}: {r.message}" for r in results if r.status == FAILED]
 
 
+@pytest.mark.slow
 def test_every_conversation_check_passes_at_0_22_0() -> None:
     """0.22.0: a ready response of four fields, EngineCoreOutput without the later fields."""
     results = _run("0.22.0", CONVERSATIONS)

@@ -298,6 +298,7 @@ def test_changed_type_byte_in_spec_copy_is_reported(installed, tmp_path) -> None
         "request_types.ABORT: byte 0x09 in spec, 01 in vllm"]
 
 
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_cli_diff_against_vllm_exits_0() -> None:
     pytest.importorskip("vllm")

@@ -64,6 +64,7 @@ def _generate(front: SuiteFrontend, identity: bytes, request_id: str, tokens: in
     return [t for output in seen for t in output.get("new_token_ids") or []]
 
 
+@pytest.mark.slow
 def test_engine_checks_pass_and_fail_on_the_live_vllm_engine() -> None:
     """Three engine checks, three real engine processes: a served request, a recorded vLLM
     deviation (the input thread dies on an unknown type byte), and a worker crash that vLLM's
