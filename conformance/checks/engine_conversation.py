@@ -16,6 +16,7 @@ import zmq
 
 from enginewire.conformance.checks._helpers import check_high_water_marks, require_ipv6_loopback
 from enginewire.conformance.framework.context import CheckContext
+from enginewire.conformance.framework.evidence import in_release
 from enginewire.conformance.framework.registry import (
     CheckFailure,
     Reproduction,
@@ -32,7 +33,6 @@ from enginewire.conformance.peers.zmq_peers import (
     decode,
     encode,
     identity_of,
-    in_release,
     require_ready_key,
     require_request_type,
 )

@@ -4,7 +4,6 @@ register (:func:`register_topology_cell`)."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,16 +17,16 @@ from .common import (
     ExchangeFailure,
     Implementation,
     _addresses,
-    _left_files,
-    _remove_files,
     _Script,
     classify,
 )
 from .engine_cells import (
     _neutral,
     _Outputs,
+    _release_session,
     _request,
     _start_session,
+    _stop_session,
 )
 
 # --- data-parallel cells ----------------------------------------------------------------------
@@ -96,21 +95,8 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
                     "with 'generate'", "frames.utility-payload", "engine")
 
     def shutdown() -> None:
-        client, engines = state.pop("client"), state.pop("engines")
-        state["engines"] = []
-        client.stop(timeout)
-        for engine in engines:
-            engine.stop(timeout)
-        running = [f"engine {rank}" for rank, engine in enumerate(engines) if engine.alive()]
-        if client.alive():
-            running.insert(0, "front end")
-        if running:
-            raise ExchangeFailure(f"still running after stop: {', '.join(running)}", None,
-                                  "engine" if running[-1].startswith("engine") else "frontend")
-        left = _left_files([input_address, output_address])
-        if left:
-            raise ExchangeFailure(f"the front end left its ipc socket files {left}",
-                                  "transport.ipc-files-removed", "frontend")
+        _stop_session(state.pop("client"), state.pop("engines"),
+                      [input_address, output_address], timeout)
 
     try:
         script.step("handshake" if handshake else "ready-response", start)
@@ -118,15 +104,7 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
         script.step("utility-each-rank", utility_each_rank)
         script.step("shutdown", shutdown)
     finally:
-        peers = [state.pop("client", None), *state.pop("engines", [])]
-        for peer in peers:
-            if peer is not None:
-                with contextlib.suppress(Exception):
-                    peer.stop(timeout)
-        launcher = state.pop("launcher", None)
-        if launcher is not None:
-            launcher.close()
-        _remove_files([handshake_address, input_address, output_address])
+        _release_session(state, [handshake_address, input_address, output_address], timeout)
     classify(cell)
     return cell
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from .common import (
@@ -191,18 +192,8 @@ def run_engine_cell(frontend_impl: Implementation, engine_impl: Implementation,
                 "frames.utility-payload", "engine")
 
     def shutdown() -> None:
-        client, engine = state.pop("client"), state.pop("engine")
-        client.stop(timeout)
-        engine.stop(timeout)
-        running = [name for name, peer in (("front end", client), ("engine", engine))
-                   if peer.alive()]
-        if running:
-            raise ExchangeFailure(f"still running after stop: {', '.join(running)}", None,
-                                  "engine" if "engine" in running else "frontend")
-        left = _left_files([input_address, output_address])
-        if left:
-            raise ExchangeFailure(f"the front end left its ipc socket files {left}",
-                                  "transport.ipc-files-removed", "frontend")
+        _stop_session(state.pop("client"), [state.pop("engine")],
+                      [input_address, output_address], timeout)
 
     try:
         script.step("handshake" if handshake else "ready-response", start)
@@ -211,14 +202,40 @@ def run_engine_cell(frontend_impl: Implementation, engine_impl: Implementation,
         script.step("utility", utility)
         script.step("shutdown", shutdown)
     finally:
-        for name in ("client", "engine"):
-            peer = state.pop(name, None)
-            if peer is not None:
-                with contextlib.suppress(Exception):
-                    peer.stop(timeout)
-        launcher = state.pop("launcher", None)
-        if launcher is not None:
-            launcher.close()
-        _remove_files([handshake_address, input_address, output_address])
+        _release_session(state, [handshake_address, input_address, output_address], timeout)
     classify(cell)
     return cell
+
+
+def _stop_session(client: Any, engines: Sequence[Any], addresses: Sequence[str],
+                  timeout: float) -> None:
+    """Stop the front end, then each engine; a peer still running afterwards, or an ipc
+    socket file the front end left behind (transport.ipc-files-removed), fails the exchange."""
+    client.stop(timeout)
+    for engine in engines:
+        engine.stop(timeout)
+    names = ["engine"] if len(engines) == 1 else [f"engine {rank}" for rank in range(len(engines))]
+    running = [name for name, engine in zip(names, engines, strict=True) if engine.alive()]
+    if client.alive():
+        running.insert(0, "front end")
+    if running:
+        raise ExchangeFailure(f"still running after stop: {', '.join(running)}", None,
+                              "engine" if running[-1].startswith("engine") else "frontend")
+    left = _left_files(addresses)
+    if left:
+        raise ExchangeFailure(f"the front end left its ipc socket files {left}",
+                              "transport.ipc-files-removed", "frontend")
+
+
+def _release_session(state: dict[str, Any], addresses: Sequence[str], timeout: float) -> None:
+    """Whatever a session's steps left in ``state`` (its front end, engine or engines, the
+    handshake launcher) stopped, whether or not a step failed, and its ipc files removed."""
+    peers = [state.pop("client", None), state.pop("engine", None), *state.pop("engines", [])]
+    for peer in peers:
+        if peer is not None:
+            with contextlib.suppress(Exception):
+                peer.stop(timeout)
+    launcher = state.pop("launcher", None)
+    if launcher is not None:
+        launcher.close()
+    _remove_files(addresses)

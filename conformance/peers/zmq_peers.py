@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from enginewire.conformance.framework.evidence import for_release
+from enginewire.conformance.framework.evidence import in_release
 from enginewire.conformance.framework.registry import NotInRelease
 from enginewire.conformance.oracle.strict import check_wire, handshake_problems
 from enginewire.conformance.oracle.wire import (
@@ -113,19 +113,6 @@ def require_ready_key(spec: Any, key: str) -> None:
     if keys is None or key not in {*keys[0], *keys[1]}:
         raise NotInRelease(f"vLLM {spec.version}'s READY has no {key} key "
                            "(history/constants.toml [[handshake]])")
-
-
-def in_release(value: dict[str, Any], type_text: str, spec: Any) -> dict[str, Any]:
-    """A neutral ``value`` written for the newest layout, as ``spec``'s release lays it out
-    (:func:`~enginewire.conformance.framework.evidence.for_release`); a field that carries a
-    value and that the release lacks raises :class:`NotInRelease`. The reference release's
-    value is returned as it is."""
-    if spec.version == REFERENCE_VLLM_VERSION:
-        return value
-    out, absent = for_release(value, type_text, spec)
-    if absent:
-        raise NotInRelease(f"vLLM {spec.version} has no {', '.join(absent)}")
-    return out
 
 
 def ready_response_payload(spec: Any, value: dict[str, Any]) -> bytes:
