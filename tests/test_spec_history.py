@@ -460,6 +460,126 @@ def test_consistency_fails_when_derived_handshake_keys_leave_the_spec(tmp_path: 
     assert any("READY optional keys" in p and "zz_new" in p for p in found), found
 
 
+# --- transport: sockets, binds, identity, readiness ------------------------------------------
+
+_OLD_UTILS = '''
+def make_zmq_socket(ctx, path, type):
+    socket = ctx.socket(type)
+    if type == zmq.constants.PULL:
+        socket.connect(path)
+    elif type == zmq.constants.PUSH:
+        socket.bind(path)
+    return socket
+'''
+_NEW_UTILS = '''
+def make_zmq_socket(ctx, path, socket_type, bind=None, identity=None):
+    socket = ctx.socket(socket_type)
+    if bind is None:
+        bind = socket_type not in (zmq.PUSH, zmq.SUB)
+    if bind:
+        socket.bind(path)
+    else:
+        socket.connect(path)
+    return socket
+'''
+_OLD_CORE = '''
+def run(ready_pipe, input_path, output_path, coord_input_path):
+    ready_pipe.send({"status": "READY"})
+    with zmq_socket_ctx(input_path, zmq.constants.PULL) as socket:
+        pass
+    with zmq_socket_ctx(output_path, zmq.constants.PUSH) as socket:
+        pass
+    make_zmq_socket(ctx, coord_input_path, zmq.XSUB)
+'''
+_OLD_CLIENT = '''
+def client(ctx, input_path, output_path):
+    out_socket = make_zmq_socket(ctx, output_path, zmq.constants.PULL)
+    input_socket = make_zmq_socket(ctx, input_path, zmq.constants.PUSH)
+'''
+_NEW_CORE = '''
+def run(ctx, identity, input_addresses, output_path):
+    inputs = [make_zmq_socket(ctx, input_address, zmq.DEALER, identity=identity, bind=False)
+              for input_address in input_addresses]
+    socket = inputs[0]
+    socket.send(b'READY')
+    make_zmq_socket(ctx, output_path, zmq.PUSH)
+'''
+_NEW_CLIENT = '''
+def client(ctx, input_address, output_address):
+    make_zmq_socket(ctx, input_address, zmq.ROUTER, bind=True)
+    make_zmq_socket(ctx, output_address, zmq.PULL)
+'''
+
+
+def _transport_wheel(path: Path, utils: str, core: str, client: str) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("vllm/utils.py", utils)
+        archive.writestr("vllm/v1/engine/core.py", core)
+        archive.writestr("vllm/v1/engine/core_client.py", client)
+    return path
+
+
+def test_transport_facts_read_sockets_binds_identity_and_readiness(tmp_path: Path) -> None:
+    """Socket types from the calls, binds from the call or make_zmq_socket's rule (the if/elif
+    chain of old releases, the ``bind = ... not in (...)`` default of newer ones), the
+    identity keyword, a loop for per-client sockets, readiness from pipe or input literal."""
+    from enginewire.spec.history.protocol_facts import ready_response
+    from enginewire.spec.history.transport_facts import transport
+
+    old = _transport_wheel(tmp_path / "old.whl", _OLD_UTILS, _OLD_CORE, _OLD_CLIENT)
+    with WheelSource(old) as source:
+        assert transport(source, False, ready_response(source)) == {
+            "input": {"frontend": "PUSH", "engine": "PULL", "binds": "frontend",
+                      "identity": False},
+            "output": {"frontend": "PULL", "engine": "PUSH", "binds": "engine"},
+            "clients": "one", "readiness": "pipe"}
+    new = _transport_wheel(tmp_path / "new.whl", _NEW_UTILS, _NEW_CORE, _NEW_CLIENT)
+    with WheelSource(new) as source:
+        assert ready_response(source) == "READY"
+        assert transport(source, False, "READY") == {
+            "input": {"frontend": "ROUTER", "engine": "DEALER", "binds": "frontend",
+                      "identity": True},
+            "output": {"frontend": "PULL", "engine": "PUSH", "binds": "frontend"},
+            "clients": "per-client", "readiness": "input-literal"}
+        assert transport(source, True, "empty")["readiness"] == "handshake"
+        assert transport(source, True, "handshake")["readiness"] == "handshake-on-input"
+    # The other rule for the same calls: every end binds or connects by it.
+    flipped = _transport_wheel(tmp_path / "flipped.whl",
+                               _OLD_UTILS.replace("connect(path)", "TMP").replace(
+                                   "bind(path)", "connect(path)").replace("TMP", "bind(path)"),
+                               _OLD_CORE, _OLD_CLIENT)
+    with WheelSource(flipped) as source:
+        found = transport(source, False, "none")
+        assert found["input"]["binds"] == "engine" and found["output"]["binds"] == "frontend"
+
+
+def test_committed_transport_history_says_what_the_wheels_had() -> None:
+    from enginewire.spec.history.release_facts import transport_at
+
+    old, mid, dealer, newest = (transport_at(v) for v in ("0.8.2", "0.8.3", "0.8.5", "0.33.0"))
+    assert old is not None and mid is not None and dealer is not None and newest is not None
+    assert (old.input.frontend, old.input.engine, old.input.binds) == ("PUSH", "PULL",
+                                                                      "frontend")
+    assert old.output.binds == "engine" and mid.output.binds == "frontend"
+    assert mid.input.binds == "engine" and not mid.identity and mid.readiness == "pipe"
+    assert dealer.identity and dealer.readiness == "input-literal" and not dealer.handshake
+    assert newest.handshake and newest.clients == "per-client"
+
+
+def test_consistency_fails_when_the_transport_row_leaves_the_spec(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "history" / "constants.toml"
+    text = path.read_text()
+    head, tail = text.split("[[transport]]", 1)
+    path.write_text(head + "[[transport]]" + tail.replace('"binds" = "frontend", "identity" = '
+                                                          'true', '"binds" = "engine", '
+                                                          '"identity" = false', 1))
+    found = consistency.problems(data)
+    assert any("[[transport]] at 0.33.0" in p and "bound by engine" in p for p in found), found
+    assert any("input identity False" in p for p in found), found
+
+
 @pytest.mark.slow
 def test_real_wheels_confirm_the_silent_break_of_0_9_1() -> None:
     """0.9.0's and 0.9.1's own classes (each in its own subprocess, the extra dependencies

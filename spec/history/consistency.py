@@ -8,6 +8,10 @@
 - entries of one name never overlap (the loader refuses that too);
 - in ``history/constants.toml`` each table's ranges cover every release once, and the
   handshake keys derived for the newest release are the ones ``handshake.toml`` specifies;
+- the ``[[transport]]`` row of the newest release agrees with the transport, handshake and
+  frames surfaces: each end's socket type and bind of the input and output channels, the
+  engine identity on the input channel, a handshake channel with HELLO and READY, the ready
+  response as the first input message, one socket pair per client;
 - every default fits its field's type with the structs of each release it holds for;
 - ``history/changes.toml`` lists exactly the struct changes the struct files show between
   consecutive releases (so an array struct that changes other than by appending defaulted
@@ -40,6 +44,7 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
         found.extend(_check_ranges(f"structs/{path.name}", raw, listed))
     found.extend(_check_constants(data_dir, releases))
     found.extend(_check_handshake(data_dir, releases))
+    found.extend(_check_transport(data_dir, releases))
     specs = {}
     for version in releases:
         try:
@@ -149,6 +154,57 @@ def _check_handshake(data_dir: Path, releases: list[str]) -> list[str]:
                 out.append(f"history/constants.toml: {message.name} {kind} keys at {newest} "
                            f"are {sorted(keys.get(kind, []))}, handshake.toml says "
                            f"{wanted[kind]}")
+    return out
+
+
+def _check_transport(data_dir: Path, releases: list[str]) -> list[str]:
+    """The derived ``[[transport]]`` row of the newest release says what the transport,
+    handshake and frames surfaces specify (module docstring)."""
+    from .compat import constants_at
+
+    newest = releases[-1]
+    row = constants_at(newest, "transport", data_dir)
+    if not row:
+        return [f"history/constants.toml: no [[transport]] row covers {newest}"]
+    spec = load(newest, data_dir)
+    where = f"history/constants.toml [[transport]] at {newest}"
+    out = []
+    channels = {c.name: c for c in spec.surface("transport").channels}
+    for name in ("input", "output"):
+        derived = row.get(name, {})
+        channel = channels.get(name)
+        if channel is None:
+            out.append(f"transport.toml has no {name} channel")
+            continue
+        ends = {end.role: end for end in channel.ends}
+        for role in ("frontend", "engine"):
+            end = ends[role]
+            if derived.get(role) != end.socket:
+                out.append(f"{where}: the {role}'s {name} socket is {derived.get(role)}, "
+                           f"transport.toml says {end.socket}")
+            if (derived.get("binds") == role) != end.binds:
+                out.append(f"{where}: the {name} channel is bound by {derived.get('binds')}, "
+                           f"transport.toml says the {role} end binds={end.binds}")
+        if name == "input" and bool(derived.get("identity")) != (
+                ends["engine"].identity is not None):
+            out.append(f"{where}: input identity {derived.get('identity')}, transport.toml's "
+                       f"engine input end has identity {ends['engine'].identity!r}")
+    handshake = spec.surface("handshake")
+    on_handshake = {m.name for m in handshake.messages if m.channel == "handshake"}
+    spec_readiness = ("handshake" if "handshake" in channels and {"HELLO", "READY"} <= on_handshake
+                      else "none")
+    if row.get("readiness") != spec_readiness:
+        out.append(f"{where}: readiness {row.get('readiness')}, the surfaces give "
+                   f"{spec_readiness} (a handshake channel with HELLO and READY)")
+    first = [m.kind for m in spec.surface("frames").messages if m.channel == "input"
+             and m.kind == "ready_response"]
+    if row.get("readiness") == "handshake" and not first:
+        out.append(f"{where}: frames.toml has no ready_response message on the input channel")
+    clause = any(c.id == "transport.one-socket-pair-per-client"
+                 for c in spec.surface("transport").clauses)
+    if (row.get("clients") == "per-client") != clause:
+        out.append(f"{where}: clients {row.get('clients')}, transport.toml "
+                   f"{'has' if clause else 'lacks'} transport.one-socket-pair-per-client")
     return out
 
 

@@ -16,8 +16,9 @@ Contract of :func:`derive`:
 - a ``versions`` key is written where an entry's range differs from its struct's;
 - annotations outside the type grammar become ``any`` with the raw annotation in the
   description and in ``history/structs.toml``;
-- the request-type table, extension codes, zero-copy threshold and ring constants per range go
-  to ``history/constants.toml``; the releases to ``history/releases.toml``.
+- the request-type table, extension codes, zero-copy threshold, ring constants, handshake keys,
+  ready response and the input/output transport per range go to ``history/constants.toml``;
+  the releases to ``history/releases.toml``.
 
 The same wheels always give byte-identical files (the reproducibility test relies on it).
 """
@@ -36,6 +37,7 @@ from typing import Any
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
 from .protocol_facts import chunk_framing, handshake_keys, ready_response
+from .transport_facts import transport
 from .wheels import write_releases
 
 #: Where vLLM keeps the non-struct facts (module, name).
@@ -63,6 +65,9 @@ class ReleaseFacts:
     handshake: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     ready_response: str = "none"
     chunk_framing: dict[str, int | str] = field(default_factory=dict)
+    #: The input/output channels' sockets, binds, identity and readiness
+    #: (:mod:`.transport_facts`).
+    transport: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,6 +128,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.handshake = handshake_keys(source)
         facts.ready_response = ready_response(source)
         facts.chunk_framing = chunk_framing(source)
+        facts.transport = transport(source, bool(facts.handshake), facts.ready_response)
     return facts
 
 
@@ -559,6 +565,13 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
          "handshake: the msgpack READY handshake map, sent on the input socket; none: no such "
          "message)",
          lambda r: {"payload": r.ready_response}),
+        ("transport", "the input and output channels: each end's socket type, which end binds, "
+         "whether the engine's input socket carries its identity; clients: one input/output "
+         "pair per engine or one per front-end client; readiness: how the engine says it is "
+         "ready (handshake: the READY map on the handshake socket; handshake-on-input: the "
+         "handshake runs on the input socket; input-literal: the bytes b\"READY\" on the input "
+         "socket; pipe: a map sent to the parent process over a pipe, no wire form)",
+         lambda r: dict(r.transport)),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")
@@ -595,7 +608,7 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
     (data_dir / "history" / "structs.toml").write_text("\n".join(lines).rstrip("\n") + "\n")
 
 
-_EXTRACTOR_FILES = ("extract.py", "derive.py", "protocol_facts.py")
+_EXTRACTOR_FILES = ("extract.py", "derive.py", "protocol_facts.py", "transport_facts.py")
 
 
 def _cached_extract(version: str, wheel: Path, structs: dict[str, SpecStruct],

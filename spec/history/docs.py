@@ -11,6 +11,7 @@ with its release pair, kinds and evidence; then the changes both sides decode th
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ..loader import DATA_DIR, load
 from ..schema import StructSpec
@@ -77,7 +78,7 @@ def _history(mark: str, releases: list[str]) -> str:
 def _constants() -> list[str]:
     """The tables of ``history/constants.toml``: each with its comment and one row per range
     (request types, extension codes, threshold, ring constants, chunk framing, handshake
-    keys, ready response)."""
+    keys, ready response, transport)."""
     import tomllib
 
     path = DATA_DIR / "history" / "constants.toml"
@@ -96,12 +97,38 @@ def _constants() -> list[str]:
              "From `spec/data/history/constants.toml` (derived from the wheels like the "
              "structs; newest range first).", ""]
     for table, rows in raw.items():
+        if table == "transport":
+            lines += _transport(rows, comments.get(table, ""))
+            continue
         lines += [f"### {table}", "", _pipe(comments.get(table, "")), "",
                   "| releases | values |", "| --- | --- |"]
         for row in rows:
             value = json.dumps(row["values"], sort_keys=False) if row["values"] else "(none)"
             lines.append(f"| {row['versions']} | `{_pipe(value)}` |")
         lines.append("")
+    return lines
+
+
+def _transport(rows: list[dict[str, Any]], comment: str) -> list[str]:
+    """The ``[[transport]]`` table: one row per range, a column per fact."""
+    def channel(value: dict[str, Any]) -> str:
+        if not value:
+            return "(not found)"
+        front, engine = value.get("frontend"), value.get("engine")
+        bound = {"frontend": f"{front} binds, {engine} connects",
+                 "engine": f"{engine} binds, {front} connects"}
+        return f"front end {front} / engine {engine} ({bound.get(value.get('binds'), '?')})"
+
+    lines = ["### transport", "", _pipe(comment), "",
+             "| releases | input | engine identity on input | output | socket pairs | "
+             "readiness |", "| --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        values = row["values"]
+        identity = "yes" if values.get("input", {}).get("identity") else "no"
+        lines.append(f"| {row['versions']} | {channel(values.get('input', {}))} | {identity} | "
+                     f"{channel(values.get('output', {}))} | {values.get('clients', '')} | "
+                     f"`{values.get('readiness', '')}` |")
+    lines.append("")
     return lines
 
 

@@ -10,6 +10,10 @@ handshake keys and the form of the ready response live in ``history/constants.to
 - :func:`ready_response_at`: the engine's first message on each input DEALER: ``struct`` (a
   msgpack ``EngineCoreReadyResponse``), ``empty`` (an empty frame), ``READY`` (the literal
   bytes) or ``none``;
+- :func:`transport_at`: the input and output channels of the release (:class:`Transport`:
+  each end's socket type, which end binds, whether the input carries the engine's identity,
+  one socket pair per engine or per client, how the engine says it is ready), or None where
+  the history has no row for it;
 - :func:`conversation_gap`: why the reference peers and the suite's peers cannot hold a
   start-up conversation in a release's terms (None when they can): the release has no
   HELLO/READY handshake, a HELLO or READY without one of status, local and headless, no
@@ -17,12 +21,13 @@ handshake keys and the form of the ready response live in ``history/constants.to
   ready response that is neither a struct nor an empty frame.
 
 At the reference release (:data:`~enginewire.spec.loader.REFERENCE_VLLM_VERSION`) the
-handshake surface (``spec/data/handshake.toml``) is authoritative; the history's newest row
-agrees with it (:mod:`.consistency`).
+handshake and transport surfaces (``spec/data/handshake.toml``, ``transport.toml``) are
+authoritative; the history's newest rows agree with them (:mod:`.consistency`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .compat import constants_at
@@ -49,6 +54,62 @@ def request_types_at(version: str) -> dict[str, int]:
 def ready_response_at(version: str) -> str:
     """``struct``, ``empty``, ``READY`` or ``none`` (see the module docstring)."""
     return str(constants_at(version, "ready_response").get("payload", "none"))
+
+
+#: Readiness forms of ``[[transport]]`` (see :mod:`.transport_facts`).
+HANDSHAKE_READINESS = ("handshake", "handshake-on-input")
+
+
+@dataclass(frozen=True)
+class ChannelEnds:
+    """One channel's two ends: the socket type of each and which one binds."""
+
+    frontend: str
+    engine: str
+    #: ``frontend`` or ``engine``.
+    binds: str
+
+    def socket(self, role: str) -> str:
+        """The socket type of ``role``'s end (``frontend`` or ``engine``)."""
+        return self.frontend if role == "frontend" else self.engine
+
+    def role_binds(self, role: str) -> bool:
+        return self.binds == role
+
+
+@dataclass(frozen=True)
+class Transport:
+    """A release's input and output channels (history/constants.toml ``[[transport]]``)."""
+
+    version: str
+    input: ChannelEnds
+    output: ChannelEnds
+    #: Whether the engine's input socket carries its 2-byte identity (a ROUTER routes by it).
+    identity: bool
+    #: ``per-client`` (an input/output pair per front-end client) or ``one``.
+    clients: str
+    #: ``handshake``, ``handshake-on-input``, ``input-literal``, ``pipe`` or ``none``.
+    readiness: str
+
+    @property
+    def handshake(self) -> bool:
+        """Whether the release runs the HELLO/READY handshake."""
+        return self.readiness in HANDSHAKE_READINESS
+
+    def channel(self, name: str) -> ChannelEnds:
+        return self.input if name == "input" else self.output
+
+
+def transport_at(version: str) -> Transport | None:
+    """The release's :class:`Transport`, or None where the history has no row for it."""
+    row = constants_at(version, "transport")
+    if not row.get("input") or not row.get("output"):
+        return None
+    ends = {name: ChannelEnds(str(row[name]["frontend"]), str(row[name]["engine"]),
+                              str(row[name]["binds"])) for name in ("input", "output")}
+    return Transport(version, ends["input"], ends["output"],
+                     bool(row["input"].get("identity")), str(row.get("clients", "one")),
+                     str(row.get("readiness", "none")))
 
 
 def conversation_gap(spec: Any) -> str | None:
