@@ -15,8 +15,10 @@ processes), then runs one action and prints JSON lines on stdout:
 - ``ready``: one line per engine with its ready response.
 
 ``--version X`` (both commands): the peer speaks vLLM release X (its struct layouts, handshake
-keys and ready response, from the spec's history); ``frontend --spawn --version X`` starts
-engines of release X.
+keys and ready response, its input and output sockets, from the spec's history); ``frontend
+--spawn --version X`` starts engines of release X. A release without the HELLO/READY handshake
+(before 0.9.0) has no handshake address: ``serve-engine --version X`` takes ``--input`` and
+``--output``, and ``frontend --version X`` prints the input and output addresses it opened.
 """
 
 from __future__ import annotations
@@ -220,12 +222,20 @@ def cmd_frontend(args: argparse.Namespace) -> int:
         return 1
     with opened as frontend:
         try:
-            print(f"handshake address: {frontend.handshake_address}", file=sys.stderr)
+            direct: dict[str, Any] = {}
+            if frontend.handshake_address is None:
+                # A release without the handshake: engines get the input/output addresses.
+                print(f"input address: {frontend.input_address}, output address: "
+                      f"{frontend.output_address}", file=sys.stderr)
+                direct = {"input_addresses": [frontend.input_address],
+                          "output_addresses": [frontend.output_address]}
+            else:
+                print(f"handshake address: {frontend.handshake_address}", file=sys.stderr)
             if args.spawn:
                 for rank in range(args.engines):
                     engines.append(spawn_engine(EngineOptions(
                         handshake_address=frontend.handshake_address, rank=rank,
-                        dp_size=args.engines, version=args.version,
+                        dp_size=args.engines, version=args.version, **direct,
                     ), stderr=subprocess.DEVNULL))
             frontend.wait_ready(args.timeout)
             return _run_action(frontend, args)

@@ -345,6 +345,13 @@ class FrontendConnection:
         self.session.receive_ready_response(rank, response)
         return [ReadyResponse(rank, response)]
 
+    def ready_without_message(self, rank: int) -> list[Event]:
+        """Engine ``rank`` of a release that signals readiness over a process pipe (no wire
+        form: history/constants.toml [[transport]] ``pipe``) counts as ready once its input
+        socket is connected; the front end says when."""
+        self.session.receive_ready_response(rank, None)
+        return [ReadyResponse(rank, None)]
+
     def _receive_output(self, frames: Sequence[Frame]) -> list[Event]:
         message = self.codec.decode_message("output", frames, sender="engine")
         if message.kind == "engine_core_dead":

@@ -60,6 +60,7 @@ from enginewire.spec.history.release_facts import (
     BASE_KEYS,
     handshake_keys_at,
     ready_response_at,
+    transport_at,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
@@ -297,7 +298,16 @@ class ReferenceEngine:
         )
         self.structs = structs.ReleaseStructs(codec)
         self._ready_form = "struct" if release is None else ready_response_at(release)
-        if self._ready_form not in ("struct", "empty"):
+        #: The release's input/output sockets (None: the transport surface's).
+        self._transport = transport_at(release) if release is not None else None
+        direct = self._transport is not None and not self._transport.handshake
+        if direct and handshake:
+            raise ValueError(f"vLLM {release} has no HELLO/READY handshake: give the engine "
+                             "its input and output addresses")
+        # Forms of the ready signal it speaks: a struct or an empty frame after the handshake;
+        # without one, b"READY" on each input (0.8.4, 0.8.5) or none on the wire (a pipe).
+        forms = ("struct", "empty", "READY", "none") if direct else ("struct", "empty")
+        if self._ready_form not in forms:
             raise NotImplementedError(
                 f"vLLM {release}'s engine sends no ready response frame "
                 f"({self._ready_form}): the reference engine speaks the handshake of "
@@ -426,14 +436,19 @@ class ReferenceEngine:
             handshake.close()
 
     def _connect(self, addresses: Any) -> None:
+        """Open the input and output sockets the release has (their types, binds and the
+        identity on input: history/constants.toml [[transport]] for an older release)."""
         assert self._ctx is not None
+        routed = self._transport is None or self._transport.identity
         for address in get_field(addresses, "inputs"):
             self._inputs.append(
                 open_socket(self._ctx, "input", "engine", address,
-                            identity=self.connection.identity)
+                            identity=self.connection.identity if routed else None,
+                            version=self.release)
             )
         for address in get_field(addresses, "outputs"):
-            self._outputs.append(open_socket(self._ctx, "output", "engine", address))
+            self._outputs.append(open_socket(self._ctx, "output", "engine", address,
+                                             version=self.release))
 
     def _release_has_ready_key(self, key: str) -> bool:
         if self.release is None:
@@ -451,8 +466,8 @@ class ReferenceEngine:
 
     def _ready_response(self) -> Any:
         """The ready response: the release's EngineCoreReadyResponse, or None (an empty
-        frame) for a release whose engine sends one."""
-        if self._ready_form == "empty":
+        frame, or the literal b"READY" of 0.8.4 and 0.8.5: the codec writes the release's)."""
+        if self._ready_form in ("empty", "READY", "none"):
             return None
         opts = self.options
         return self.structs.make("EngineCoreReadyResponse",
@@ -477,6 +492,10 @@ class ReferenceEngine:
 
     def _send_ready_responses(self) -> None:
         frames = self.connection.send("ready_response", self._ready_response())
+        if self._ready_form == "none":
+            # The release signals readiness to its parent over a pipe: nothing on the wire
+            # (the session still records that the engine is ready).
+            return
         for sock in self._inputs:
             sock.socket.send_multipart(frames)
 

@@ -5,6 +5,13 @@ It binds what vLLM's front end binds (the handshake ROUTER, the input ROUTER, th
 runs the handshake with ``engine_count`` engines (ranks 0..N-1), waits for one ready response
 per engine identity, and then sends requests and utility calls and reads outputs.
 
+Built for a release without the HELLO/READY handshake (before 0.9.0: history/constants.toml
+``[[transport]]``) it opens that release's input and output sockets (before 0.8.4 a PUSH input
+without identity frames, before 0.8.3 an output PULL that connects to the engine's bound PUSH)
+and the engines are given the addresses directly; an engine counts as ready once its input
+is connected (before 0.8.4: the release signals readiness over a process pipe) or once its
+``b"READY"`` came (0.8.4, 0.8.5).
+
 It is single-threaded and has no background reader: outputs and utility replies are read while
 :meth:`ReferenceFrontend.get_output`, :meth:`ReferenceFrontend.call_utility` or
 :meth:`ReferenceFrontend.pump` run. Request outputs read while waiting for a utility reply are
@@ -26,6 +33,7 @@ from typing import Any
 
 import zmq
 
+from enginewire.spec.history.release_facts import transport_at
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 from . import structs
@@ -88,6 +96,16 @@ class ReferenceFrontend:
             version = None
         #: The vLLM release whose layouts it speaks (None: the spec's reference release).
         self.version = version
+        release = transport_at(version) if version is not None else None
+        if release is not None and not release.handshake:
+            handshake = False  # the release has none: the engines get the addresses directly
+        #: Whether input messages carry the engine identity first (a ROUTER input).
+        self._routed = release is None or release.identity
+        #: Engines count as ready once connected (the release's ready signal has no wire form).
+        self._ready_on_connect = release is not None and release.readiness == "pipe"
+        if not self._routed and engine_count != 1:
+            raise ValueError(f"vLLM {version}'s input channel carries no engine identity: "
+                             "one engine per front end")
         self.connection = FrontendConnection(
             range(engine_count), local=local, remote_headless=remote_headless,
             handshake=handshake,
@@ -114,7 +132,7 @@ class ReferenceFrontend:
         self._round_robin = itertools.cycle(range(engine_count))
 
     def _open(self, channel: str, address: str) -> ChannelSocket:
-        sock = open_socket(self._ctx, channel, "frontend", address)
+        sock = open_socket(self._ctx, channel, "frontend", address, version=self.version)
         self._sockets.append(sock)
         return sock
 
@@ -149,6 +167,26 @@ class ReferenceFrontend:
         A protocol violation during start-up raises (as vLLM's front end fails start-up).
         """
         deadline = time.monotonic() + timeout
+        if self.session.awaiting_handshake():
+            self._run_handshake(deadline)
+        if self._ready_on_connect:
+            # Ready once the input can take a message: a connected peer (or, where this end
+            # connects, a queue that delivers once the engine binds).
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._input.socket.poll(int(remaining * 1000), zmq.POLLOUT):
+                raise ProtocolTimeout(
+                    "handshake.frontend.bounded-handshake",
+                    "timed out waiting for the engine to connect its input",
+                    expected="a connected engine", got=self.session.states(),
+                )
+            for rank in self.session.awaiting_ready_response():
+                self.connection.ready_without_message(rank)
+        while self.session.awaiting_ready_response():
+            frames = self._recv(self._input, deadline, "a ready response from every engine")
+            self.connection.receive("input", frames)
+
+    def _run_handshake(self, deadline: float) -> None:
+        """HELLO, init and READY with every engine."""
         make = self.structs.make
         metadata = make(
             "EngineHandshakeMetadata",
@@ -165,9 +203,6 @@ class ReferenceFrontend:
                     self._handshake.socket.send_multipart(
                         self.connection.send("init", metadata, rank=event.rank)
                     )
-        while self.session.awaiting_ready_response():
-            frames = self._recv(self._input, deadline, "a ready response from every engine")
-            self.connection.receive("input", frames)
 
     def _recv(self, sock: ChannelSocket, deadline: float, what: str) -> list[bytes]:
         remaining = deadline - time.monotonic()
@@ -185,13 +220,15 @@ class ReferenceFrontend:
     # --- requests ------------------------------------------------------------------------
 
     def _send(self, rank: int, kind: str, value: Any) -> None:
-        send_frames(self._input.socket, self.connection.send(kind, value, rank=rank), copy=False)
+        frames = self.connection.send(kind, value, rank=rank)
+        send_frames(self._input.socket, frames if self._routed else frames[1:], copy=False)
 
     def send_raw(self, engine_index: int, frames: Sequence[Any]) -> None:
         """Send ``frames`` as they are to engine ``engine_index``'s identity on the input
-        channel, bypassing the codec and the session (for robustness tests and fuzzing)."""
-        send_frames(self._input.socket, [self.connection.identity(engine_index), *frames],
-                    copy=False)
+        channel (no identity where the release's input has none), bypassing the codec and the
+        session (for robustness tests and fuzzing)."""
+        routing = [self.connection.identity(engine_index)] if self._routed else []
+        send_frames(self._input.socket, [*routing, *frames], copy=False)
 
     def add_request(self, request: Any, engine_index: int | None = None) -> int:
         """Send an ADD (an EngineCoreRequest); returns the engine it went to.
@@ -203,7 +240,8 @@ class ReferenceFrontend:
             engine_index = get_field(request, "data_parallel_rank")
         if engine_index is None:
             engine_index = next(self._round_robin)
-        request.client_index = self.client_index
+        if hasattr(request, "client_index"):  # releases before 0.8.3 have no client_index
+            request.client_index = self.client_index
         self._send(engine_index, "add", request)
         return engine_index
 

@@ -2,7 +2,11 @@
 
 :func:`open_socket` reads the channel's table in ``spec/data/transport.toml`` (socket type,
 whether this end binds, the integer socket options such as SNDHWM/RCVHWM 0 and LINGER) so the
-reference peers never restate them. A tcp:// address with port 0 is resolved after binding;
+reference peers never restate them. For another vLLM release (``version``) the input and
+output channels' socket types and binds are the release's (history/constants.toml
+``[[transport]]``: before 0.8.4 the input is PUSH -> PULL, and before 0.8.3 the engine binds
+its output PUSH); the options are the spec's for the end, those the socket type has (SNDHWM on
+a sending socket, RCVHWM on a receiving one). A tcp:// address with port 0 is resolved after binding;
 :attr:`ChannelSocket.address` is always the address a peer can connect to. ipc:// socket files
 are removed by whoever bound them, when the socket closes (transport.ipc-files-removed).
 
@@ -28,21 +32,50 @@ import zmq
 from zmq.backend import Socket as _CompiledSocket
 from zmq.backend import zmq_poll as _zmq_poll
 
+import msgspec
+
 from enginewire.spec import load
+from enginewire.spec.history.release_facts import transport_at
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 from enginewire.spec.schema import SocketEnd
 
 from .addresses import bind_ipc, remove_ipc_file
 
 
-def channel_end(channel: str, role: str) -> SocketEnd:
-    """The transport surface's description of ``role``'s end of ``channel``."""
+#: Socket options by the socket types that have them (make_zmq_socket sets them so).
+_SENDING = frozenset({"PUSH", "DEALER", "ROUTER"})
+_RECEIVING = frozenset({"PULL", "DEALER", "ROUTER"})
+
+
+def channel_end(channel: str, role: str, version: str | None = None) -> SocketEnd:
+    """The transport surface's description of ``role``'s end of ``channel``; with an older
+    ``version``, the input and output channels as that release had them."""
     for found in load().surface("transport").channels:
         if found.name == channel:
             for end in found.ends:
                 if end.role == role:
-                    return end
+                    return _in_release(end, channel, version)
             raise KeyError(f"channel {channel!r} has no {role!r} end")
     raise KeyError(f"the transport surface has no channel {channel!r}")
+
+
+def _in_release(end: SocketEnd, channel: str, version: str | None) -> SocketEnd:
+    if version in (None, REFERENCE_VLLM_VERSION) or channel not in ("input", "output"):
+        return end
+    release = transport_at(version)  # type: ignore[arg-type]
+    if release is None:
+        return end
+    ends = release.channel(channel)
+    socket = ends.socket(end.role)
+    options = {name: value for name, value in end.options.items()
+               if (name != "SNDHWM" or socket in _SENDING)
+               and (name != "RCVHWM" or socket in _RECEIVING)
+               and (not name.startswith("ROUTER_") or socket == "ROUTER")}
+    options.update({name: 0 for name, types in (("SNDHWM", _SENDING), ("RCVHWM", _RECEIVING))
+                    if socket in types and name not in options})
+    identity = end.identity if channel == "input" and release.identity else None
+    return msgspec.structs.replace(end, socket=socket, binds=ends.role_binds(end.role),
+                                   options=options, identity=identity)
 
 
 def _is_ipv6_tcp(address: str) -> bool:
@@ -81,9 +114,11 @@ def open_socket(
     address: str,
     *,
     identity: bytes | None = None,
+    version: str | None = None,
 ) -> ChannelSocket:
-    """Open ``role``'s socket of ``channel`` with the spec's type, options and bind rule."""
-    end = channel_end(channel, role)
+    """Open ``role``'s socket of ``channel`` with the spec's type, options and bind rule (of
+    release ``version``'s input and output channels: :func:`channel_end`)."""
+    end = channel_end(channel, role, version)
     sock = ctx.socket(getattr(zmq, end.socket))
     try:
         for name, value in end.options.items():

@@ -16,9 +16,15 @@ handshake keys and the form of the ready response live in ``history/constants.to
   the history has no row for it;
 - :func:`conversation_gap`: why the reference peers and the suite's peers cannot hold a
   start-up conversation in a release's terms (None when they can): the release has no
-  HELLO/READY handshake, a HELLO or READY without one of status, local and headless, no
+  HELLO/READY handshake and signals readiness in no form the peers speak with addresses given
+  directly (a process pipe and ``b"READY"`` on input they do), a HELLO or READY without one of
+  status, local and headless, no
   ``EngineHandshakeMetadata`` for its init message in the spec, or a
-  ready response that is neither a struct nor an empty frame.
+  ready response that is neither a struct nor an empty frame;
+- :func:`handshake_gap`, :func:`wire_ready_gap`, :func:`identity_gap`, :func:`clients_gap`:
+  why a check of the handshake, of the ready message on the wire, of the engine identity on
+  the input channel or of several clients per engine does not apply at a release (None: it
+  does), from its ``[[transport]]`` row.
 
 At the reference release (:data:`~enginewire.spec.loader.REFERENCE_VLLM_VERSION`) the
 handshake and transport surfaces (``spec/data/handshake.toml``, ``transport.toml``) are
@@ -117,8 +123,7 @@ def conversation_gap(spec: Any) -> str | None:
     None. ``spec``: a loaded spec (``load(version)``)."""
     version = spec.version
     if handshake_keys_at(version, "HELLO") is None:
-        return (f"vLLM {version} has no HELLO/READY handshake (history/constants.toml "
-                "[[handshake]] is empty for it)")
+        return _direct_gap(version)
     for status in ("HELLO", "READY"):
         keys = handshake_keys_at(version, status) or ([], [])
         lacking = [k for k in BASE_KEYS if k not in keys[0]]
@@ -133,4 +138,67 @@ def conversation_gap(spec: Any) -> str | None:
     if form not in ("struct", "empty"):
         return (f"vLLM {version}'s engine sends no ready response frame on its input DEALER "
                 f"(history/constants.toml [[ready_response]]: {form})")
+    return None
+
+
+#: Readiness forms of a release without the handshake that the peers speak: given the input
+#: and output addresses directly, an engine is ready once connected (``pipe``: the signal has
+#: no wire form) or once its ``b"READY"`` came (``input-literal``).
+DIRECT_READINESS = ("pipe", "input-literal")
+
+
+def _direct_gap(version: str) -> str | None:
+    """Why a release without the HELLO/READY handshake cannot be spoken with addresses given
+    directly (None: it can)."""
+    transport = transport_at(version)
+    if transport is None or transport.readiness not in DIRECT_READINESS:
+        form = transport.readiness if transport is not None else "no row"
+        return (f"vLLM {version} has no HELLO/READY handshake, and its engine signals "
+                f"readiness in no form the peers speak (history/constants.toml [[transport]]: "
+                f"{form})")
+    return None
+
+
+def handshake_gap(version: str) -> str | None:
+    """Why a check of the HELLO/READY handshake does not apply at ``version`` (None: it
+    does)."""
+    transport = transport_at(version)
+    if transport is not None and not transport.handshake:
+        how = {"pipe": "its engine signals readiness over a process pipe",
+               "input-literal": 'its engine sends b"READY" on the input socket'}
+        said = how.get(transport.readiness, transport.readiness)
+        return (f"vLLM {version} has no HELLO/READY handshake ({said}; the front end gives "
+                "it its addresses directly: history/constants.toml [[transport]])")
+    return None
+
+
+def wire_ready_gap(version: str) -> str | None:
+    """Why a check of the engine's ready message on the input channel does not apply at
+    ``version`` (None: the engine sends one)."""
+    transport = transport_at(version)
+    if transport is not None and transport.readiness == "pipe":
+        return (f"vLLM {version}'s engine sends no ready message on the wire: it signals "
+                "readiness to its parent process over a pipe (history/constants.toml "
+                "[[transport]])")
+    return None
+
+
+def identity_gap(version: str) -> str | None:
+    """Why a check of the engine identity on the input channel does not apply at
+    ``version`` (None: the input carries it)."""
+    transport = transport_at(version)
+    if transport is not None and not transport.identity:
+        return (f"vLLM {version}'s input channel carries no engine identity (front end "
+                f"{transport.input.frontend}, engine {transport.input.engine}: "
+                "history/constants.toml [[transport]])")
+    return None
+
+
+def clients_gap(version: str) -> str | None:
+    """Why a check of several front-end clients per engine does not apply at ``version``
+    (None: the engine opens an input/output pair per client)."""
+    transport = transport_at(version)
+    if transport is not None and transport.clients != "per-client":
+        return (f"vLLM {version}'s engine opens one input and one output socket, not one pair "
+                "per front-end client (history/constants.toml [[transport]])")
     return None
