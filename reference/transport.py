@@ -6,7 +6,8 @@ reference peers never restate them. For another vLLM release (``version``) the i
 output channels' socket types and binds are the release's (history/constants.toml
 ``[[transport]]``: before 0.8.4 the input is PUSH -> PULL, and before 0.8.3 the engine binds
 its output PUSH); the options are the spec's for the end, those the socket type has (SNDHWM on
-a sending socket, RCVHWM on a receiving one). A tcp:// address with port 0 is resolved after binding;
+a sending socket, RCVHWM on a receiving one). A tcp:// address with port 0 is resolved after
+binding;
 :attr:`ChannelSocket.address` is always the address a peer can connect to. ipc:// socket files
 are removed by whoever bound them, when the socket closes (transport.ipc-files-removed).
 
@@ -28,11 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import zmq
 from zmq.backend import Socket as _CompiledSocket
 from zmq.backend import zmq_poll as _zmq_poll
-
-import msgspec
 
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import transport_at
@@ -40,7 +40,6 @@ from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 from enginewire.spec.schema import SocketEnd
 
 from .addresses import bind_ipc, remove_ipc_file
-
 
 #: Socket options by the socket types that have them (make_zmq_socket sets them so).
 _SENDING = frozenset({"PUSH", "DEALER", "ROUTER"})
