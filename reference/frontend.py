@@ -132,7 +132,9 @@ class ReferenceFrontend:
         self._round_robin = itertools.cycle(range(engine_count))
 
     def _open(self, channel: str, address: str) -> ChannelSocket:
-        sock = open_socket(self._ctx, channel, "frontend", address, version=self.version)
+        # Ready once connected: a connecting input is writable only once the engine is there.
+        sock = open_socket(self._ctx, channel, "frontend", address, version=self.version,
+                           immediate=self._ready_on_connect and channel == "input")
         self._sockets.append(sock)
         return sock
 
@@ -170,8 +172,8 @@ class ReferenceFrontend:
         if self.session.awaiting_handshake():
             self._run_handshake(deadline)
         if self._ready_on_connect:
-            # Ready once the input can take a message: a connected peer (or, where this end
-            # connects, a queue that delivers once the engine binds).
+            # Ready once the input can take a message: a connected engine (a connecting input
+            # is opened with ZMQ_IMMEDIATE, so it waits for the engine's bind too).
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not self._input.socket.poll(int(remaining * 1000), zmq.POLLOUT):
                 raise ProtocolTimeout(

@@ -114,9 +114,12 @@ def open_socket(
     *,
     identity: bytes | None = None,
     version: str | None = None,
+    immediate: bool = False,
 ) -> ChannelSocket:
     """Open ``role``'s socket of ``channel`` with the spec's type, options and bind rule (of
-    release ``version``'s input and output channels: :func:`channel_end`)."""
+    release ``version``'s input and output channels: :func:`channel_end`). ``immediate``: a
+    connecting socket queues only to a completed connection (ZMQ_IMMEDIATE), so it becomes
+    writable once its peer has bound (nothing on the wire changes)."""
     end = channel_end(channel, role, version)
     sock = ctx.socket(getattr(zmq, end.socket))
     try:
@@ -129,6 +132,8 @@ def open_socket(
             sock.setsockopt(zmq.IDENTITY, identity)
         if _is_ipv6_tcp(address):
             sock.setsockopt(zmq.IPV6, 1)
+        if immediate and not end.binds:
+            sock.setsockopt(zmq.IMMEDIATE, 1)
         if end.binds:
             bind_ipc(sock, address)
             address = sock.getsockopt_string(zmq.LAST_ENDPOINT)

@@ -4,6 +4,12 @@ The suite binds the handshake ROUTER and one input ROUTER and output PULL per cl
 (:class:`~enginewire.conformance.peers.zmq_peers.SuiteFrontend`), starts the target's engine with
 those addresses, and watches every frame: identity, HELLO, init, ready responses, READY, outputs.
 Bad input is sent on the raw sockets; after each, the engine must still answer a utility call.
+
+For a release without the handshake (before 0.9.0) the suite gives the engine its input and
+output addresses directly and opens the release's sockets (history/constants.toml
+``[[transport]]``); the checks of what the release lacks (the handshake, a ready message on the
+wire, the engine identity on the input, an input/output pair per client) are NOT APPLICABLE
+with that reason.
 """
 
 from __future__ import annotations
@@ -33,10 +39,15 @@ from enginewire.conformance.peers.zmq_peers import (
     decode,
     encode,
     identity_of,
+    require_clients,
+    require_handshake,
+    require_identity,
     require_ready_key,
     require_request_type,
+    require_wire_ready,
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
+from enginewire.spec.history.release_facts import clients_gap
 
 PEER_TIMEOUT = 25.0
 PROBE_METHOD = "enginewire_conformance_no_such_method"
@@ -52,8 +63,7 @@ def _frontend(ctx: Any, *, clients: int = 1, transport: str = "ipc") -> SuiteFro
 
 
 def _launch(engine: Any, ctx: Any, front: SuiteFrontend, rank: int = 0, **options: Any) -> Any:
-    launch = EngineLaunch(handshake_address=front.handshake_address, engine_index=rank,
-                          **options)
+    launch = EngineLaunch(**front.launch_addresses(), engine_index=rank, **options)
     peer = engine.start_engine(launch)
     ctx.on_cleanup(lambda: peer.stop(3.0))
     return peer
@@ -98,6 +108,14 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
                            Reproduction(sent=sent, received=outputs))
 
 
+def recv_input(front: SuiteFrontend, ctx: Any) -> list[bytes]:
+    """The first message on input 0 (a release without the handshake: its ready message)."""
+    sock = front.input_sockets[0]
+    if not sock.poll(int(ctx.wait(10.0) * 1000)):
+        raise CheckFailure("nothing came on input 0: the engine's ready message")
+    return sock.recv_multipart()
+
+
 # --- handshake -----------------------------------------------------------------------------
 
 
@@ -106,6 +124,7 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
        surface="engine", timeout=PEER_TIMEOUT)
 def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
     """The first handshake message is [identity, {status: HELLO, local, headless}]."""
+    require_handshake(ctx.spec)
     front = _frontend(ctx)
     _launch(engine, ctx, front)
     frames = front.recv_handshake(ctx.wait(10.0))
@@ -132,9 +151,15 @@ def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
 
 
 def _identity_check(engine: Any, ctx: Any, rank: int) -> None:
+    """The identity of HELLO, or without a handshake, of the ready message on the input."""
+    require_identity(ctx.spec)
     front = _frontend(ctx)
     _launch(engine, ctx, front, rank, dp_size=rank + 1)
-    frames = front.recv_handshake(ctx.wait(10.0))
+    if front.handshake_socket is None:
+        require_wire_ready(ctx.spec)
+        frames = recv_input(front, ctx)
+    else:
+        frames = front.recv_handshake(ctx.wait(10.0))
     want = identity_of(rank)
     if frames[0] != want:
         raise CheckFailure(f"engine {rank} identifies as {frames[0].hex()} "
@@ -164,6 +189,7 @@ def _identity_258(engine: Any, ctx: Any) -> None:
        surface="engine", timeout=PEER_TIMEOUT)
 def _same_identity(engine: EngineSurface, ctx: CheckContext) -> None:
     """The ready response comes first on the input channel, from the handshake identity."""
+    require_handshake(ctx.spec)
     _, handshake = _started(engine, ctx, rank=2, dp_size=3)
     frames = handshake.ready_responses[0]
     if frames[0] != handshake.identity:
@@ -178,9 +204,13 @@ def _same_identity(engine: EngineSurface, ctx: CheckContext) -> None:
                                                        "frames.plain-msgpack-control"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
-    """The ready response is an EngineCoreReadyResponse map with every required field."""
+    """The ready response is an EngineCoreReadyResponse map with every required field (in
+    0.8.4 and 0.8.5 the literal b"READY", which :meth:`SuiteFrontend.await_ready` requires)."""
+    require_wire_ready(ctx.spec)
     _, handshake = _started(engine, ctx)
     frames = handshake.ready_responses[0]
+    if not handshake.hello and frames[1] == b"READY":
+        return  # a release without the handshake: its literal ready message
     if frames[1] == b"":
         return  # an empty ready response is allowed (handshake.ready-response-empty-accepted)
     try:
@@ -199,6 +229,7 @@ def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_keys(engine: EngineSurface, ctx: CheckContext) -> None:
     """READY is {status: READY, local, headless}, with no parallel_config_hash when DP = 1."""
+    require_handshake(ctx.spec)
     _, handshake = _started(engine, ctx)
     ready = handshake.ready
     if ready.get("status") != "READY" or not isinstance(ready.get("local"), bool) or \
@@ -214,6 +245,7 @@ def _ready_keys(engine: EngineSurface, ctx: CheckContext) -> None:
        surface="engine", requires=["engine.coordinated-dp"], timeout=PEER_TIMEOUT)
 def _ready_hash(engine: EngineSurface, ctx: CheckContext) -> None:
     """READY of an engine with data_parallel_size 2 carries parallel_config_hash."""
+    require_handshake(ctx.spec)
     require_ready_key(ctx.spec, "parallel_config_hash")
     _, handshake = _started(engine, ctx, rank=1, dp_size=2)
     if "parallel_config_hash" not in handshake.ready:
@@ -226,6 +258,7 @@ def _ready_hash(engine: EngineSurface, ctx: CheckContext) -> None:
        surface="engine", timeout=PEER_TIMEOUT)
 def _flags(engine: EngineSurface, ctx: CheckContext) -> None:
     """A remote headless engine says local=false, headless=true in HELLO and READY."""
+    require_handshake(ctx.spec)
     _, handshake = _started(engine, ctx, local=False, headless=True)
     for name, message in (("HELLO", handshake.hello), ("READY", handshake.ready)):
         if message.get("local") is not False or message.get("headless") is not True:
@@ -241,6 +274,7 @@ def _flags(engine: EngineSurface, ctx: CheckContext) -> None:
 def _two_clients(engine: EngineSurface, ctx: CheckContext) -> None:
     """With two clients the engine sends a ready response on both inputs and answers client
     1's call on client 1's output."""
+    require_clients(ctx.spec)
     front, handshake = _started(engine, ctx, clients=2)
     if len(handshake.ready_responses) != 2:
         raise CheckFailure("no ready response on the second input")
@@ -279,6 +313,7 @@ def _ipv6(engine: Any, ctx: Any) -> None:
        surface="engine", timeout=PEER_TIMEOUT)
 def _init_timeout(engine: EngineSurface, ctx: CheckContext) -> None:
     """An engine that gets no init gives up after its init timeout (1 s here)."""
+    require_handshake(ctx.spec)
     front = _frontend(ctx)
     peer = _launch(engine, ctx, front, init_timeout=1.0)
     front.recv_handshake(ctx.wait(10.0))
@@ -295,6 +330,7 @@ def _init_timeout(engine: EngineSurface, ctx: CheckContext) -> None:
        surface="engine", timeout=PEER_TIMEOUT)
 def _garbage_init(engine: EngineSurface, ctx: CheckContext) -> None:
     """An init that is not an EngineHandshakeMetadata map does not lead to READY."""
+    require_handshake(ctx.spec)
     front = _frontend(ctx)
     _launch(engine, ctx, front, init_timeout=3.0)
     identity, _ = front.recv_handshake(ctx.wait(10.0))
@@ -316,6 +352,7 @@ def _garbage_init(engine: EngineSurface, ctx: CheckContext) -> None:
 def _ready_after_connect(engine: EngineSurface, ctx: CheckContext) -> None:
     """When READY arrives the ready response is already on its way and the output channel is
     connected: a call sent at once is answered."""
+    require_handshake(ctx.spec)
     front = _frontend(ctx)
     _launch(engine, ctx, front)
     identity, _ = front.recv_handshake(ctx.wait(10.0))
@@ -342,7 +379,8 @@ def _ready_after_connect(engine: EngineSurface, ctx: CheckContext) -> None:
        surface="engine", timeout=PEER_TIMEOUT)
 def _add(engine: EngineSurface, ctx: CheckContext) -> None:
     """An ADD (max_tokens 2) gets outputs on the output channel until it finishes, each an
-    EngineCoreOutputs with the engine's index and no identity or type frame."""
+    EngineCoreOutputs with the engine's index (where the release has engine_index) and no
+    identity or type frame."""
     front, handshake = _started(engine, ctx, rank=1, dp_size=2)
     front.add(handshake.identity, minimal_request("req-add"))
     try:
@@ -352,7 +390,9 @@ def _add(engine: EngineSurface, ctx: CheckContext) -> None:
     tokens = [t for output in seen for t in output.get("new_token_ids") or []]
     if not tokens or len(tokens) > 2:
         raise CheckFailure(f"max_tokens 2 produced {len(tokens)} tokens: {tokens}")
-    if any(output["_engine_index"] != 1 for output in seen):
+    has_index = any(f.name == "engine_index"
+                    for f in ctx.spec.struct("EngineCoreOutputs").fields)
+    if has_index and any(output["_engine_index"] != 1 for output in seen):
         raise CheckFailure(f"engine 1's outputs carry engine_index "
                            f"{sorted({o['_engine_index'] for o in seen})}")
 
@@ -560,9 +600,13 @@ def _many(engine: EngineSurface, ctx: CheckContext) -> None:
 def _three(engine: EngineSurface, ctx: CheckContext) -> None:
     """Three engines (ranks 0-2) on one front end: each routed request is answered by its
     engine, whose outputs carry its engine_index."""
+    require_identity(ctx.spec)
     front = _frontend(ctx)
     for rank in range(3):
         _launch(engine, ctx, front, rank, dp_size=3)
+    if front.handshake_socket is None:
+        _three_without_handshake(front, ctx)
+        return
     hellos: set[bytes] = set()
     readies: set[bytes] = set()
     deadline = time.monotonic() + ctx.wait(12.0)
@@ -583,6 +627,28 @@ def _three(engine: EngineSurface, ctx: CheckContext) -> None:
                            "0000, 0100, 0200")
     for _ in range(3):
         front.input_sockets[0].recv_multipart()  # ready responses
+    _three_serve(front, ctx, hellos, deadline)
+
+
+def _three_without_handshake(front: SuiteFrontend, ctx: Any) -> None:
+    """Three engines of a release without the handshake on one input ROUTER: each one's
+    b"READY" names its identity, and each routed request is answered by its engine."""
+    deadline = time.monotonic() + ctx.wait(12.0)
+    identities: set[bytes] = set()
+    sock = front.input_sockets[0]
+    while len(identities) < 3:
+        if not sock.poll(int(max(deadline - time.monotonic(), 0.0) * 1000)):
+            raise CheckFailure(f"ready messages from {sorted(i.hex() for i in identities)} "
+                               "only")
+        identities.add(sock.recv_multipart()[0])
+    _three_serve(front, ctx, identities, deadline)
+
+
+def _three_serve(front: SuiteFrontend, ctx: Any, identities: set[bytes],
+                 deadline: float) -> None:
+    if identities != {identity_of(r) for r in range(3)}:
+        raise CheckFailure(f"identities {sorted(i.hex() for i in identities)}, expected "
+                           "0000, 0100, 0200")
     for rank in range(3):
         front.add(identity_of(rank), minimal_request(f"req-rank{rank}"))
     finished: dict[str, int] = {}
@@ -602,12 +668,12 @@ def _three(engine: EngineSurface, ctx: CheckContext) -> None:
        surface="engine", requires=["engine.die"], timeout=PEER_TIMEOUT)
 def _dies(engine: EngineSurface, ctx: CheckContext) -> None:
     """A failing engine sends the 16-byte ENGINE_CORE_DEAD on every output and then
-    nothing."""
-    front = _frontend(ctx, clients=2)
+    nothing (on its one output where the release has one pair)."""
+    front = _frontend(ctx, clients=2 if clients_gap(ctx.spec.version) is None else 1)
     peer = _launch(engine, ctx, front)
     _handshake(front, ctx)
     engine.die(peer)  # type: ignore[attr-defined]
-    for client in range(2):
+    for client in range(len(front.output_sockets)):
         got = None
         deadline = time.monotonic() + ctx.wait(8.0)
         while got != [ENGINE_CORE_DEAD]:

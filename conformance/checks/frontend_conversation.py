@@ -5,6 +5,12 @@ The suite picks three addresses, starts the target's front end on them, connects
 the handshake; it then makes the front end send requests through the
 :class:`~enginewire.conformance.targets.contract.FrontendClient` and checks every frame that
 arrives, and pushes outputs (good, stray, malformed, ENGINE_CORE_DEAD) back.
+
+For a release without the handshake (before 0.9.0) the suite's engines connect to (or bind,
+where the release's engine binds) the front end's input and output addresses with the
+release's sockets (history/constants.toml ``[[transport]]``) and send the release's ready
+message (``b"READY"`` in 0.8.4 and 0.8.5; none before, where readiness went over a process
+pipe); the checks of what the release lacks are NOT APPLICABLE with that reason.
 """
 
 from __future__ import annotations
@@ -16,7 +22,12 @@ import msgspec
 
 from enginewire.conformance.checks._helpers import check_high_water_marks
 from enginewire.conformance.framework.context import CheckContext
-from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
+from enginewire.conformance.framework.registry import (
+    CheckFailure,
+    NotInRelease,
+    Reproduction,
+    check,
+)
 from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.values import neutral
 from enginewire.conformance.peers.zmq_peers import (
@@ -25,9 +36,13 @@ from enginewire.conformance.peers.zmq_peers import (
     SuiteEngine,
     decode,
     require_conversation,
+    require_handshake,
+    require_identity,
     require_ready_key,
+    require_wire_ready,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
+from enginewire.spec.history.release_facts import handshake_gap, ready_response_at
 
 PEER_TIMEOUT = 25.0
 #: Seconds a front end gets to act on a message it received: return the call a reply answers,
@@ -81,8 +96,9 @@ def _start(frontend: Any, ctx: Any, engine_count: int = 1) -> tuple[Any, Fronten
 
 
 def _has_handshake(ctx: Any) -> bool:
-    """False for a front end that skips the handshake channel (``targets.MODES``)."""
-    return ctx.target.applies("frontend.handshake")
+    """False for a front end that skips the handshake channel (``targets.MODES``), and at a
+    release without the handshake."""
+    return ctx.target.applies("frontend.handshake") and handshake_gap(ctx.spec.version) is None
 
 
 def _engine(ctx: Any, launch: FrontendLaunch, rank: int = 0, **options: Any) -> SuiteEngine:
@@ -148,6 +164,7 @@ def _request(engine: SuiteEngine, ctx: Any, what: str) -> list[bytes]:
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _init(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """HELLO gets one init frame: EngineHandshakeMetadata with one input and one output."""
+    require_handshake(ctx.spec)
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(10.0))
     engine = _engine(ctx, launch)
@@ -175,6 +192,7 @@ def _init(frontend: FrontendSurface, ctx: CheckContext) -> None:
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """Without coordinated DP, init's parallel_config is an empty map."""
+    require_handshake(ctx.spec)
     client, launch = _start(frontend, ctx)
     _Waiter(client, ctx.wait(10.0))
     engine = _engine(ctx, launch)
@@ -189,6 +207,7 @@ def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
        surface="frontend", timeout=PEER_TIMEOUT)
 def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """The front end is not ready (and sends nothing) until the ready response arrives."""
+    require_wire_ready(ctx.spec)
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(12.0))
     engine = _engine(ctx, launch)
@@ -208,6 +227,11 @@ def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
        timeout=PEER_TIMEOUT)
 def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """An empty ready-response frame counts as ready."""
+    require_wire_ready(ctx.spec)
+    if ready_response_at(ctx.spec.version) == "READY":
+        raise NotInRelease(f'vLLM {ctx.spec.version}\'s ready message is the literal b"READY" '
+                           "and its front end takes no other (history/constants.toml "
+                           "[[ready_response]])")
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(10.0))
     engine = _engine(ctx, launch)
@@ -221,6 +245,8 @@ def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
        timeout=PEER_TIMEOUT)
 def _every_engine(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """With two engines, the front end is ready only once both sent their ready response."""
+    require_wire_ready(ctx.spec)
+    require_identity(ctx.spec)
     client, launch = _start(frontend, ctx, engine_count=2)
     waiter = _Waiter(client, ctx.wait(12.0))
     first = _engine(ctx, launch, 0)
@@ -241,6 +267,7 @@ def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
            requires=["frontend.handshake"],
            description=f"the front end does not answer {what}")
     def _run(frontend: FrontendSurface, ctx: CheckContext) -> None:
+        require_handshake(ctx.spec)
         client, launch = _start(frontend, ctx)
         _Waiter(client, ctx.wait(5.0))
         engine = _engine(ctx, launch, rank)
@@ -276,6 +303,7 @@ _rejected_hello("frontend/handshake/garbage-hello", ["handshake.message-keys",
        surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
 def _second_hello(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A second HELLO (the engine is already CONNECTED) gets no second init."""
+    require_handshake(ctx.spec)
     client, launch = _start(frontend, ctx)
     _Waiter(client, ctx.wait(5.0))
     engine = _engine(ctx, launch)
@@ -317,6 +345,7 @@ def _add_frames(frontend: FrontendSurface, ctx: CheckContext) -> None:
        surface="frontend", timeout=PEER_TIMEOUT)
 def _routed(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """With two engines, a request for engine 1 reaches engine 1 and not engine 0."""
+    require_identity(ctx.spec)
     client, engines = _running(frontend, ctx, engine_count=2)
     client.add_request(minimal_request("req-one"), 1)
     frames = _request(engines[1], ctx, "a request for engine 1")
@@ -667,6 +696,7 @@ def _duplicate_identity(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """
     import zmq
 
+    require_identity(ctx.spec)
     client, (engine,) = _running(frontend, ctx)
     launch_input = engine.inputs[0].getsockopt_string(zmq.LAST_ENDPOINT)
     newcomer = engine.net.socket(zmq.DEALER, engine.identity)
@@ -713,6 +743,7 @@ def _config_hash(frontend: FrontendSurface, ctx: CheckContext) -> None:
 
     A READY with another hash fails the start-up; the same READY with the front end's hash
     completes it."""
+    require_handshake(ctx.spec)
     require_ready_key(ctx.spec, "parallel_config_hash")
     config_hash = "5f0c4e3b2a1d"
     waiter, engine = _coordinated(frontend, ctx, config_hash)

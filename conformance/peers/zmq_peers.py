@@ -11,6 +11,16 @@ codec, and both can send any frames at all (:meth:`SuiteFrontend.send_input`,
 - :class:`SuiteEngine` connects what an engine connects (a handshake DEALER with its identity,
   then an input DEALER and an output PUSH per client) and serves a target front end.
 
+For a release without the HELLO/READY handshake (before 0.9.0) both speak the release's input
+and output channels (history/constants.toml ``[[transport]]``, :func:`~enginewire.spec.history.
+release_facts.transport_at`): the release's socket types, the end that binds (an end the
+other side binds is connected to an address picked here), an identity frame only where the
+input carries one, and no handshake ROUTER: the engine is given the input and output addresses
+(:meth:`SuiteFrontend.launch_addresses`) and counts as ready once connected (a release that
+signals readiness over a process pipe) or on its ``b"READY"`` (0.8.4, 0.8.5). Checks of what
+such a release lacks raise :class:`NotInRelease` through :func:`require_handshake`,
+:func:`require_wire_ready`, :func:`require_identity` and :func:`require_clients`.
+
 Every receive takes a timeout and raises ``TimeoutError``; every socket and ipc file is
 released by ``close`` (registered with the check's context).
 """
@@ -39,10 +49,16 @@ from enginewire.conformance.oracle.wire import (
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
     BASE_KEYS,
+    Transport,
+    clients_gap,
     conversation_gap,
+    handshake_gap,
     handshake_keys_at,
+    identity_gap,
     ready_response_at,
     request_types_at,
+    transport_at,
+    wire_ready_gap,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
@@ -93,6 +109,41 @@ def require_conversation(spec: Any) -> None:
         raise NotInRelease(gap)
 
 
+def release_transport(spec: Any) -> Transport:
+    """The input and output channels of ``spec``'s release (history/constants.toml)."""
+    found = transport_at(spec.version)
+    if found is None:
+        raise NotInRelease(f"vLLM {spec.version} has no [[transport]] row in "
+                           "history/constants.toml")
+    return found
+
+
+def _require(gap: str | None) -> None:
+    if gap is not None:
+        raise NotInRelease(gap)
+
+
+def require_handshake(spec: Any) -> None:
+    """NOT APPLICABLE where ``spec``'s release has no HELLO/READY handshake."""
+    _require(handshake_gap(spec.version))
+
+
+def require_wire_ready(spec: Any) -> None:
+    """NOT APPLICABLE where ``spec``'s release's engine sends no ready message on the wire."""
+    _require(wire_ready_gap(spec.version))
+
+
+def require_identity(spec: Any) -> None:
+    """NOT APPLICABLE where ``spec``'s release's input channel carries no engine identity."""
+    _require(identity_gap(spec.version))
+
+
+def require_clients(spec: Any) -> None:
+    """NOT APPLICABLE where ``spec``'s release's engine has one input/output pair, not one per
+    front-end client."""
+    _require(clients_gap(spec.version))
+
+
 def require_request_type(spec: Any, name: str) -> None:
     """Raise :class:`NotInRelease` where ``spec``'s release has no request type ``name``
     (history/constants.toml [[request_types]]; the reference release's table is the
@@ -115,13 +166,19 @@ def require_ready_key(spec: Any, key: str) -> None:
                            "(history/constants.toml [[handshake]])")
 
 
-def ready_response_payload(spec: Any, value: dict[str, Any]) -> bytes:
+def ready_response_payload(spec: Any, value: dict[str, Any]) -> bytes | None:
     """The ready-response frame of ``spec``'s release for ``value`` (a newest-layout map):
-    an empty frame where the release's engine sends one, else the release's
-    EngineCoreReadyResponse with the fields of ``value`` the release has."""
+    an empty frame where the release's engine sends one, ``b"READY"`` where it sends that
+    literal, None where it sends nothing on the wire (readiness over a process pipe), else the
+    release's EngineCoreReadyResponse with the fields of ``value`` the release has."""
     if spec.version != REFERENCE_VLLM_VERSION:
-        if ready_response_at(spec.version) == "empty":
+        form = ready_response_at(spec.version)
+        if form == "empty":
             return b""
+        if form == "READY":
+            return b"READY"
+        if form == "none":
+            return None
         names = {f.name for f in spec.structs["EngineCoreReadyResponse"].fields}
         value = {k: v for k, v in value.items() if k in names}
     return msgspec.msgpack.encode(expected_wire(value, "EngineCoreReadyResponse", spec).value)
@@ -159,6 +216,39 @@ class _Net:
             sock.setsockopt(zmq.IDENTITY, identity)
         self.sockets.append(sock)
         return sock
+
+    def reserve(self, address: str) -> str:
+        """A concrete address for a socket the peer binds and this end connects to: a free
+        port in place of port 0 (the peer cannot tell the port it got); an ipc path is removed
+        at :meth:`close` if the peer left it."""
+        import socket as sockets
+
+        if address.startswith("ipc://"):
+            self.files.append(address[len("ipc://"):])
+            return address
+        if address.endswith(":0"):
+            v6 = address.startswith("tcp://[")
+            host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+            with sockets.socket(sockets.AF_INET6 if v6 else sockets.AF_INET) as probe:
+                probe.bind((host, 0))
+                port = probe.getsockname()[1]
+            return f"{address[:-2]}:{port}"
+        return address
+
+    def open(self, kind: int, address: str, binds: bool,
+             immediate: bool = False) -> tuple[zmq.Socket, str]:
+        """A socket of ``kind`` bound to or connected to ``address``, and the address a peer
+        uses for it. ``immediate``: a connecting socket is writable only once its peer bound
+        (ZMQ_IMMEDIATE; the wire is the same)."""
+        sock = self.socket(kind)
+        if binds:
+            return sock, self.bind(sock, address)
+        if immediate:
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+        if address.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.connect(address)
+        return sock, address
 
     def address(self, name: str, transport: str = "ipc") -> str:
         if transport == "tcp":
@@ -214,25 +304,42 @@ class SuiteFrontend:
                  transport: str = "ipc") -> None:
         require_conversation(spec)
         self.spec = spec
+        #: The release's input and output channels.
+        self.transport = release_transport(spec)
         self.net = _Net(directory)
+        self.handshake_socket: zmq.Socket | None = None
+        self.handshake_address: str | None = None
         try:
-            self.handshake_socket = self.net.socket(zmq.ROUTER)
-            self.handshake_address = self.net.bind(
-                self.handshake_socket, self.net.address("handshake", transport))
+            if self.transport.handshake:
+                self.handshake_socket = self.net.socket(zmq.ROUTER)
+                self.handshake_address = self.net.bind(
+                    self.handshake_socket, self.net.address("handshake", transport))
             self.input_sockets, self.input_addresses = [], []
             self.output_sockets, self.output_addresses = [], []
             for client in range(clients):
-                sock = self.net.socket(zmq.ROUTER)
-                self.input_addresses.append(
-                    self.net.bind(sock, self.net.address(f"input{client}", transport)))
-                self.input_sockets.append(sock)
-                pull = self.net.socket(zmq.PULL)
-                self.output_addresses.append(
-                    self.net.bind(pull, self.net.address(f"output{client}", transport)))
-                self.output_sockets.append(pull)
+                for channel, sockets, addresses in (
+                        ("input", self.input_sockets, self.input_addresses),
+                        ("output", self.output_sockets, self.output_addresses)):
+                    ends = self.transport.channel(channel)
+                    binds = ends.role_binds("frontend")
+                    address = self.net.address(f"{channel}{client}", transport)
+                    sock, address = self.net.open(
+                        getattr(zmq, ends.frontend),
+                        address if binds else self.net.reserve(address), binds,
+                        immediate=channel == "input" and self.transport.readiness == "pipe")
+                    sockets.append(sock)
+                    addresses.append(address)
         except BaseException:
             self.net.close()
             raise
+
+    def launch_addresses(self) -> dict[str, Any]:
+        """The addresses an engine launch names: the handshake ROUTER, or without a handshake
+        the input and output addresses (``EngineLaunch`` fields)."""
+        if self.handshake_address is not None:
+            return {"handshake_address": self.handshake_address}
+        return {"handshake_address": None, "input_addresses": tuple(self.input_addresses),
+                "output_addresses": tuple(self.output_addresses)}
 
     def close(self) -> None:
         self.net.close()
@@ -240,6 +347,7 @@ class SuiteFrontend:
     # -- handshake ------------------------------------------------------------------------
 
     def recv_handshake(self, timeout: float) -> list[bytes]:
+        assert self.handshake_socket is not None, "a release without the handshake"
         return recv(self.handshake_socket, timeout, "a handshake message")
 
     def init_value(self, **overrides: Any) -> dict[str, Any]:
@@ -251,10 +359,14 @@ class SuiteFrontend:
 
     def send_init(self, identity: bytes, value: dict[str, Any] | None = None) -> None:
         payload = encode(value or self.init_value(), "EngineHandshakeMetadata", self.spec)
+        assert self.handshake_socket is not None, "a release without the handshake"
         self.handshake_socket.send_multipart([identity, *payload])
 
     def handshake(self, timeout: float, *, expect: bytes | None = None) -> Handshake:
-        """Run one engine's handshake: HELLO, init, ready responses, READY."""
+        """Run one engine's handshake: HELLO, init, ready responses, READY (without a
+        handshake: :meth:`await_ready`)."""
+        if not self.transport.handshake:
+            return self.await_ready(timeout, expect=expect)
         deadline = time.monotonic() + timeout
         frames = self.recv_handshake(timeout)
         if len(frames) != 2:
@@ -277,10 +389,41 @@ class SuiteFrontend:
         ready = _map(ready_frames[1], "READY", ready_frames, self.spec)
         return Handshake(identity, hello, ready, responses)
 
+    def await_ready(self, timeout: float, *, expect: bytes | None = None) -> Handshake:
+        """A release without the handshake: the engine's ``b"READY"`` on every input
+        ([identity, b"READY"] at the ROUTER), or, where the release signals readiness over a
+        process pipe, its input connected (the input socket takes a message). HELLO and READY
+        are empty maps; the identity is the one the ready message came from (``expect``, or
+        rank 0's, where the input carries none)."""
+        deadline = time.monotonic() + timeout
+        identity = expect if expect is not None else identity_of(0)
+        responses = []
+        if self.transport.readiness == "pipe":
+            for client, sock in enumerate(self.input_sockets):
+                remaining = max(deadline - time.monotonic(), 0.0)
+                if not sock.poll(int(remaining * 1000), zmq.POLLOUT):
+                    raise TimeoutError(f"the engine connecting input {client}: nothing within "
+                                       f"{timeout:g} s")
+            return Handshake(identity, {}, {}, responses)
+        for client, sock in enumerate(self.input_sockets):
+            got = recv(sock, deadline - time.monotonic(), f"the ready message on input {client}")
+            if len(got) != 2 or got[1] != b"READY":
+                raise HandshakeProblem(f"vLLM {self.spec.version}'s ready message is "
+                                       '[identity, b"READY"] at the ROUTER', got)
+            if expect is not None and got[0] != expect:
+                raise HandshakeProblem(f"the ready message came from identity {got[0].hex()}, "
+                                       f"expected {expect.hex()}", got)
+            identity = got[0]
+            responses.append(got)
+        return Handshake(identity, {}, {}, responses)
+
     # -- requests -------------------------------------------------------------------------
 
     def send_input(self, identity: bytes, frames: Sequence[bytes], client: int = 0) -> None:
-        self.input_sockets[client].send_multipart([identity, *frames])
+        """``frames`` to the engine of ``identity`` (where the release's input carries no
+        identity, to the one engine connected)."""
+        routing = [identity] if self.transport.identity else []
+        self.input_sockets[client].send_multipart([*routing, *frames])
 
     def add(self, identity: bytes, request: dict[str, Any], client: int = 0) -> None:
         request = in_release(request, "EngineCoreRequest", self.spec)
@@ -367,6 +510,7 @@ class SuiteEngine:
         input piles up at the front end's ROUTER, where a high-water mark would drop it."""
         require_conversation(spec)
         self.spec = spec
+        self.transport = release_transport(spec)
         self.rank = rank
         self.identity = identity_of(rank)
         self.local = local
@@ -404,16 +548,29 @@ class SuiteEngine:
         return recv(self.handshake_socket, timeout, "init after HELLO")  # type: ignore[arg-type]
 
     def connect(self, init: dict[str, Any]) -> None:
+        """Open the input and output sockets on the addresses ``init`` names, with the
+        release's socket types, binds and input identity."""
+        ends = self.transport.input
+        identity = self.identity if self.transport.identity else None
         for address in init["addresses"]["inputs"]:
-            sock = self.net.socket(zmq.DEALER, self.identity)
+            sock = self.net.socket(getattr(zmq, ends.engine), identity)
             if self.input_rcvhwm:
                 sock.setsockopt(zmq.RCVHWM, self.input_rcvhwm)
-            sock.connect(address)
+            self._attach(sock, address, ends.role_binds("engine"))
             self.inputs.append(sock)
+        ends = self.transport.output
         for address in init["addresses"]["outputs"]:
-            sock = self.net.socket(zmq.PUSH)
-            sock.connect(address)
+            sock = self.net.socket(getattr(zmq, ends.engine))
+            self._attach(sock, address, ends.role_binds("engine"))
             self.outputs.append(sock)
+
+    def _attach(self, sock: zmq.Socket, address: str, binds: bool) -> None:
+        if binds:
+            self.net.bind(sock, address)
+            return
+        if address.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.connect(address)
 
     def connect_direct(self, input_address: str, output_address: str) -> None:
         """Connect to a front end without a handshake channel, as if init had named these."""
@@ -423,6 +580,8 @@ class SuiteEngine:
                             raw: bytes | None = None) -> None:
         payload = raw if raw is not None else ready_response_payload(
             self.spec, value or ready_response_value(self.rank))
+        if payload is None:  # readiness over a process pipe: nothing on the wire
+            return
         for sock in self.inputs:
             sock.send(payload)
 

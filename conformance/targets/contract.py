@@ -317,9 +317,14 @@ class RingSurface(Protocol):
 
 @dataclass(frozen=True)
 class EngineLaunch:
-    """How the suite asks for an engine: it binds, the engine connects."""
+    """How the suite asks for an engine: it binds, the engine connects.
 
-    handshake_address: str
+    For a release without the HELLO/READY handshake (before 0.9.0: history/constants.toml
+    ``[[transport]]``) ``handshake_address`` is None and the engine is given its input and
+    output addresses directly, on which it opens the release's sockets (binding those the
+    release's engine binds)."""
+
+    handshake_address: str | None
     engine_index: int = 0
     dp_size: int = 1
     #: The engine runs on the front end's node (HELLO/READY ``local``).
@@ -327,11 +332,16 @@ class EngineLaunch:
     headless: bool = False
     #: Seconds the engine waits for init after HELLO before it gives up.
     init_timeout: float = 300.0
+    #: Without a handshake: the input and output addresses (one pair).
+    input_addresses: tuple[str, ...] = ()
+    output_addresses: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class FrontendLaunch:
-    """How the suite asks for a front end: the front end binds these three addresses."""
+    """How the suite asks for a front end: the front end binds these three addresses (of a
+    release without the handshake: opens the release's input and output sockets on the two,
+    binding those the release's front end binds, and has no handshake ROUTER)."""
 
     handshake_address: str
     input_address: str

@@ -340,7 +340,9 @@ class ReferenceEnginePeer:
         self.engine = (engine_class or ReferenceEngine)(EngineOptions(
             handshake_address=launch.handshake_address, rank=launch.engine_index,
             local=launch.local, headless=launch.headless, dp_size=launch.dp_size,
-            handshake_timeout=launch.init_timeout, **options,
+            handshake_timeout=launch.init_timeout,
+            input_addresses=launch.input_addresses, output_addresses=launch.output_addresses,
+            **options,
         ))
         self.status: int | None = None
         self.error: BaseException | None = None
