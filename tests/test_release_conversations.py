@@ -1,10 +1,12 @@
 """``enginewire check --version X``: the engine and front-end conversations at release X.
 
 The reference engine and front end built for X speak X on the wire (X's struct layouts, its
-HELLO/READY keys, its ready response: a struct, or an empty frame before 0.20.0), and the
-suite's peers follow X too. A check whose subject X lacks (a release without the HELLO/READY
-handshake, a READY key or request type that came later) is NOT APPLICABLE with the reason,
-taken from the spec's history, never from a list of versions in the check.
+HELLO/READY keys, its ready response: a struct, or an empty frame before 0.20.0; before 0.9.0
+no handshake at all: X's input and output sockets on addresses given directly, ready on
+``b"READY"`` in 0.8.4 and 0.8.5 and once connected before), and the suite's peers follow X
+too. A check whose subject X lacks (the HELLO/READY handshake, a ready message on the wire, an
+engine identity on the input, a READY key or request type that came later) is NOT APPLICABLE
+with the reason, taken from the spec's history, never from a list of versions in the check.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ import pytest
 from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, NOT_RUN, PASSED
 from enginewire.conformance.framework.registry import all_checks, select
 from enginewire.conformance.framework.runner import run_check
-from enginewire.conformance.targets.reference import ReferenceEngines, reference_target
+from enginewire.conformance.targets.reference import (
+    ReferenceEngines,
+    ReferenceFrontends,
+    reference_target,
+)
 from enginewire.reference import structs
 from enginewire.reference.codec import default_codec
 from enginewire.reference.engine import (
@@ -29,8 +35,13 @@ from enginewire.reference.engine import (
     generation_request,
 )
 from enginewire.reference.frontend import ReferenceFrontend
+from enginewire.reference.transport import open_socket
 from enginewire.spec import load
-from enginewire.spec.history.release_facts import conversation_gap, ready_response_at
+from enginewire.spec.history.release_facts import (
+    conversation_gap,
+    ready_response_at,
+    transport_at,
+)
 from enginewire.spec.loader import DATA_DIR
 
 CONVERSATIONS = ["engine/*", "frontend/*"]
@@ -71,6 +82,24 @@ def test_a_release_without_the_handshake_is_not_applicable_with_the_reason() -> 
         assert all(reason in r.message for r in results)
 
 
+def test_releases_without_the_handshake_name_what_they_lack() -> None:
+    """0.8.2 has no engine identity on its PUSH/PULL input and no ready message on the wire;
+    0.8.5 has both (a DEALER identity and b"READY") and its checks of them run."""
+    by_id = {r.check.id: r for r in _run("0.8.2", ["engine/identity/rank-3",
+                                                   "engine/handshake/ready-response-map",
+                                                   "engine/serve/add-generates"])}
+    identity, ready, serve = (by_id["engine/identity/rank-3"],
+                              by_id["engine/handshake/ready-response-map"],
+                              by_id["engine/serve/add-generates"])
+    assert (identity.status, ready.status, serve.status) == (NOT_APPLICABLE, NOT_APPLICABLE,
+                                                             PASSED)
+    assert "0.8.2's input channel carries no engine identity" in identity.message
+    assert "0.8.2's engine sends no ready message on the wire" in ready.message
+    results = _run("0.8.5", ["engine/identity/rank-3", "engine/handshake/ready-response-map",
+                             "engine/dp/three-identities", "frontend/requests/routed-to-engine"])
+    assert [r.status for r in results] == [PASSED] * 4, [r.message for r in results]
+
+
 def test_a_ready_key_that_came_later_is_not_applicable() -> None:
     """READY's parallel_config_hash came in 0.11.1 (history/constants.toml)."""
     [engine, frontend] = _run("0.10.2", ["engine/handshake/ready-hash-with-dp",
@@ -87,6 +116,54 @@ def test_a_request_type_that_came_later_is_not_applicable() -> None:
     [older] = _run("0.17.1", ["engine/garbage/sentinel-wakeup"])
     assert older.status == NOT_APPLICABLE
     assert "0.17.1 has no request type WAKEUP" in older.message
+
+
+class _IdentityEngine(ReferenceEngine):
+    """An engine built for 0.8.2 that opens 0.8.5's input and output: a DEALER with its
+    identity on the input, connecting where 0.8.2's engine binds its output."""
+
+    def _connect(self, addresses: Any) -> None:
+        assert self._ctx is not None
+        for address in addresses.inputs:
+            self._inputs.append(open_socket(self._ctx, "input", "engine", address,
+                                            identity=self.connection.identity,
+                                            version="0.8.5"))
+        for address in addresses.outputs:
+            self._outputs.append(open_socket(self._ctx, "output", "engine", address,
+                                             version="0.8.5"))
+
+
+class _ReadyWaitingFrontend(ReferenceFrontend):
+    """A front end built for 0.8.2 that waits for a ready message on its input, as 0.8.4's
+    front end waits for b"READY" (0.8.2's engine sends none)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ready_on_connect = False
+
+
+def test_peers_of_another_transport_fail_at_a_release_without_the_handshake() -> None:
+    """At 0.8.2 an engine that speaks a DEALER with an identity frame gets no request and
+    delivers no output, and a front end that waits for b"READY" never gets ready; the same
+    peers' own release (0.8.5's engine) or the honest 0.8.2 peers pass."""
+    checks = ["engine/serve/add-generates", "engine/utility/call-ids-echoed"]
+    target = reference_target("0.8.2")
+    target.engine = ReferenceEngines(engine_class=_IdentityEngine, version="0.8.2")
+    results = _run("0.8.2", checks, target)
+    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    assert [r.status for r in _run("0.8.2", checks)] == [PASSED, PASSED]
+
+    class _Frontends(ReferenceFrontends):
+        def frontend_class(self) -> Any:
+            return _ReadyWaitingFrontend
+
+    checks = ["frontend/requests/add-frames", "frontend/utility/call-and-reply"]
+    target = reference_target("0.8.2")
+    target.frontend = _Frontends(target.codec)
+    results = _run("0.8.2", checks, target)
+    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    assert all("wait_ready" in r.message for r in results), [r.message for r in results]
+    assert [r.status for r in _run("0.8.2", checks)] == [PASSED, PASSED]
 
 
 class _NewestLayoutEngine(ReferenceEngine):
@@ -113,19 +190,25 @@ def test_an_engine_that_sends_the_newest_layout_fails_at_an_older_release() -> N
         == [PASSED]
 
 
-@pytest.mark.parametrize("version", ["0.11.2", "0.27.1"])
+@pytest.mark.parametrize("version", ["0.7.3", "0.8.3", "0.8.5", "0.11.2", "0.27.1"])
 def test_reference_front_end_and_engine_of_one_release_talk(version: str) -> None:
     """A front end at X with an engine at X: the handshake with X's keys, X's ready response
-    (an empty frame at 0.11.2), a generation and a utility call."""
+    (an empty frame at 0.11.2), a generation and a utility call; before 0.9.0 no handshake,
+    X's sockets on the addresses the engine is given (0.7.3: the engine binds its output;
+    0.8.3: its input; 0.8.5: a DEALER input that sends b"READY")."""
     with ReferenceFrontend(1, version=version) as frontend:
+        direct = {} if frontend.handshake_address is not None else {
+            "input_addresses": [frontend.input_address],
+            "output_addresses": [frontend.output_address]}
         engine = ReferenceEngine(EngineOptions(handshake_address=frontend.handshake_address,
-                                               handshake_timeout=10.0, version=version))
+                                               handshake_timeout=10.0, version=version,
+                                               **direct))
         thread = threading.Thread(target=engine.run, daemon=True)
         thread.start()
         try:
             frontend.wait_ready(10.0)
             response = frontend.ready_responses[0]
-            if ready_response_at(version) == "empty":
+            if ready_response_at(version) in ("empty", "READY", "none"):
                 assert response is None
             else:
                 assert type(response) is frontend.connection.codec.structs.classes[
@@ -147,13 +230,25 @@ def test_reference_front_end_and_engine_of_one_release_talk(version: str) -> Non
             thread.join(5.0)
 
 
-def _last_of_each_minor_line() -> list[str]:
+def _sweep_releases() -> list[str]:
+    """The last release of each minor line, and the last and first release on either side of
+    each change of the input/output transport (history/constants.toml [[transport]]: 0.8.2,
+    0.8.3 and 0.8.4 among them), in release order."""
     with (DATA_DIR / "history" / "releases.toml").open("rb") as handle:
         releases = tomllib.load(handle)["releases"]
     last: dict[str, str] = {}
     for release in releases:
         last[release.rsplit(".", 1)[0]] = release
-    return list(last.values())
+    wanted = set(last.values())
+    previous: tuple[Any, ...] | None = None
+    for older, release in zip([None, *releases], releases, strict=False):
+        found = transport_at(release)
+        facts = None if found is None else (found.input, found.output, found.identity,
+                                            found.clients, found.readiness)
+        if older is not None and facts != previous:
+            wanted.update((older, release))
+        previous = facts
+    return [r for r in releases if r in wanted]
 
 
 #: Conversation checks left out of the sweep: each waits about a second or more for
@@ -177,7 +272,7 @@ def _sweep_checks() -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", _last_of_each_minor_line())
+@pytest.mark.parametrize("version", _sweep_releases())
 def test_conversations_pass_or_are_not_applicable_at_the_last_release_of_each_line(
         version: str) -> None:
     results = _run(version, _sweep_checks())
