@@ -74,9 +74,9 @@ def test_a_front_end_with_the_default_high_water_mark_is_caught(
         r.message for r in honest.values()]
     original = transport.channel_end
 
-    def default_hwm(channel: str, role: str) -> Any:
+    def default_hwm(channel: str, role: str, version: str | None = None) -> Any:
         # A listener copies its socket's options when it binds: the option must be set first.
-        end = original(channel, role)
+        end = original(channel, role, version)
         if (channel, role) == ("input", "frontend"):
             end = msgspec.structs.replace(end, options={**end.options, "SNDHWM": 1000})
         return end
