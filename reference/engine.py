@@ -3,7 +3,12 @@
 
 It connects like vLLM's engine core: a handshake DEALER with its 2-byte identity (HELLO, init,
 READY), then one input DEALER per front-end client and one output PUSH per client, sending its
-ready response first on every input DEALER. It has no model: it answers each ADD with a
+ready response first on every input DEALER. Built for a release without the handshake (before
+0.9.0; ``EngineOptions.version``) it is given the input and output addresses and opens that
+release's sockets on them (history/constants.toml ``[[transport]]``: a PULL input without
+identity before 0.8.4, binding its output PUSH before 0.8.3 and its input at 0.8.3), sending
+``b"READY"`` on its input at 0.8.4 and 0.8.5 and nothing before (those releases told their
+parent over a process pipe). It has no model: it answers each ADD with a
 deterministic token stream (:func:`scripted_tokens`), one token per request per step, and
 finishes with LENGTH when ``sampling_params.max_tokens`` ran out (STOP after ``tokens`` tokens
 when the request sets no max_tokens).
