@@ -71,7 +71,9 @@ class ReferenceFrontend:
     Addresses default to fresh ``ipc://`` paths; pass ``tcp://host:0`` to bind any free port
     (the resolved address is in :attr:`handshake_address`, :attr:`input_address`,
     :attr:`output_address`). ``handshake=False`` skips the handshake channel (the engines are
-    given the input/output addresses directly, as with vLLM's ``client_addresses``).
+    given the input/output addresses directly, as with vLLM's ``client_addresses``); a
+    ``version`` without the handshake (before 0.9.0) always does, opening that release's
+    input and output sockets (a connecting one at the address its engine binds).
     ``local`` and ``remote_headless`` are what the engines' HELLO/READY must say.
     ``version``: the vLLM release whose struct layouts it sends and reads (its codec is built
     for that release; None: the spec's reference release).
