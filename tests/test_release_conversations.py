@@ -118,6 +118,36 @@ def test_a_request_type_that_came_later_is_not_applicable() -> None:
     assert "0.17.1 has no request type WAKEUP" in older.message
 
 
+def test_channel_ends_follow_the_release() -> None:
+    """open_socket's ends at 0.8.2: a PUSH input the front end binds, a PULL engine input,
+    an output PUSH the engine binds, high-water marks only where the socket type has them."""
+    from enginewire.reference.transport import channel_end
+
+    frontend_input = channel_end("input", "frontend", "0.8.2")
+    engine_input = channel_end("input", "engine", "0.8.2")
+    engine_output = channel_end("output", "engine", "0.8.2")
+    assert (frontend_input.socket, frontend_input.binds) == ("PUSH", True)
+    assert set(frontend_input.options) == {"SNDHWM"}
+    assert (engine_input.socket, engine_input.binds, engine_input.identity) == ("PULL", False,
+                                                                                  None)
+    assert (engine_output.socket, engine_output.binds) == ("PUSH", True)
+    assert channel_end("input", "engine", "0.8.3").binds is True
+    assert channel_end("input", "engine", "0.8.5").identity is not None
+
+
+def test_command_line_frontend_spawns_engines_of_a_release_without_the_handshake() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "enginewire", "frontend", "--version", "0.8.2", "--spawn",
+         "--timeout", "10", "utility", "echo", "7"],
+        capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "input address: ipc://" in done.stderr
+    assert done.stdout.strip() == '{"engine": 0, "method": "echo", "result": [7]}'
+
+
 class _IdentityEngine(ReferenceEngine):
     """An engine built for 0.8.2 that opens 0.8.5's input and output: a DEALER with its
     identity on the input, connecting where 0.8.2's engine binds its output."""
