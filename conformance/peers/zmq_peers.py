@@ -241,14 +241,19 @@ class _Net:
         uses for it. ``immediate``: a connecting socket is writable only once its peer bound
         (ZMQ_IMMEDIATE; the wire is the same)."""
         sock = self.socket(kind)
+        return sock, self.attach(sock, address, binds, immediate)
+
+    def attach(self, sock: zmq.Socket, address: str, binds: bool,
+               immediate: bool = False) -> str:
+        """Bind ``sock`` to ``address`` or connect it there; the address a peer uses."""
         if binds:
-            return sock, self.bind(sock, address)
+            return self.bind(sock, address)
         if immediate:
             sock.setsockopt(zmq.IMMEDIATE, 1)
         if address.startswith("tcp://["):
             sock.setsockopt(zmq.IPV6, 1)
         sock.connect(address)
-        return sock, address
+        return address
 
     def address(self, name: str, transport: str = "ipc") -> str:
         if transport == "tcp":
@@ -556,21 +561,13 @@ class SuiteEngine:
             sock = self.net.socket(getattr(zmq, ends.engine), identity)
             if self.input_rcvhwm:
                 sock.setsockopt(zmq.RCVHWM, self.input_rcvhwm)
-            self._attach(sock, address, ends.role_binds("engine"))
+            self.net.attach(sock, address, ends.role_binds("engine"))
             self.inputs.append(sock)
         ends = self.transport.output
         for address in init["addresses"]["outputs"]:
             sock = self.net.socket(getattr(zmq, ends.engine))
-            self._attach(sock, address, ends.role_binds("engine"))
+            self.net.attach(sock, address, ends.role_binds("engine"))
             self.outputs.append(sock)
-
-    def _attach(self, sock: zmq.Socket, address: str, binds: bool) -> None:
-        if binds:
-            self.net.bind(sock, address)
-            return
-        if address.startswith("tcp://["):
-            sock.setsockopt(zmq.IPV6, 1)
-        sock.connect(address)
 
     def connect_direct(self, input_address: str, output_address: str) -> None:
         """Connect to a front end without a handshake channel, as if init had named these."""
