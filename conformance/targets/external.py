@@ -253,6 +253,12 @@ class CommandEngine:
         self.command = command
 
     def start_engine(self, launch: Any) -> ProcessPeer:
+        if launch.handshake_address is None:
+            # A release without the handshake gives the engine its input and output addresses;
+            # an engine command has placeholders for the handshake address only.
+            raise Unsupported("an engine command takes {handshake}; a release without the "
+                              "HELLO/READY handshake (before 0.9.0) gives the engine input and "
+                              "output addresses, which no engine placeholder names")
         return ProcessPeer(_argv(
             self.command, handshake=launch.handshake_address, rank=launch.engine_index,
             dp_size=launch.dp_size, local=launch.local, remote=not launch.local,
