@@ -391,8 +391,24 @@ class Codec:
             kind: self._payload_struct(layout.payload)
             for kind, layout in self._layouts.items() if layout.payload is not None
         }
+        #: message kind -> (its fixed frames, its payload's struct class, the rules the kind
+        #: adds, whether out-of-band frames may follow) for the kinds whose payload is a
+        #: struct and never an empty frame: what an encode or a decode of such a kind reads,
+        #: in one look-up (the per-message path of the peers).
+        self._struct_messages: dict[str, tuple[
+            tuple[bytes, ...], type, Callable[[str, Any], None] | None, bool, str]] = {
+            kind: (layout.prefix, cls, self._validators.get(kind), layout.oob,
+                   layout.payload or "")
+            for kind, layout in self._layouts.items()
+            if (cls := self._payload_structs.get(kind)) is not None
+            and kind not in _EMPTY_MEANS_NONE
+        }
+        #: Message kinds that travel through a ROUTER, and the identities encoded so far.
+        self._routed_kinds = frozenset(k for k, layout in self._layouts.items() if layout.routed)
+        self._identities: dict[int, bytes] = {}
         self._channel_cache: dict[
-            tuple[str, str | None], tuple[list[Layout], list[Layout], list[Layout]]] = {}
+            tuple[str, str | None],
+            tuple[list[Layout], list[Layout], list[Layout], frozenset[bytes]]] = {}
         #: exact type -> how the msgspec hook writes its values (:meth:`_value_encoder`).
         self._value_encoders: dict[type, Callable[[Any, list[Any]], Any]] = {}
         self._local = threading.local()
@@ -413,6 +429,15 @@ class Codec:
 
     def encode(self, kind: str, value: Any) -> list[bytes | memoryview]:
         """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
+        message = self._struct_messages.get(kind)
+        if message is not None:  # a message kind with a struct payload (the common case)
+            prefix, payload_class, rules, oob, _ = message
+            if type(value) is not payload_class:
+                self._check_instance(kind, payload_class, value)
+            if rules is not None:
+                rules(kind, value)
+            frames = self._encode_payload(value, oob)
+            return [*prefix, *frames] if prefix else frames
         found = self._struct_kinds.get(kind)
         if found is not None:  # a struct: its payload alone
             cls, validator = found
@@ -447,6 +472,20 @@ class Codec:
 
     def decode(self, kind: str, frames: Sequence[Frame]) -> Any:
         """The value of a message of ``kind`` (or a struct payload) from its frames."""
+        message = self._struct_messages.get(kind)
+        if message is not None:
+            # A message kind with a struct payload whose fixed frames came as the very bytes
+            # expected (the common case): its payload decoded at once. Anything else (a
+            # fixed frame as another bytes-like value, a wrong one, a frame missing) takes
+            # the general path below, which says what is wrong.
+            prefix, _, rules, oob, payload_type = message
+            count = len(prefix)
+            if len(frames) > count and (not count or tuple(frames[:count]) == prefix):
+                value = self._decode_payload(
+                    payload_type, frames[count:] if count else frames, oob=oob, kind=kind)
+                if rules is not None:
+                    rules(kind, value)
+                return value
         layout = self._layouts.get(kind)
         if layout is None:
             if kind not in self.structs.classes:
@@ -498,8 +537,13 @@ class Codec:
 
     def encode_routed(self, kind: str, value: Any, rank: int) -> list[bytes | memoryview]:
         """The frames a ROUTER sends: the identity of ``rank``, then the message."""
-        self._require_routed(kind)
-        return [self.encode_identity(rank), *self.encode(kind, value)]
+        if kind not in self._routed_kinds:
+            self._require_routed(kind)
+        identity = self._identities.get(rank) if type(rank) is int else None
+        if identity is None:
+            identity = self.encode_identity(rank)
+            self._identities[rank] = identity
+        return [identity, *self.encode(kind, value)]
 
     def decode_routed(self, kind: str, frames: Sequence[Frame]) -> tuple[int, Any]:
         """``(rank, value)`` from the frames a ROUTER received (identity first)."""
@@ -514,7 +558,12 @@ class Codec:
         """Tell which kind of ``channel`` the frames are (optionally only kinds sent by
         ``sender``) and decode them. Routed frames must come without their identity."""
         kinds = self._channel_cache.get((channel, sender))
-        candidates, prefixed, bare = kinds or self._channel_kinds(channel, sender)
+        candidates, prefixed, bare, heads = kinds or self._channel_kinds(channel, sender)
+        first = frames[0] if frames else None
+        if type(first) is bytes and bare and first not in heads:
+            # A bytes first frame that starts no kind with fixed frames (an EngineCoreOutputs'
+            # msgpack frame, say): only the kinds without fixed frames can match.
+            prefixed = []
         # Longest fixed prefix first; a frame is compared (and copied) only where its length
         # matches the prefix frame's, so a payload frame is never copied to be compared.
         for layout in prefixed:
@@ -541,10 +590,10 @@ class Codec:
 
     def _channel_kinds(
         self, channel: str, sender: str | None
-    ) -> tuple[list[Layout], list[Layout], list[Layout]]:
+    ) -> tuple[list[Layout], list[Layout], list[Layout], frozenset[bytes]]:
         """The kinds of ``channel`` from ``sender`` (every sender: None), and of those the
-        ones with fixed frames in front, longest prefix first, and the ones without (cached:
-        the layouts are fixed per codec)."""
+        ones with fixed frames in front, longest prefix first, the ones without, and the
+        first fixed frames of the former (cached: the layouts are fixed per codec)."""
         key = (channel, sender)
         found = self._channel_cache.get(key)
         if found is None:
@@ -556,7 +605,8 @@ class Codec:
             if not candidates:
                 raise KeyError(f"no message kinds on channel {channel!r} from sender {sender!r}")
             prefixed = sorted((c for c in candidates if c.prefix), key=lambda c: -len(c.prefix))
-            found = (candidates, prefixed, [c for c in candidates if not c.prefix])
+            found = (candidates, prefixed, [c for c in candidates if not c.prefix],
+                     frozenset(c.prefix[0] for c in prefixed))
             self._channel_cache[key] = found
         return found
 

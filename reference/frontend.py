@@ -257,7 +257,8 @@ class ReferenceFrontend:
         one came. Utility replies resolve their futures; outputs are queued. A message that
         breaks the spec raises its ProtocolError here (the session state is unchanged; the
         messages after it stay in the socket)."""
-        if self.session.dead:
+        session = self.connection.session
+        if session.dead:
             return False
         # One Poller for the front end's life (Socket.poll builds and registers a new one on
         # every call).
@@ -266,13 +267,15 @@ class ReferenceFrontend:
         sock = self._output.socket
         for _ in range(MAX_MESSAGES_PER_PUMP):
             self._receive(receive_frames(sock))
-            if self.session.dead or not readable(sock):
+            if session.dead or not readable(sock):
                 break
         return True
 
     def _receive(self, frames: list[Any]) -> None:
         for event in self.connection.receive("output", frames):
-            if isinstance(event, EngineDied):
+            if type(event) is OutputsReceived:  # the common case first
+                self._outputs.append(event.outputs)
+            elif isinstance(event, EngineDied):
                 for rank, call_ids in event.failed_calls.items():
                     for call_id in call_ids:
                         method, future = self._calls.pop(call_id)
@@ -302,6 +305,8 @@ class ReferenceFrontend:
     def get_output(self, timeout: float) -> Any:
         """The next EngineCoreOutputs with request outputs, within ``timeout`` s."""
         deadline = time.monotonic() + timeout
+        if not self._outputs and not self.connection.session.dead:
+            self.pump(timeout)  # the common case: one pump brings it
         while not self._outputs:
             if self.session.dead:
                 raise EngineDeadError(

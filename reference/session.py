@@ -404,8 +404,9 @@ class FrontendSession:
         return _action(transition, link.rank, response)
 
     def _send(self, rank: int, event: str, what: str) -> EngineLink:
-        self._check_alive()
-        link = self.link(rank)
+        if self.dead:
+            self._check_alive()
+        link = self.engines.get(rank) or self.link(rank)
         if not link.machine.can(event) and link.state in link.machine.startup_states:
             raise HandshakeError(
                 "frames.ready-response-first",
