@@ -568,11 +568,10 @@ class ReferenceEngine:
     # A request here is the codec's EngineCoreRequest struct: its fields are read as
     # attributes (with the defaults get_field gives a field this release lacks).
 
-    def _bad_content(self, request: Any, max_tokens: Any = None) -> str | None:
-        """Why the reference engine cannot serve ``request`` (None: it can);
-        ``max_tokens`` its sampling params' max_tokens, read by the caller."""
-        prompt = getattr(request, "prompt_token_ids", None)
-        client_index = getattr(request, "client_index", 0) or 0
+    def _bad_content(self, request: Any, prompt: Any, max_tokens: Any,
+                     client_index: int) -> str | None:
+        """Why the reference engine cannot serve ``request`` (None: it can), given its
+        prompt_token_ids, its sampling params' max_tokens and its client_index."""
         if prompt is None and getattr(request, "prompt_embeds", None) is None:
             return "no prompt_token_ids and no prompt_embeds"
         if getattr(request, "sampling_params", None) is None:
@@ -586,27 +585,28 @@ class ReferenceEngine:
         return None
 
     def _add(self, request: Any) -> None:
+        # Each field read once (the request is the codec's struct; getattr's default stands
+        # for a field this release lacks).
         request_id = request.request_id
+        prompt = getattr(request, "prompt_token_ids", None)
         sampling = getattr(request, "sampling_params", None)
         max_tokens = None if sampling is None else get_field(sampling, "max_tokens")
-        problem = self._bad_content(request, max_tokens)
+        client_index = getattr(request, "client_index", 0) or 0
+        problem = self._bad_content(request, prompt, max_tokens, client_index)
         if problem is None and request_id in self._running:
             problem = "a request with this id is already running"
         if problem is not None:
             log.warning("engine %d: request %r refused: %s", self.options.rank, request_id,
                         problem)
-            client_index = getattr(request, "client_index", 0) or 0
             if not 0 <= client_index < len(self._outputs):
                 client_index = 0
             if request_id not in self._running:
                 self._finish_now([request_id], client_index, int(structs.FinishReason.ERROR))
             return
         count, reason = plan_for(max_tokens, self.options.tokens)
-        self._running[request_id] = _Running(
-            request_id, getattr(request, "client_index", 0) or 0,
-            getattr(request, "prompt_token_ids", None) or (), count, reason,
-        )
-        if len(self._running) == 1 and self.options.step_delay:
+        self._running[request_id] = _Running(request_id, client_index, prompt or (), count,
+                                             reason)
+        if self.options.step_delay and len(self._running) == 1:
             self._next_step = time.monotonic() + self.options.step_delay
 
     def _abort(self, request_ids: list[str]) -> None:
@@ -665,23 +665,26 @@ class ReferenceEngine:
 
     def _step(self) -> None:
         output_class, finish_reason = self._output_class, self._finish_reason
-        by_client: dict[int, list[Any]] = {}
-        for request_id, running in list(self._running.items()):
-            token = (scripted_token(running.prompt, running.sent)
-                     if running.sent < running.count else None)
-            running.sent += 1
-            done = running.sent >= running.count
-            by_client.setdefault(running.client_index, []).append(
-                output_class(
-                    request_id=request_id,
-                    new_token_ids=[] if token is None else [token],
-                    finish_reason=finish_reason(running.finish_reason) if done else None,
-                )
-            )
+        running_requests = self._running
+        # client_index -> (its request outputs, the ids among them that finish)
+        by_client: dict[int, tuple[list[Any], list[str]]] = {}
+        for request_id, running in list(running_requests.items()):
+            sent = running.sent
+            running.sent = sent + 1
+            done = sent + 1 >= running.count
+            client = by_client.get(running.client_index)
+            if client is None:
+                client = by_client[running.client_index] = ([], [])
+            client[0].append(output_class(
+                request_id=request_id,
+                new_token_ids=[scripted_token(running.prompt, sent)] if sent < running.count
+                else [],
+                finish_reason=finish_reason(running.finish_reason) if done else None,
+            ))
             if done:
-                del self._running[request_id]
-        for client_index, outputs in by_client.items():
-            done_ids = [o.request_id for o in outputs if o.finish_reason is not None]
+                client[1].append(request_id)
+                del running_requests[request_id]
+        for client_index, (outputs, done_ids) in by_client.items():
             message = self._outputs_class(
                 engine_index=self.options.rank,
                 outputs=outputs,
