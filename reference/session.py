@@ -721,14 +721,14 @@ class EngineSession:
         for UTILITY and nothing for START_DP_WAVE.
         """
         if isinstance(type_frame, str):
-            name, event = type_frame.upper(), type_frame
+            event = type_frame
         else:
-            name, event = self.request_event(type_frame)
+            _, event = self.request_event(type_frame)
         if not self.machine.can(event):
-            self.machine.fire(event, what=f"{name} request")
+            self.machine.fire(event, what=f"{event.upper()} request")
         if event == "add":
             request_id = get_field(payload, "request_id")
-            if not isinstance(request_id, str):
+            if type(request_id) is not str and not isinstance(request_id, str):
                 raise PayloadError(
                     "structs.array.missing-required-rejected", "an ADD without a request_id",
                     expected="str", got=type(request_id).__name__,
