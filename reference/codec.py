@@ -91,6 +91,12 @@ CLOUDPICKLE_EXT: int = load().ext_code("cloudpickle")
 _EMPTY_MEANS_NONE = frozenset({"ready_response"})
 
 
+#: What :class:`Codec` reads to encode or decode a struct kind or a message kind with a struct
+#: payload: its fixed frames, the struct class, the rules the kind adds, whether out-of-band
+#: frames may follow, the payload type.
+_StructPlan = tuple[tuple[bytes, ...], type, "Callable[[str, Any], None] | None", bool, str]
+
+
 def _ready_literal(version: str) -> bytes:
     """The frame that stands for None in a ready response of ``version``: ``b"READY"`` where
     the release sends that literal (``history/constants.toml`` ``ready_response``), else the
@@ -380,29 +386,28 @@ class Codec:
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
         self._validators = self._kind_validators()
-        #: struct name -> its class and the rules its kind adds (None: none), and message
-        #: kind -> the struct class its payload is (None: a payload type of another kind),
-        #: decided once: an encode looks each up in one dict.
-        self._struct_kinds: dict[str, tuple[type, Callable[[str, Any], None] | None]] = {
-            name: (cls, self._validators.get(name))
-            for name, cls in self.structs.classes.items()
-        }
+        #: message kind -> the struct class its payload is (None: a payload type of another
+        #: kind).
         self._payload_structs: dict[str, type | None] = {
             kind: self._payload_struct(layout.payload)
             for kind, layout in self._layouts.items() if layout.payload is not None
         }
-        #: message kind -> (its fixed frames, its payload's struct class, the rules the kind
-        #: adds, whether out-of-band frames may follow) for the kinds whose payload is a
-        #: struct and never an empty frame: what an encode or a decode of such a kind reads,
-        #: in one look-up (the per-message path of the peers).
-        self._struct_messages: dict[str, tuple[
-            tuple[bytes, ...], type, Callable[[str, Any], None] | None, bool, str]] = {
+        #: Every struct kind (a struct's name: its payload alone), and every message kind whose
+        #: payload is a struct and never an empty frame -> its fixed frames, its payload's
+        #: struct class, the rules the kind adds (None: none), whether out-of-band frames may
+        #: follow, and its payload type: what an encode or a decode of such a kind reads, in
+        #: one look-up (the per-message path of the peers and the codec bench's).
+        self._struct_plans: dict[str, _StructPlan] = {
+            name: ((), cls, self._validators.get(name), True, name)
+            for name, cls in self.structs.classes.items()
+        }
+        self._struct_plans.update({
             kind: (layout.prefix, cls, self._validators.get(kind), layout.oob,
                    layout.payload or "")
             for kind, layout in self._layouts.items()
             if (cls := self._payload_structs.get(kind)) is not None
             and kind not in _EMPTY_MEANS_NONE
-        }
+        })
         #: Message kinds that travel through a ROUTER, and the identities encoded so far.
         self._routed_kinds = frozenset(k for k, layout in self._layouts.items() if layout.routed)
         self._identities: dict[int, bytes] = {}
@@ -429,26 +434,19 @@ class Codec:
 
     def encode(self, kind: str, value: Any) -> list[bytes | memoryview]:
         """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
-        message = self._struct_messages.get(kind)
-        if message is not None:  # a message kind with a struct payload (the common case)
-            prefix, payload_class, rules, oob, _ = message
+        plan = self._struct_plans.get(kind)
+        if plan is not None:  # a struct, or a message kind with a struct payload
+            prefix, payload_class, rules, oob, _ = plan
             if type(value) is not payload_class:
                 self._check_instance(kind, payload_class, value)
             if rules is not None:
                 rules(kind, value)
             frames = self._encode_payload(value, oob)
             return [*prefix, *frames] if prefix else frames
-        found = self._struct_kinds.get(kind)
-        if found is not None:  # a struct: its payload alone
-            cls, validator = found
-            if type(value) is not cls:
-                self._check_instance(kind, cls, value)
-            if validator is not None:
-                validator(kind, value)
-            return self._encode_payload(value, True)
         layout = self._layouts.get(kind)
         if layout is None:  # a struct class built since (KeyError for an unknown kind)
-            self._struct_kinds[kind] = (self._struct_class(kind), self._validators.get(kind))
+            self._struct_plans[kind] = ((), self._struct_class(kind), self._validators.get(kind),
+                                        True, kind)
             return self.encode(kind, value)
         if layout.payload is None:
             if value is not None:
@@ -472,13 +470,13 @@ class Codec:
 
     def decode(self, kind: str, frames: Sequence[Frame]) -> Any:
         """The value of a message of ``kind`` (or a struct payload) from its frames."""
-        message = self._struct_messages.get(kind)
-        if message is not None:
-            # A message kind with a struct payload whose fixed frames came as the very bytes
-            # expected (the common case): its payload decoded at once. Anything else (a
-            # fixed frame as another bytes-like value, a wrong one, a frame missing) takes
-            # the general path below, which says what is wrong.
-            prefix, _, rules, oob, payload_type = message
+        plan = self._struct_plans.get(kind)
+        if plan is not None:
+            # A struct, or a message kind with a struct payload whose fixed frames came as the
+            # very bytes expected (the common case): its payload decoded at once. Anything
+            # else (a fixed frame as another bytes-like value, a wrong one, a frame missing)
+            # takes the general path below, which says what is wrong.
+            prefix, _, rules, oob, payload_type = plan
             count = len(prefix)
             if len(frames) > count and (not count or tuple(frames[:count]) == prefix):
                 value = self._decode_payload(
@@ -1073,10 +1071,18 @@ class Codec:
         has_mm_kwargs = self._mm_kwargs
         violated, check_item = self._violated, self._validate_mm_item
 
+        # The reference release has one such rule (sampling_params or pooling_params): it is
+        # checked without a loop.
+        single = rules[0] if len(rules) == 1 else None
+
         def validate(_kind: str, value: Any) -> None:
-            for values, nones, constraint in rules:
-                if values(value).count(None) != nones:
-                    violated(constraint, value)
+            if single is not None:
+                if single[0](value).count(None) != single[1]:
+                    violated(single[2], value)
+            else:
+                for values, nones, constraint in rules:
+                    if values(value).count(None) != nones:
+                        violated(constraint, value)
             if has_mm and value.mm_features:
                 for feature in value.mm_features:
                     check_item(feature.data)
