@@ -177,7 +177,7 @@ def parallel_config_hash(dp_size: int) -> str:
     return hashlib.sha256(f"enginewire-dp-{dp_size}".encode()).hexdigest()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
     request_id: str
     client_index: int
@@ -511,7 +511,11 @@ class ReferenceEngine:
             # One poll per batch: read what each ready socket holds (bounded), so a burst of
             # requests joins one step.
             ready = poll(wait_ms)
-            for sock, _ in ready:
+            for index, (sock, _) in enumerate(ready):
+                # (Checked at the top of this loop before the first socket; _drain checks
+                # between messages.)
+                if index and (dying() or stopping()):
+                    break
                 self._drain(sock)
             # Whether the parent is still there (a system call) when the poll came back
             # empty, and every SERVING_TURNS_PER_PARENT_CHECK turns under a steady load.
@@ -529,11 +533,10 @@ class ReferenceEngine:
         """Read what a socket the poll found ready holds, at most
         :data:`MAX_MESSAGES_PER_POLL` messages, asking the socket whether another one waits
         (a receive that finds none raises, which costs several times the question)."""
+        # (The serving loop checks the stop and death requests before it calls this.)
         for _ in range(MAX_MESSAGES_PER_POLL):
-            if self._die.is_set() or self._stop.is_set():
-                return
             self._handle(receive_frames(sock))
-            if not readable(sock):
+            if not readable(sock) or self._die.is_set() or self._stop.is_set():
                 return
 
     def _parent_gone(self) -> bool:
