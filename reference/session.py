@@ -488,14 +488,17 @@ class FrontendSession:
             self.pending_calls.pop(call_id, None)
             return _action(transition, link.rank, utility)
         transition = link.machine.fire("outputs", what="outputs")
-        finished = set(field(outputs, "finished_requests", None) or ())
-        for output in field(outputs, "outputs", None) or ():
-            if isinstance(output, msgspec.Struct):
-                if getattr(output, "finish_reason", None) is not None:
-                    finished.add(getattr(output, "request_id", None))
-            elif get_field(output, "finish_reason") is not None:
-                finished.add(get_field(output, "request_id"))
-        link.requests.difference_update(finished)
+        tracked = link.requests
+        if tracked:  # untrack the finished ones (none to untrack when none is in flight)
+            listed = field(outputs, "finished_requests", None)
+            if listed:
+                tracked.difference_update(listed)
+            for output in field(outputs, "outputs", None) or ():
+                if isinstance(output, msgspec.Struct):
+                    if getattr(output, "finish_reason", None) is not None:
+                        tracked.discard(getattr(output, "request_id", None))
+                elif get_field(output, "finish_reason") is not None:
+                    tracked.discard(get_field(output, "request_id"))
         return _action(transition, link.rank, outputs)
 
     def receive_engine_dead(self) -> list[Action]:
