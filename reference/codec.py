@@ -458,11 +458,11 @@ class Codec:
             return list(layout.prefix)
         if value is None and kind in _EMPTY_MEANS_NONE:
             return [*layout.prefix, self._ready_literal]
-        payload_class = self._payload_structs[kind]
-        if payload_class is None:
+        payload_struct = self._payload_structs[kind]
+        if payload_struct is None:
             self._check_payload_value(layout, value)
-        elif type(value) is not payload_class:
-            self._check_instance(kind, payload_class, value)
+        elif type(value) is not payload_struct:
+            self._check_instance(kind, payload_struct, value)
         validator = self._validators.get(kind)
         if validator is not None:
             validator(kind, value)
