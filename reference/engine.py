@@ -571,13 +571,13 @@ class ReferenceEngine:
     # A request here is the codec's EngineCoreRequest struct: its fields are read as
     # attributes (with the defaults get_field gives a field this release lacks).
 
-    def _bad_content(self, request: Any, prompt: Any, max_tokens: Any,
+    def _bad_content(self, request: Any, prompt: Any, sampling: Any, max_tokens: Any,
                      client_index: int) -> str | None:
         """Why the reference engine cannot serve ``request`` (None: it can), given its
-        prompt_token_ids, its sampling params' max_tokens and its client_index."""
+        prompt_token_ids, its sampling params and their max_tokens, and its client_index."""
         if prompt is None and getattr(request, "prompt_embeds", None) is None:
             return "no prompt_token_ids and no prompt_embeds"
-        if getattr(request, "sampling_params", None) is None:
+        if sampling is None:
             return "no sampling_params (the reference engine only generates)"
         if max_tokens is not None and max_tokens < 1:
             return f"max_tokens {max_tokens} < 1"
@@ -593,9 +593,9 @@ class ReferenceEngine:
         request_id = request.request_id
         prompt = getattr(request, "prompt_token_ids", None)
         sampling = getattr(request, "sampling_params", None)
-        max_tokens = None if sampling is None else get_field(sampling, "max_tokens")
+        max_tokens = getattr(sampling, "max_tokens", None)  # (None for no sampling params)
         client_index = getattr(request, "client_index", 0) or 0
-        problem = self._bad_content(request, prompt, max_tokens, client_index)
+        problem = self._bad_content(request, prompt, sampling, max_tokens, client_index)
         if problem is None and request_id in self._running:
             problem = "a request with this id is already running"
         if problem is not None:
