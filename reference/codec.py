@@ -1048,8 +1048,9 @@ class Codec:
             self._handshake_keys, self._validate_handshake_map)
         found.update(dict.fromkeys(("add", "EngineCoreRequest"), self._request_validator()))
         found.update(dict.fromkeys(
-            ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
+            ("utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
             self._validate_outputs))
+        found["outputs"] = self._validate_request_outputs
         found["MultiModalFeatureSpec"] = lambda _kind, value: self._validate_mm_item(value.data)
         found["MultiModalFieldElem"] = lambda _kind, value: self._validate_mm_element("", value)
         found["UtilityOutput"] = lambda _kind, value: self._validate_utility_result(value.result)
@@ -1092,12 +1093,17 @@ class Codec:
 
         return validate
 
-    def _validate_outputs(self, kind: str, value: Any) -> None:
-        utility = value.utility_output
-        if kind == "outputs" and utility is not None:
+    def _validate_request_outputs(self, _kind: str, value: Any) -> None:
+        """The ``outputs`` kind's rule (every engine step sends one): no utility output."""
+        if value.utility_output is not None:
             raise PayloadError(
                 "frames.utility-reply", "a utility reply is the utility_reply kind, not outputs"
             )
+
+    def _validate_outputs(self, kind: str, value: Any) -> None:
+        """The rules of the other EngineCoreOutputs kinds (and of the struct itself: a utility
+        output's result)."""
+        utility = value.utility_output
         if kind == "utility_reply" and (utility is None or value.outputs):
             raise PayloadError(
                 "frames.utility-reply",
