@@ -678,7 +678,8 @@ class Codec:
         state.frames = frames
         state.used = used
         try:
-            value = decoder.decode(_buffer(frames[0]))
+            first = frames[0]
+            value = decoder.decode(first if type(first) is bytes else _buffer(first))
         except msgspec.ValidationError as exc:
             text = str(exc)
             path_match = _AT_PATH.search(text)
