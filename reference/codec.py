@@ -91,6 +91,12 @@ CLOUDPICKLE_EXT: int = load().ext_code("cloudpickle")
 _EMPTY_MEANS_NONE = frozenset({"ready_response"})
 
 
+#: What :class:`Codec` reads to encode or decode a struct kind or a message kind with a struct
+#: payload: its fixed frames, the struct class, the rules the kind adds, whether out-of-band
+#: frames may follow, the payload type.
+_StructPlan = tuple[tuple[bytes, ...], type, "Callable[[str, Any], None] | None", bool, str]
+
+
 def _ready_literal(version: str) -> bytes:
     """The frame that stands for None in a ready response of ``version``: ``b"READY"`` where
     the release sends that literal (``history/constants.toml`` ``ready_response``), else the
@@ -380,19 +386,34 @@ class Codec:
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
         self._validators = self._kind_validators()
-        #: struct name -> its class and the rules its kind adds (None: none), and message
-        #: kind -> the struct class its payload is (None: a payload type of another kind),
-        #: decided once: an encode looks each up in one dict.
-        self._struct_kinds: dict[str, tuple[type, Callable[[str, Any], None] | None]] = {
-            name: (cls, self._validators.get(name))
-            for name, cls in self.structs.classes.items()
-        }
+        #: message kind -> the struct class its payload is (None: a payload type of another
+        #: kind).
         self._payload_structs: dict[str, type | None] = {
             kind: self._payload_struct(layout.payload)
             for kind, layout in self._layouts.items() if layout.payload is not None
         }
+        #: Every struct kind (a struct's name: its payload alone), and every message kind whose
+        #: payload is a struct and never an empty frame -> its fixed frames, its payload's
+        #: struct class, the rules the kind adds (None: none), whether out-of-band frames may
+        #: follow, and its payload type: what an encode or a decode of such a kind reads, in
+        #: one look-up (the per-message path of the peers and the codec bench's).
+        self._struct_plans: dict[str, _StructPlan] = {
+            name: ((), cls, self._validators.get(name), True, name)
+            for name, cls in self.structs.classes.items()
+        }
+        self._struct_plans.update({
+            kind: (layout.prefix, cls, self._validators.get(kind), layout.oob,
+                   layout.payload or "")
+            for kind, layout in self._layouts.items()
+            if (cls := self._payload_structs.get(kind)) is not None
+            and kind not in _EMPTY_MEANS_NONE
+        })
+        #: Message kinds that travel through a ROUTER, and the identities encoded so far.
+        self._routed_kinds = frozenset(k for k, layout in self._layouts.items() if layout.routed)
+        self._identities: dict[int, bytes] = {}
         self._channel_cache: dict[
-            tuple[str, str | None], tuple[list[Layout], list[Layout], list[Layout]]] = {}
+            tuple[str, str | None],
+            tuple[list[Layout], list[Layout], list[Layout], frozenset[bytes]]] = {}
         #: exact type -> how the msgspec hook writes its values (:meth:`_value_encoder`).
         self._value_encoders: dict[type, Callable[[Any, list[Any]], Any]] = {}
         self._local = threading.local()
@@ -413,17 +434,19 @@ class Codec:
 
     def encode(self, kind: str, value: Any) -> list[bytes | memoryview]:
         """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
-        found = self._struct_kinds.get(kind)
-        if found is not None:  # a struct: its payload alone
-            cls, validator = found
-            if type(value) is not cls:
-                self._check_instance(kind, cls, value)
-            if validator is not None:
-                validator(kind, value)
-            return self._encode_payload(value, True)
+        plan = self._struct_plans.get(kind)
+        if plan is not None:  # a struct, or a message kind with a struct payload
+            prefix, payload_class, rules, oob, _ = plan
+            if type(value) is not payload_class:
+                self._check_instance(kind, payload_class, value)
+            if rules is not None:
+                rules(kind, value)
+            frames = self._encode_payload(value, oob)
+            return [*prefix, *frames] if prefix else frames
         layout = self._layouts.get(kind)
         if layout is None:  # a struct class built since (KeyError for an unknown kind)
-            self._struct_kinds[kind] = (self._struct_class(kind), self._validators.get(kind))
+            self._struct_plans[kind] = ((), self._struct_class(kind), self._validators.get(kind),
+                                        True, kind)
             return self.encode(kind, value)
         if layout.payload is None:
             if value is not None:
@@ -435,11 +458,11 @@ class Codec:
             return list(layout.prefix)
         if value is None and kind in _EMPTY_MEANS_NONE:
             return [*layout.prefix, self._ready_literal]
-        payload_class = self._payload_structs[kind]
-        if payload_class is None:
+        payload_struct = self._payload_structs[kind]
+        if payload_struct is None:
             self._check_payload_value(layout, value)
-        elif type(value) is not payload_class:
-            self._check_instance(kind, payload_class, value)
+        elif type(value) is not payload_struct:
+            self._check_instance(kind, payload_struct, value)
         validator = self._validators.get(kind)
         if validator is not None:
             validator(kind, value)
@@ -447,6 +470,20 @@ class Codec:
 
     def decode(self, kind: str, frames: Sequence[Frame]) -> Any:
         """The value of a message of ``kind`` (or a struct payload) from its frames."""
+        plan = self._struct_plans.get(kind)
+        if plan is not None:
+            # A struct, or a message kind with a struct payload whose fixed frames came as the
+            # very bytes expected (the common case): its payload decoded at once. Anything
+            # else (a fixed frame as another bytes-like value, a wrong one, a frame missing)
+            # takes the general path below, which says what is wrong.
+            prefix, _, rules, oob, payload_type = plan
+            count = len(prefix)
+            if len(frames) > count and (not count or tuple(frames[:count]) == prefix):
+                value = self._decode_payload(
+                    payload_type, frames[count:] if count else frames, oob=oob, kind=kind)
+                if rules is not None:
+                    rules(kind, value)
+                return value
         layout = self._layouts.get(kind)
         if layout is None:
             if kind not in self.structs.classes:
@@ -498,8 +535,13 @@ class Codec:
 
     def encode_routed(self, kind: str, value: Any, rank: int) -> list[bytes | memoryview]:
         """The frames a ROUTER sends: the identity of ``rank``, then the message."""
-        self._require_routed(kind)
-        return [self.encode_identity(rank), *self.encode(kind, value)]
+        if kind not in self._routed_kinds:
+            self._require_routed(kind)
+        identity = self._identities.get(rank) if type(rank) is int else None
+        if identity is None:
+            identity = self.encode_identity(rank)
+            self._identities[rank] = identity
+        return [identity, *self.encode(kind, value)]
 
     def decode_routed(self, kind: str, frames: Sequence[Frame]) -> tuple[int, Any]:
         """``(rank, value)`` from the frames a ROUTER received (identity first)."""
@@ -514,7 +556,12 @@ class Codec:
         """Tell which kind of ``channel`` the frames are (optionally only kinds sent by
         ``sender``) and decode them. Routed frames must come without their identity."""
         kinds = self._channel_cache.get((channel, sender))
-        candidates, prefixed, bare = kinds or self._channel_kinds(channel, sender)
+        candidates, prefixed, bare, heads = kinds or self._channel_kinds(channel, sender)
+        first = frames[0] if frames else None
+        if type(first) is bytes and bare and first not in heads:
+            # A bytes first frame that starts no kind with fixed frames (an EngineCoreOutputs'
+            # msgpack frame, say): only the kinds without fixed frames can match.
+            prefixed = []
         # Longest fixed prefix first; a frame is compared (and copied) only where its length
         # matches the prefix frame's, so a payload frame is never copied to be compared.
         for layout in prefixed:
@@ -541,10 +588,10 @@ class Codec:
 
     def _channel_kinds(
         self, channel: str, sender: str | None
-    ) -> tuple[list[Layout], list[Layout], list[Layout]]:
+    ) -> tuple[list[Layout], list[Layout], list[Layout], frozenset[bytes]]:
         """The kinds of ``channel`` from ``sender`` (every sender: None), and of those the
-        ones with fixed frames in front, longest prefix first, and the ones without (cached:
-        the layouts are fixed per codec)."""
+        ones with fixed frames in front, longest prefix first, the ones without, and the
+        first fixed frames of the former (cached: the layouts are fixed per codec)."""
         key = (channel, sender)
         found = self._channel_cache.get(key)
         if found is None:
@@ -556,7 +603,8 @@ class Codec:
             if not candidates:
                 raise KeyError(f"no message kinds on channel {channel!r} from sender {sender!r}")
             prefixed = sorted((c for c in candidates if c.prefix), key=lambda c: -len(c.prefix))
-            found = (candidates, prefixed, [c for c in candidates if not c.prefix])
+            found = (candidates, prefixed, [c for c in candidates if not c.prefix],
+                     frozenset(c.prefix[0] for c in prefixed))
             self._channel_cache[key] = found
         return found
 
@@ -630,7 +678,8 @@ class Codec:
         state.frames = frames
         state.used = used
         try:
-            value = decoder.decode(_buffer(frames[0]))
+            first = frames[0]
+            value = decoder.decode(first if type(first) is bytes else _buffer(first))
         except msgspec.ValidationError as exc:
             text = str(exc)
             path_match = _AT_PATH.search(text)
@@ -1000,8 +1049,9 @@ class Codec:
             self._handshake_keys, self._validate_handshake_map)
         found.update(dict.fromkeys(("add", "EngineCoreRequest"), self._request_validator()))
         found.update(dict.fromkeys(
-            ("outputs", "utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
+            ("utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
             self._validate_outputs))
+        found["outputs"] = self._validate_request_outputs
         found["MultiModalFeatureSpec"] = lambda _kind, value: self._validate_mm_item(value.data)
         found["MultiModalFieldElem"] = lambda _kind, value: self._validate_mm_element("", value)
         found["UtilityOutput"] = lambda _kind, value: self._validate_utility_result(value.result)
@@ -1023,10 +1073,18 @@ class Codec:
         has_mm_kwargs = self._mm_kwargs
         violated, check_item = self._violated, self._validate_mm_item
 
+        # The reference release has one such rule (sampling_params or pooling_params): it is
+        # checked without a loop.
+        single = rules[0] if len(rules) == 1 else None
+
         def validate(_kind: str, value: Any) -> None:
-            for values, nones, constraint in rules:
-                if values(value).count(None) != nones:
-                    violated(constraint, value)
+            if single is not None:
+                if single[0](value).count(None) != single[1]:
+                    violated(single[2], value)
+            else:
+                for values, nones, constraint in rules:
+                    if values(value).count(None) != nones:
+                        violated(constraint, value)
             if has_mm and value.mm_features:
                 for feature in value.mm_features:
                     check_item(feature.data)
@@ -1036,12 +1094,17 @@ class Codec:
 
         return validate
 
-    def _validate_outputs(self, kind: str, value: Any) -> None:
-        utility = value.utility_output
-        if kind == "outputs" and utility is not None:
+    def _validate_request_outputs(self, _kind: str, value: Any) -> None:
+        """The ``outputs`` kind's rule (every engine step sends one): no utility output."""
+        if value.utility_output is not None:
             raise PayloadError(
                 "frames.utility-reply", "a utility reply is the utility_reply kind, not outputs"
             )
+
+    def _validate_outputs(self, kind: str, value: Any) -> None:
+        """The rules of the other EngineCoreOutputs kinds (and of the struct itself: a utility
+        output's result)."""
+        utility = value.utility_output
         if kind == "utility_reply" and (utility is None or value.outputs):
             raise PayloadError(
                 "frames.utility-reply",

@@ -199,6 +199,8 @@ class EngineConnection:
         )
         self.rank = rank
         self.identity: bytes = self.codec.encode_identity(rank)
+        #: Request type frames (bytes) already read -> the message kind they name.
+        self._kinds_by_type_frame: dict[bytes, str] = {}
 
     @property
     def state(self) -> str:
@@ -226,7 +228,12 @@ class EngineConnection:
                 "an input message is a type frame followed by its payload frames",
                 expected=">= 2 frames", got=0,
             )
-        _, kind = self.session.request_event(frames[0])
+        type_frame = frames[0]
+        kind = self._kinds_by_type_frame.get(type_frame) if type(type_frame) is bytes else None
+        if kind is None:
+            _, kind = self.session.request_event(type_frame)
+            if type(type_frame) is bytes:  # a valid type frame is read once per value
+                self._kinds_by_type_frame[type_frame] = kind
         payload = self.codec.decode(kind, frames)
         events: list[Event] = []
         for action in self.session.receive_request(kind, payload):
@@ -262,6 +269,14 @@ class EngineConnection:
         ``utility_reply``: an EngineCoreOutputs with the utility_output answering a pending
         call of ``client_index``; ``engine_core_dead``: no value.
         """
+        if kind == "outputs":  # the per-step message first
+            frames = self.codec.encode(kind, value)
+            # The codec checked the value is an EngineCoreOutputs: fields are attributes.
+            finished = [output.request_id for output in value.outputs or ()
+                        if output.finish_reason is not None]
+            listed = getattr(value, "finished_requests", None)
+            self.session.send_outputs([*finished, *listed] if listed else finished)
+            return frames
         if kind == "hello":
             [hello] = self.session.start()
             return self.codec.encode("hello", hello.data)
@@ -273,13 +288,6 @@ class EngineConnection:
         frames = self.codec.encode(kind, value)
         if kind == "ready_response":
             self.session.send_ready_response()
-        elif kind == "outputs":
-            # The codec checked the value is an EngineCoreOutputs: fields are attributes.
-            finished = set(getattr(value, "finished_requests", None) or ())
-            for output in value.outputs or ():
-                if output.finish_reason is not None:
-                    finished.add(output.request_id)
-            self.session.send_outputs(finished)
         elif kind == "utility_reply":
             call_id = get_field(get_field(value, "utility_output"), "call_id")
             self.session.send_utility_reply(client_index, call_id)

@@ -143,10 +143,17 @@ def generation_plan(request: Any, default_tokens: int) -> tuple[int, int]:
     """How many tokens the reference engine generates for ``request``, and the FinishReason
     value it finishes with: ``sampling_params.max_tokens`` and LENGTH, or ``default_tokens``
     and STOP when the request sets no max_tokens."""
-    max_tokens = get_field(get_field(request, "sampling_params"), "max_tokens")
+    return plan_for(get_field(get_field(request, "sampling_params"), "max_tokens"),
+                    default_tokens)
+
+
+def plan_for(max_tokens: int | None, default_tokens: int) -> tuple[int, int]:
+    """:func:`generation_plan` of a request whose sampling params' max_tokens is
+    ``max_tokens``."""
+    stop, length = _FINISH_VALUES[0] if _FINISH_VALUES else _finish_values()
     if max_tokens is None:
-        return default_tokens, _finish_values()[0]
-    return int(max_tokens), _finish_values()[1]
+        return default_tokens, stop
+    return int(max_tokens), length
 
 
 def _finish_values() -> tuple[int, int]:
@@ -176,7 +183,7 @@ def parallel_config_hash(dp_size: int) -> str:
     return hashlib.sha256(f"enginewire-dp-{dp_size}".encode()).hexdigest()
 
 
-@dataclass
+@dataclass(slots=True)
 class _Running:
     request_id: str
     client_index: int
@@ -270,6 +277,9 @@ READY_KEY_VALUES: dict[str, Any] = {"num_gpu_blocks": 1024, "dp_stats_address": 
 #: Most messages read from one input socket per poll, so a flood on one socket cannot hold off
 #: the generation step, the other sockets, or a stop or death request.
 MAX_MESSAGES_PER_POLL = 256
+#: Serving turns with messages between two checks that the parent process is still there
+#: (checked at once whenever a poll comes back empty).
+SERVING_TURNS_PER_PARENT_CHECK = 256
 
 
 class ReferenceEngine:
@@ -508,32 +518,49 @@ class ReferenceEngine:
         poller = zmq.Poller()
         for sock in self._inputs:
             poller.register(sock.socket, zmq.POLLIN)
+        poll, dying, stopping = poller.poll, self._die.is_set, self._stop.is_set
+        clock, step_delay = time.monotonic, self.options.step_delay
+        busy_turns = 0
         while True:
-            if self._die.is_set():
+            if dying():
                 self._send_dead()
                 return EXIT_DIED
-            if self._stop.is_set() or self._parent_gone():
+            if stopping():
                 return EXIT_CLEAN
             wait_ms = 50
-            if self._running:
-                wait_ms = max(0, int((self._next_step - time.monotonic()) * 1000))
+            if self._running and step_delay:
+                wait_ms = max(0, int((self._next_step - clock()) * 1000))
+            elif self._running:
+                wait_ms = 0
             # One poll per batch: read what each ready socket holds (bounded), so a burst of
             # requests joins one step.
-            for sock, _ in poller.poll(wait_ms):
+            ready = poll(wait_ms)
+            for index, (sock, _) in enumerate(ready):
+                # (Checked at the top of this loop before the first socket; _drain checks
+                # between messages.)
+                if index and (dying() or stopping()):
+                    break
                 self._drain(sock)
-            if self._running and time.monotonic() >= self._next_step and not self._die.is_set():
+            # Whether the parent is still there (a system call) when the poll came back
+            # empty, and every SERVING_TURNS_PER_PARENT_CHECK turns under a steady load.
+            busy_turns = busy_turns + 1 if ready else SERVING_TURNS_PER_PARENT_CHECK
+            if busy_turns >= SERVING_TURNS_PER_PARENT_CHECK:
+                busy_turns = 0
+                if self._parent_gone():
+                    return EXIT_CLEAN
+            if self._running and not dying() and (not step_delay or clock() >= self._next_step):
                 self._step()
-                self._next_step = time.monotonic() + self.options.step_delay
+                if step_delay:
+                    self._next_step = clock() + step_delay
 
     def _drain(self, sock: zmq.Socket[Any]) -> None:
         """Read what a socket the poll found ready holds, at most
         :data:`MAX_MESSAGES_PER_POLL` messages, asking the socket whether another one waits
         (a receive that finds none raises, which costs several times the question)."""
+        # (The serving loop checks the stop and death requests before it calls this.)
         for _ in range(MAX_MESSAGES_PER_POLL):
-            if self._die.is_set() or self._stop.is_set():
-                return
             self._handle(receive_frames(sock))
-            if not readable(sock):
+            if not readable(sock) or self._die.is_set() or self._stop.is_set():
                 return
 
     def _parent_gone(self) -> bool:
@@ -568,15 +595,14 @@ class ReferenceEngine:
     # A request here is the codec's EngineCoreRequest struct: its fields are read as
     # attributes (with the defaults get_field gives a field this release lacks).
 
-    def _bad_content(self, request: Any) -> str | None:
-        sampling = getattr(request, "sampling_params", None)
-        prompt = getattr(request, "prompt_token_ids", None)
-        client_index = getattr(request, "client_index", 0) or 0
+    def _bad_content(self, request: Any, prompt: Any, sampling: Any, max_tokens: Any,
+                     client_index: int) -> str | None:
+        """Why the reference engine cannot serve ``request`` (None: it can), given its
+        prompt_token_ids, its sampling params and their max_tokens, and its client_index."""
         if prompt is None and getattr(request, "prompt_embeds", None) is None:
             return "no prompt_token_ids and no prompt_embeds"
         if sampling is None:
             return "no sampling_params (the reference engine only generates)"
-        max_tokens = get_field(sampling, "max_tokens")
         if max_tokens is not None and max_tokens < 1:
             return f"max_tokens {max_tokens} < 1"
         if prompt and min(prompt) < 0:
@@ -586,25 +612,28 @@ class ReferenceEngine:
         return None
 
     def _add(self, request: Any) -> None:
+        # Each field read once (the request is the codec's struct; getattr's default stands
+        # for a field this release lacks).
         request_id = request.request_id
-        problem = self._bad_content(request)
+        prompt = getattr(request, "prompt_token_ids", None)
+        sampling = getattr(request, "sampling_params", None)
+        max_tokens = getattr(sampling, "max_tokens", None)  # (None for no sampling params)
+        client_index = getattr(request, "client_index", 0) or 0
+        problem = self._bad_content(request, prompt, sampling, max_tokens, client_index)
         if problem is None and request_id in self._running:
             problem = "a request with this id is already running"
         if problem is not None:
             log.warning("engine %d: request %r refused: %s", self.options.rank, request_id,
                         problem)
-            client_index = getattr(request, "client_index", 0) or 0
             if not 0 <= client_index < len(self._outputs):
                 client_index = 0
             if request_id not in self._running:
                 self._finish_now([request_id], client_index, int(structs.FinishReason.ERROR))
             return
-        count, reason = generation_plan(request, self.options.tokens)
-        self._running[request_id] = _Running(
-            request_id, getattr(request, "client_index", 0) or 0,
-            getattr(request, "prompt_token_ids", None) or (), count, reason,
-        )
-        if len(self._running) == 1:
+        count, reason = plan_for(max_tokens, self.options.tokens)
+        self._running[request_id] = _Running(request_id, client_index, prompt or (), count,
+                                             reason)
+        if self.options.step_delay and len(self._running) == 1:
             self._next_step = time.monotonic() + self.options.step_delay
 
     def _abort(self, request_ids: list[str]) -> None:
@@ -663,23 +692,26 @@ class ReferenceEngine:
 
     def _step(self) -> None:
         output_class, finish_reason = self._output_class, self._finish_reason
-        by_client: dict[int, list[Any]] = {}
-        for request_id, running in list(self._running.items()):
-            token = (scripted_token(running.prompt, running.sent)
-                     if running.sent < running.count else None)
-            running.sent += 1
-            done = running.sent >= running.count
-            by_client.setdefault(running.client_index, []).append(
-                output_class(
-                    request_id=request_id,
-                    new_token_ids=[] if token is None else [token],
-                    finish_reason=finish_reason(running.finish_reason) if done else None,
-                )
-            )
+        running_requests = self._running
+        # client_index -> (its request outputs, the ids among them that finish)
+        by_client: dict[int, tuple[list[Any], list[str]]] = {}
+        for request_id, running in list(running_requests.items()):
+            sent = running.sent
+            running.sent = sent + 1
+            done = sent + 1 >= running.count
+            client = by_client.get(running.client_index)
+            if client is None:
+                client = by_client[running.client_index] = ([], [])
+            client[0].append(output_class(
+                request_id=request_id,
+                new_token_ids=[scripted_token(running.prompt, sent)] if sent < running.count
+                else [],
+                finish_reason=finish_reason(running.finish_reason) if done else None,
+            ))
             if done:
-                del self._running[request_id]
-        for client_index, outputs in by_client.items():
-            done_ids = [o.request_id for o in outputs if o.finish_reason is not None]
+                client[1].append(request_id)
+                del running_requests[request_id]
+        for client_index, (outputs, done_ids) in by_client.items():
             message = self._outputs_class(
                 engine_index=self.options.rank,
                 outputs=outputs,

@@ -240,8 +240,8 @@ class ReferenceFrontend:
         The engine is ``engine_index``, else the request's ``data_parallel_rank``, else the
         next one in turn. The request's client_index is set to this front end's.
         """
-        if engine_index is None:
-            engine_index = get_field(request, "data_parallel_rank")
+        if engine_index is None:  # the request is an object: its client_index is set below
+            engine_index = getattr(request, "data_parallel_rank", None)
         if engine_index is None:
             engine_index = next(self._round_robin)
         if hasattr(request, "client_index"):  # releases before 0.8.3 have no client_index
@@ -292,29 +292,36 @@ class ReferenceFrontend:
 
     # --- outputs -------------------------------------------------------------------------
 
-    def pump(self, timeout: float) -> bool:
+    def pump(self, timeout: float, *, until_output: bool = False) -> bool:
         """Read one batch from the output channel: one poll that waits at most ``timeout`` s,
         then every message the socket holds (at most :data:`MAX_MESSAGES_PER_PUMP`), each
         read without blocking, asking the socket whether another one waits; returns whether
         one came. Utility replies resolve their futures; outputs are queued. A message that
         breaks the spec raises its ProtocolError here (the session state is unchanged; the
-        messages after it stay in the socket)."""
-        if self.session.dead:
+        messages after it stay in the socket).
+
+        ``until_output``: stop once an output is queued (what :meth:`get_output` waits for;
+        the messages behind it stay in the socket for the next poll, which finds them at
+        once), so a lone output costs no second question to the socket."""
+        session = self.connection.session
+        if session.dead:
             return False
         # One Poller for the front end's life (Socket.poll builds and registers a new one on
         # every call).
         if not self._output_poller.poll(max(0, int(timeout * 1000))):
             return False
-        sock = self._output.socket
+        sock, outputs = self._output.socket, self._outputs
         for _ in range(MAX_MESSAGES_PER_PUMP):
             self._receive(receive_frames(sock))
-            if self.session.dead or not readable(sock):
+            if session.dead or (until_output and outputs) or not readable(sock):
                 break
         return True
 
     def _receive(self, frames: list[Any]) -> None:
         for event in self.connection.receive("output", frames):
-            if isinstance(event, EngineDied):
+            if type(event) is OutputsReceived:  # the common case first
+                self._outputs.append(event.outputs)
+            elif isinstance(event, EngineDied):
                 for rank, call_ids in event.failed_calls.items():
                     for call_id in call_ids:
                         method, future = self._calls.pop(call_id)
@@ -344,6 +351,8 @@ class ReferenceFrontend:
     def get_output(self, timeout: float) -> Any:
         """The next EngineCoreOutputs with request outputs, within ``timeout`` s."""
         deadline = time.monotonic() + timeout
+        if not self._outputs and not self.connection.session.dead:
+            self.pump(timeout, until_output=True)  # the common case: one pump brings it
         while not self._outputs:
             if self.session.dead:
                 raise EngineDeadError(
@@ -354,7 +363,7 @@ class ReferenceFrontend:
                 raise ProtocolTimeout(
                     "frames.outputs-payload", f"no outputs within {timeout} s"
                 )
-            self.pump(remaining)
+            self.pump(remaining, until_output=True)
         return self._outputs.popleft()
 
     # --- shutdown ------------------------------------------------------------------------

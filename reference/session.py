@@ -404,8 +404,9 @@ class FrontendSession:
         return _action(transition, link.rank, response)
 
     def _send(self, rank: int, event: str, what: str) -> EngineLink:
-        self._check_alive()
-        link = self.link(rank)
+        if self.dead:
+            self._check_alive()
+        link = self.engines.get(rank) or self.link(rank)
         if not link.machine.can(event) and link.state in link.machine.startup_states:
             raise HandshakeError(
                 "frames.ready-response-first",
@@ -487,14 +488,17 @@ class FrontendSession:
             self.pending_calls.pop(call_id, None)
             return _action(transition, link.rank, utility)
         transition = link.machine.fire("outputs", what="outputs")
-        finished = set(field(outputs, "finished_requests", None) or ())
-        for output in field(outputs, "outputs", None) or ():
-            if isinstance(output, msgspec.Struct):
-                if getattr(output, "finish_reason", None) is not None:
-                    finished.add(getattr(output, "request_id", None))
-            elif get_field(output, "finish_reason") is not None:
-                finished.add(get_field(output, "request_id"))
-        link.requests.difference_update(finished)
+        tracked = link.requests
+        if tracked:  # untrack the finished ones (none to untrack when none is in flight)
+            listed = field(outputs, "finished_requests", None)
+            if listed:
+                tracked.difference_update(listed)
+            for output in field(outputs, "outputs", None) or ():
+                if isinstance(output, msgspec.Struct):
+                    if getattr(output, "finish_reason", None) is not None:
+                        tracked.discard(getattr(output, "request_id", None))
+                elif get_field(output, "finish_reason") is not None:
+                    tracked.discard(get_field(output, "request_id"))
         return _action(transition, link.rank, outputs)
 
     def receive_engine_dead(self) -> list[Action]:
@@ -720,14 +724,14 @@ class EngineSession:
         for UTILITY and nothing for START_DP_WAVE.
         """
         if isinstance(type_frame, str):
-            name, event = type_frame.upper(), type_frame
+            event = type_frame
         else:
-            name, event = self.request_event(type_frame)
+            _, event = self.request_event(type_frame)
         if not self.machine.can(event):
-            self.machine.fire(event, what=f"{name} request")
+            self.machine.fire(event, what=f"{event.upper()} request")
         if event == "add":
             request_id = get_field(payload, "request_id")
-            if not isinstance(request_id, str):
+            if type(request_id) is not str and not isinstance(request_id, str):
                 raise PayloadError(
                     "structs.array.missing-required-rejected", "an ADD without a request_id",
                     expected="str", got=type(request_id).__name__,
