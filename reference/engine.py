@@ -57,7 +57,7 @@ from typing import Any
 import zmq
 
 from enginewire.spec.history.release_facts import (
-    BASE_KEYS,
+    STATE_KEYS,
     handshake_keys_at,
     ready_response_at,
 )
@@ -442,12 +442,13 @@ class ReferenceEngine:
         return keys is not None and key in {*keys[0], *keys[1]}
 
     def _release_ready_keys(self) -> dict[str, Any]:
-        """The READY keys the release requires beyond status, local and headless."""
+        """The READY keys the release requires beyond status, local and headless
+        (num_gpu_blocks, and dp_stats_address from 0.9.2, before 0.20.0)."""
         if self.release is None:
             return {}
         keys = handshake_keys_at(self.release, "READY")
         required = keys[0] if keys is not None else []
-        return {k: READY_KEY_VALUES[k] for k in required if k not in BASE_KEYS}
+        return {k: READY_KEY_VALUES[k] for k in required if k not in STATE_KEYS}
 
     def _ready_response(self) -> Any:
         """The ready response: the release's EngineCoreReadyResponse, or None (an empty

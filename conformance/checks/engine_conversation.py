@@ -24,7 +24,7 @@ from enginewire.conformance.framework.registry import (
     require_field,
 )
 from enginewire.conformance.oracle.samples import minimal_request
-from enginewire.conformance.oracle.strict import handshake_problems
+from enginewire.conformance.oracle.strict import handshake_problems, handshake_surplus
 from enginewire.conformance.peers.zmq_peers import (
     ENGINE_CORE_DEAD,
     TYPE_BYTES,
@@ -37,6 +37,7 @@ from enginewire.conformance.peers.zmq_peers import (
     require_request_type,
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
+from enginewire.spec.history.release_facts import handshake_message_at
 
 PEER_TIMEOUT = 25.0
 PROBE_METHOD = "enginewire_conformance_no_such_method"
@@ -105,7 +106,8 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
                                                 "frames.routed-identity-first"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
-    """The first handshake message is [identity, {status: HELLO, local, headless}]."""
+    """The first handshake message is [identity, HELLO] with exactly the release's HELLO keys
+    ({status, local, headless}; {status, local} before 0.10.0)."""
     front = _frontend(ctx)
     _launch(engine, ctx, front)
     frames = front.recv_handshake(ctx.wait(10.0))
@@ -125,10 +127,20 @@ def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
                            f"{problems[0]}{more}",
                            Reproduction(received=frames,
                                         notes={"problems": [str(p) for p in problems]}))
-    if not isinstance(hello, dict) or hello.get("status") != "HELLO" or not isinstance(
-            hello.get("local"), bool) or not isinstance(hello.get("headless"), bool):
-        raise CheckFailure(f"HELLO must be {{status: 'HELLO', local: bool, headless: bool}}, "
-                           f"got {hello!r}"[:300], Reproduction(received=frames))
+    if not isinstance(hello, dict) or hello.get("status") != "HELLO":
+        raise CheckFailure(f"HELLO must be a map with status 'HELLO', got {hello!r}"[:300],
+                           Reproduction(received=frames))
+    _no_surplus(hello, "HELLO", ctx, frames)
+
+
+def _no_surplus(message: dict[str, Any], what: str, ctx: Any,
+                frames: list[bytes] | None = None) -> None:
+    """``message`` carries only keys of the release's ``what`` (HELLO or READY)."""
+    surplus = handshake_surplus(message, what, ctx.spec)
+    if surplus:
+        raise CheckFailure(f"[handshake.message-keys] {what} carries {surplus}, which vLLM "
+                           f"{ctx.spec.version}'s {what} does not have: a {what} of another "
+                           "release", Reproduction(received=frames or message))
 
 
 def _identity_check(engine: Any, ctx: Any, rank: int) -> None:
@@ -198,12 +210,16 @@ def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
                                                "transport.handshake-dealer-linger"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_keys(engine: EngineSurface, ctx: CheckContext) -> None:
-    """READY is {status: READY, local, headless}, with no parallel_config_hash when DP = 1."""
+    """READY carries the release's required keys and no key the release lacks ({status,
+    local, headless} from 0.20.0; with num_gpu_blocks, and dp_stats_address from 0.9.2,
+    before), with no parallel_config_hash when DP = 1. The keys' presence and types are
+    checked as the handshake is read (:func:`~enginewire.conformance.peers.zmq_peers.
+    SuiteFrontend.handshake`)."""
     _, handshake = _started(engine, ctx)
     ready = handshake.ready
-    if ready.get("status") != "READY" or not isinstance(ready.get("local"), bool) or \
-            not isinstance(ready.get("headless"), bool):
-        raise CheckFailure(f"READY must carry status, local and headless, got {ready!r}")
+    if ready.get("status") != "READY":
+        raise CheckFailure(f"READY must carry status 'READY', got {ready!r}"[:300])
+    _no_surplus(ready, "READY", ctx)
     extra = {"parallel_config_hash", "coord_store_port", "elastic_ep_max_dp_size",
              "num_redundant_experts"} & set(ready)
     if extra:
@@ -225,13 +241,16 @@ def _ready_hash(engine: EngineSurface, ctx: CheckContext) -> None:
                                                         "handshake.headless-rule"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _flags(engine: EngineSurface, ctx: CheckContext) -> None:
-    """A remote headless engine says local=false, headless=true in HELLO and READY."""
+    """A remote headless engine says local=false, headless=true in HELLO and READY (local
+    only, before 0.10.0: those releases' HELLO and READY have no headless key)."""
     _, handshake = _started(engine, ctx, local=False, headless=True)
+    want = {"local": False, "headless": True}
     for name, message in (("HELLO", handshake.hello), ("READY", handshake.ready)):
-        if message.get("local") is not False or message.get("headless") is not True:
-            raise CheckFailure(f"{name} says local={message.get('local')!r}, "
-                               f"headless={message.get('headless')!r}; launched as remote "
-                               "and headless")
+        keys = handshake_message_at(ctx.spec, name)
+        names = {k.name for k in keys.keys} if keys is not None else set()
+        said = {k: message.get(k) for k in want if k in names}
+        if said != {k: v for k, v in want.items() if k in names}:
+            raise CheckFailure(f"{name} says {said}; launched as remote and headless")
 
 
 @check("engine/handshake/two-clients", clauses=["transport.one-socket-pair-per-client",

@@ -248,15 +248,27 @@ def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
         _no_init(engine, what)
 
 
+def _remote_hello(engine: SuiteEngine) -> None:
+    engine.local, engine.headless = False, True
+    engine.hello()
+
+
+def _hello_lacking_a_key(engine: SuiteEngine) -> None:
+    """The release's HELLO without its last required key after status (headless from
+    0.10.0, local before)."""
+    value = engine.handshake_value("HELLO")
+    value.pop("headless" if "headless" in value else "local")
+    engine.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
+
+
 _rejected_hello("frontend/handshake/unknown-rank-ignored", ["identity.known-rank"],
                 "a HELLO from rank 5 when it manages only rank 0", 5, lambda e: e.hello())
 _rejected_hello("frontend/handshake/local-mismatch", ["handshake.local-must-match"],
                 "a HELLO saying local=false from an engine it expects local", 0,
-                lambda e: e.hello(local=False, headless=True))
+                _remote_hello)
 _rejected_hello("frontend/handshake/missing-keys", ["handshake.message-keys"],
-                "a HELLO without headless", 0,
-                lambda e: e.handshake_socket.send(msgspec.msgpack.encode(
-                    {"status": "HELLO", "local": True})))
+                "a HELLO without one of the release's required keys (headless; local "
+                "before 0.10.0)", 0, _hello_lacking_a_key)
 _rejected_hello("frontend/handshake/ready-before-hello", ["handshake.frontend.unexpected-event"],
                 "a READY before any HELLO", 0, lambda e: e.ready())
 _rejected_hello("frontend/handshake/unknown-status", ["handshake.frontend.unexpected-event"],
@@ -265,7 +277,7 @@ _rejected_hello("frontend/handshake/unknown-status", ["handshake.frontend.unexpe
 _rejected_hello("frontend/handshake/two-frame-hello", ["frames.frame-count"],
                 "a HELLO sent as two frames", 0,
                 lambda e: e.handshake_socket.send_multipart([msgspec.msgpack.encode(
-                    {"status": "HELLO", "local": True, "headless": False}), b"extra"]))
+                    e.handshake_value("HELLO")), b"extra"]))
 _rejected_hello("frontend/handshake/garbage-hello", ["handshake.message-keys",
                                                      "frames.payload-matches-type"],
                 "a HELLO that is not msgpack", 0,

@@ -38,9 +38,10 @@ from enginewire.conformance.oracle.wire import (
 )
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
-    BASE_KEYS,
     conversation_gap,
+    engine_handshake_map,
     handshake_keys_at,
+    handshake_message_at,
     ready_response_at,
     request_types_at,
 )
@@ -80,7 +81,8 @@ def decode(frames: Sequence[bytes], type_text: str, spec: Any,
     return from_wire(raw, type_text, spec, [bytes(f) for f in frames[1:]])
 
 
-#: Values of the READY keys an older release requires beyond status, local and headless.
+#: Values of the READY keys an older release requires beyond status, local and headless
+#: (num_gpu_blocks, dp_stats_address before 0.20.0).
 READY_KEY_VALUES: dict[str, Any] = {"num_gpu_blocks": 512, "dp_stats_address": None}
 
 
@@ -383,22 +385,22 @@ class SuiteEngine:
     def close(self) -> None:
         self.net.close()
 
+    def handshake_value(self, message: str, /, **overrides: Any) -> dict[str, Any]:
+        """The ``message`` (HELLO or READY) map this engine sends in its release: exactly the
+        release's required keys (headless from 0.10.0, num_gpu_blocks and dp_stats_address
+        in READY before 0.20.0), then ``overrides``."""
+        spec = handshake_message_at(self.spec, message)
+        assert spec is not None  # require_conversation: the release has the handshake
+        return {**engine_handshake_map(spec, local=self.local, headless=self.headless,
+                                       values=READY_KEY_VALUES), **overrides}
+
     def hello(self, **overrides: Any) -> None:
-        value = {"status": "HELLO", "local": self.local, "headless": self.headless, **overrides}
+        value = self.handshake_value("HELLO", **overrides)
         self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
 
     def ready(self, **overrides: Any) -> None:
-        value = {"status": "READY", "local": self.local, "headless": self.headless,
-                 **self._release_ready_keys(), **overrides}
+        value = self.handshake_value("READY", **overrides)
         self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
-
-    def _release_ready_keys(self) -> dict[str, Any]:
-        """The READY keys an older release requires beyond status, local and headless."""
-        if self.spec.version == REFERENCE_VLLM_VERSION:
-            return {}
-        keys = handshake_keys_at(self.spec.version, "READY")
-        required = keys[0] if keys is not None else []
-        return {k: READY_KEY_VALUES[k] for k in required if k not in BASE_KEYS}
 
     def recv_init(self, timeout: float) -> list[bytes]:
         return recv(self.handshake_socket, timeout, "init after HELLO")  # type: ignore[arg-type]
