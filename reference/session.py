@@ -597,6 +597,11 @@ class EngineSession:
     def state(self) -> str:
         return self.machine.state
 
+    @property
+    def ready_message(self) -> HandshakeMessage | None:
+        """The release's READY (None: a release without the handshake)."""
+        return self._ready_spec
+
     def _require_mode(self, handshake: bool, what: str) -> None:
         if self.handshake != handshake:
             raise HandshakeError(

@@ -37,7 +37,7 @@ from enginewire.conformance.peers.zmq_peers import (
     require_request_type,
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
-from enginewire.spec.history.release_facts import handshake_message_at
+from enginewire.spec.history.release_facts import handshake_message_at, ready_response_at
 
 PEER_TIMEOUT = 25.0
 PROBE_METHOD = "enginewire_conformance_no_such_method"
@@ -190,9 +190,17 @@ def _same_identity(engine: EngineSurface, ctx: CheckContext) -> None:
                                                        "frames.plain-msgpack-control"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
-    """The ready response is an EngineCoreReadyResponse map with every required field."""
+    """The ready response is an EngineCoreReadyResponse map with every required field, or
+    an empty frame; an empty frame only in a release whose engine sends one (0.9.1-0.19.1,
+    history/constants.toml [[ready_response]])."""
     _, handshake = _started(engine, ctx)
     frames = handshake.ready_responses[0]
+    form = ready_response_at(ctx.spec.version)
+    if form == "empty" and frames[1:] != [b""]:
+        raise CheckFailure(f"vLLM {ctx.spec.version}'s engine sends one empty ready-response "
+                           f"frame (history/constants.toml [[ready_response]]: empty), got "
+                           f"{len(frames) - 1} frame(s) of {len(frames[1])} bytes first",
+                           Reproduction(received=frames))
     if frames[1] == b"":
         return  # an empty ready response is allowed (handshake.ready-response-empty-accepted)
     try:

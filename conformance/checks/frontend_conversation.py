@@ -16,7 +16,12 @@ import msgspec
 
 from enginewire.conformance.checks._helpers import check_high_water_marks
 from enginewire.conformance.framework.context import CheckContext
-from enginewire.conformance.framework.registry import CheckFailure, Reproduction, check
+from enginewire.conformance.framework.registry import (
+    CheckFailure,
+    NotInRelease,
+    Reproduction,
+    check,
+)
 from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.values import neutral
 from enginewire.conformance.peers.zmq_peers import (
@@ -28,6 +33,7 @@ from enginewire.conformance.peers.zmq_peers import (
     require_ready_key,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
+from enginewire.spec.history.release_facts import STATE_KEYS, handshake_message_at
 
 PEER_TIMEOUT = 25.0
 #: Seconds a front end gets to act on a message it received: return the call a reply answers,
@@ -282,6 +288,35 @@ _rejected_hello("frontend/handshake/garbage-hello", ["handshake.message-keys",
                                                      "frames.payload-matches-type"],
                 "a HELLO that is not msgpack", 0,
                 lambda e: e.handshake_socket.send(b"\xc1garbage"))
+
+
+@check("frontend/handshake/ready-missing-key", clauses=["handshake.message-keys"],
+       surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
+def _ready_missing_key(frontend: FrontendSurface, ctx: CheckContext) -> None:
+    """A READY without a key the release requires beyond status, local and headless
+    (dp_stats_address at 0.9.2-0.19.1, num_gpu_blocks at 0.9.0-0.19.1) does not make the
+    front end ready: vLLM reads it with ``msg[key]``."""
+    require_conversation(ctx.spec)
+    message = handshake_message_at(ctx.spec, "READY")
+    reported = [k.name for k in message.keys if k.required and k.name not in STATE_KEYS] \
+        if message is not None else []
+    if not reported:
+        raise NotInRelease(f"vLLM {ctx.spec.version}'s READY requires no key beyond "
+                           f"{', '.join(STATE_KEYS)} (history/constants.toml [[handshake]])")
+    client, launch = _start(frontend, ctx)
+    waiter = _Waiter(client, ctx.wait(5.0))
+    engine = _engine(ctx, launch)
+    engine.hello()
+    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.send_ready_response()
+    ready = engine.handshake_value("READY")
+    del ready[reported[-1]]
+    engine.handshake_socket.send(msgspec.msgpack.encode(ready))  # type: ignore[union-attr]
+    waiter.thread.join(ACT_S / 2)
+    if waiter.done() and waiter.error is None:
+        raise CheckFailure(f"the front end became ready after a READY without "
+                           f"{reported[-1]!r}, which vLLM {ctx.spec.version}'s READY requires",
+                           Reproduction(sent=[msgspec.msgpack.encode(ready)]))
 
 
 @check("frontend/handshake/second-hello", clauses=["handshake.frontend.unexpected-event"],

@@ -129,8 +129,12 @@ def conversation_gap(spec: Any) -> str | None:
         return (f"vLLM {version} has no HELLO/READY handshake (history/constants.toml "
                 "[[handshake]] is empty for it)")
     if "EngineHandshakeMetadata" not in spec.structs:
-        return (f"vLLM {version} has no EngineHandshakeMetadata: its init message has no "
-                "layout in the spec")
+        came = load().struct("EngineHandshakeMetadata").versions
+        where = (" and holds HELLO, init and READY on its input socket (history/constants.toml "
+                 "[[ready_response]]: handshake)") if ready_response_at(version) == "handshake" \
+            else ""
+        return (f"vLLM {version} has no EngineHandshakeMetadata (structs: {came}){where}: its "
+                "init message has no layout in the spec")
     form = ready_response_at(version)
     if form not in ("struct", "empty"):
         return (f"vLLM {version}'s engine sends no ready response frame on its input DEALER "
