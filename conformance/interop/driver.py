@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,28 +114,27 @@ def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = 
             for right in names:
                 for transport in transports:
                     add("engine", left, right, transport, [left, right],
-                        lambda a=impls[left], b=impls[right], t=transport:
-                        run_engine_cell(a, b, t, timeout))
+                        partial(run_engine_cell, impls[left], impls[right], transport,
+                                timeout))
     if dp:
         for left in names:
             for right in names:
                 for transport in transports:
                     add("engine-dp", left, right, transport, [left, right],
-                        lambda a=impls[left], b=impls[right], t=transport:
-                        run_dp_cell(a, b, t, timeout))
+                        partial(run_dp_cell, impls[left], impls[right], transport, timeout))
         for name, (needs, run) in (_TOPOLOGY_CELLS.items() if coordinated_dp else ()):
             if needs <= set(names):
                 add("engine-dp-coordinated", name, "+".join(sorted(needs)), "ipc",
-                    sorted(needs), lambda r=run: r(timeout))
+                    sorted(needs), partial(run, timeout))
     if ring:
         for left in names:
             for right in names:
                 add("ring", left, right, "shm", [left, right],
-                    lambda a=impls[left], b=impls[right]: run_ring_cell(a, b, timeout))
+                    partial(run_ring_cell, impls[left], impls[right], timeout))
     if api_server and "vllm" in impls:
         for right in names:
             add("api-server", "vllm", right, "ipc" if right == "vllm" else "tcp", ["vllm", right],
-                lambda b=impls[right]: run_api_server_cell(b, timeout))
+                partial(run_api_server_cell, impls[right], timeout))
     return cells
 
 
