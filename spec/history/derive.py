@@ -35,7 +35,7 @@ from typing import Any
 
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
-from .protocol_facts import chunk_framing, handshake_keys, ready_response
+from .protocol_facts import chunk_framing, handshake_keys, init_message, ready_response
 from .wheels import write_releases
 
 #: Where vLLM keeps the non-struct facts (module, name).
@@ -63,6 +63,8 @@ class ReleaseFacts:
     handshake: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     ready_response: str = "none"
     chunk_framing: dict[str, int | str] = field(default_factory=dict)
+    #: How the engine reads the init message (:func:`.protocol_facts.init_message`).
+    init_message: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,6 +125,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.handshake = handshake_keys(source)
         facts.ready_response = ready_response(source)
         facts.chunk_framing = chunk_framing(source)
+        facts.init_message = init_message(source)
     return facts
 
 
@@ -559,6 +562,9 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
          "handshake: the msgpack READY handshake map, sent on the input socket; none: no such "
          "message)",
          lambda r: {"payload": r.ready_response}),
+        ("init_message", "how the engine reads the front end's init message (struct: decoded "
+         "as that struct; map: a plain msgpack map read by these keys; none: no such message)",
+         lambda r: dict(r.init_message) or {"form": "none"}),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")

@@ -16,8 +16,10 @@ handshake keys and the form of the ready response live in ``history/constants.to
   bytes) or ``none``;
 - :func:`conversation_gap`: why the reference peers and the suite's peers cannot hold a
   start-up conversation in a release's terms (None when they can): the release has no
-  HELLO/READY handshake, no ``EngineHandshakeMetadata`` for its init message in the spec, or
-  a ready response that is neither a struct nor an empty frame.
+  HELLO/READY handshake, an init message that is no ``EngineHandshakeMetadata`` (0.9.0's
+  plain map, :func:`init_message_at`), or a ready response that is neither a struct nor an
+  empty frame;
+- :func:`init_message_at`: how the release's engine reads the init message.
 
 At the reference release (:data:`~enginewire.spec.loader.REFERENCE_VLLM_VERSION`) the
 handshake surface (``spec/data/handshake.toml``) is authoritative; the history's newest row
@@ -121,6 +123,13 @@ def ready_response_at(version: str) -> str:
     return str(constants_at(version, "ready_response").get("payload", "none"))
 
 
+def init_message_at(version: str) -> dict[str, Any]:
+    """How the release's engine reads the init message: ``{"form": "struct", "struct":
+    name}``, ``{"form": "map", "keys": [...]}`` (0.9.0) or ``{"form": "none"}``
+    (history/constants.toml [[init_message]])."""
+    return dict(constants_at(version, "init_message")) or {"form": "none"}
+
+
 def conversation_gap(spec: Any) -> str | None:
     """Why a start-up conversation in the terms of ``spec``'s release is not possible, or
     None. ``spec``: a loaded spec (``load(version)``)."""
@@ -128,13 +137,15 @@ def conversation_gap(spec: Any) -> str | None:
     if handshake_keys_at(version, "HELLO") is None:
         return (f"vLLM {version} has no HELLO/READY handshake (history/constants.toml "
                 "[[handshake]] is empty for it)")
-    if "EngineHandshakeMetadata" not in spec.structs:
-        came = load().struct("EngineHandshakeMetadata").versions
+    init = init_message_at(version)
+    if "EngineHandshakeMetadata" not in spec.structs or init.get("form") != "struct":
+        read = (f" (its init message is a plain map of {', '.join(init.get('keys', []))}, "
+                "history/constants.toml [[init_message]])" if init.get("form") == "map" else "")
         where = (" and holds HELLO, init and READY on its input socket (history/constants.toml "
                  "[[ready_response]]: handshake)") if ready_response_at(version) == "handshake" \
             else ""
-        return (f"vLLM {version} has no EngineHandshakeMetadata (structs: {came}){where}: its "
-                "init message has no layout in the spec")
+        return (f"vLLM {version} has no EngineHandshakeMetadata{read}{where}: the peers hold "
+                "the handshake of a separate handshake socket and that struct")
     form = ready_response_at(version)
     if form not in ("struct", "empty"):
         return (f"vLLM {version}'s engine sends no ready response frame on its input DEALER "
