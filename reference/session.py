@@ -617,9 +617,9 @@ class EngineSession:
     def start(self) -> list[Action]:
         """Returns ``[Action("send_hello", rank, hello_map)]``."""
         self._require_mode(True, "HELLO")
-        transition = self.machine.fire("send_hello", what="HELLO")
         if self._hello_spec is None:
             raise _no_handshake(self.spec, "HELLO")
+        transition = self.machine.fire("send_hello", what="HELLO")
         hello = engine_handshake_map(self._hello_spec, local=self.local, headless=self.headless)
         return _action(transition, self.rank, hello)
 
