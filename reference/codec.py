@@ -58,6 +58,7 @@ import msgspec
 import numpy as np
 
 from enginewire.spec import load
+from enginewire.spec.history.release_facts import handshake_message_at
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, UnknownTypeError, kind_of, parse_type
@@ -101,10 +102,9 @@ def _ready_literal(version: str) -> bytes:
     """The frame that stands for None in a ready response of ``version``: ``b"READY"`` where
     the release sends that literal (``history/constants.toml`` ``ready_response``), else the
     empty frame."""
-    from enginewire.spec.history.compat import constants_at
+    from enginewire.spec.history.release_facts import ready_response_at
 
-    form = constants_at(version, "ready_response").get("payload")
-    return b"READY" if form == "READY" else b""
+    return b"READY" if ready_response_at(version) == "READY" else b""
 
 
 class Message(NamedTuple):
@@ -382,9 +382,15 @@ class Codec:
         #: vLLM 0.10.1 carries its multimodal items as maps of elements in mm_kwargs.
         self._mm_kwargs = any(f.name == "mm_kwargs"
                               for f in self.spec.struct("EngineCoreRequest").fields)
+        #: HELLO and READY keys of the codec's release (handshake_message_at: the handshake
+        #: surface's at the reference release, the history's elsewhere).
         self._handshake_keys = {
             m.name.lower(): m.keys for m in self.spec.surface("handshake").messages if m.keys
         }
+        for status in ("HELLO", "READY"):
+            release_message = handshake_message_at(self.spec, status)
+            if release_message is not None:
+                self._handshake_keys[status.lower()] = release_message.keys
         self._validators = self._kind_validators()
         #: message kind -> the struct class its payload is (None: a payload type of another
         #: kind).

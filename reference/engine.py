@@ -62,8 +62,7 @@ from typing import Any
 import zmq
 
 from enginewire.spec.history.release_facts import (
-    BASE_KEYS,
-    handshake_keys_at,
+    STATE_KEYS,
     ready_response_at,
     transport_at,
 )
@@ -465,19 +464,20 @@ class ReferenceEngine:
             self._outputs.append(open_socket(self._ctx, "output", "engine", address,
                                              version=self.release))
 
+    def _ready_keys(self) -> set[str]:
+        """Every key the release's READY has (the session's READY message)."""
+        message = self.connection.session.ready_message
+        return {k.name for k in message.keys} if message is not None else set()
+
     def _release_has_ready_key(self, key: str) -> bool:
-        if self.release is None:
-            return True
-        keys = handshake_keys_at(self.release, "READY")
-        return keys is not None and key in {*keys[0], *keys[1]}
+        return key in self._ready_keys()
 
     def _release_ready_keys(self) -> dict[str, Any]:
-        """The READY keys the release requires beyond status, local and headless."""
-        if self.release is None:
-            return {}
-        keys = handshake_keys_at(self.release, "READY")
-        required = keys[0] if keys is not None else []
-        return {k: READY_KEY_VALUES[k] for k in required if k not in BASE_KEYS}
+        """The READY keys the release requires beyond status, local and headless
+        (num_gpu_blocks, and dp_stats_address from 0.9.2, before 0.20.0)."""
+        message = self.connection.session.ready_message
+        required = [k.name for k in message.keys if k.required] if message is not None else []
+        return {k: READY_KEY_VALUES[k] for k in required if k not in STATE_KEYS}
 
     def _ready_response(self) -> Any:
         """The ready response: the release's EngineCoreReadyResponse, or None (an empty

@@ -32,8 +32,12 @@ from typing import Any, NamedTuple
 import msgspec
 
 from enginewire.spec import load
-from enginewire.spec.history.release_facts import BASE_KEYS, handshake_keys_at
-from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
+from enginewire.spec.history.release_facts import (
+    STATE_KEYS,
+    engine_handshake_map,
+    handshake_message_at,
+)
+from enginewire.spec.loader import Spec
 from enginewire.spec.schema import HandshakeMessage, StateMachine, Transition
 from enginewire.spec.types import parse_type, scalar_type
 
@@ -178,6 +182,24 @@ def _common_required_keys(messages: Sequence[HandshakeMessage]) -> HandshakeMess
     )
 
 
+def _release_messages(spec: Spec) -> dict[str, HandshakeMessage]:
+    """``{"HELLO": ..., "READY": ...}``: the engine's handshake messages in ``spec``'s
+    release ({} for a release without the HELLO/READY handshake)."""
+    out: dict[str, HandshakeMessage] = {}
+    for status in ("HELLO", "READY"):
+        message = handshake_message_at(spec, status)
+        if message is not None:
+            out[status] = message
+    return out
+
+
+def _no_handshake(spec: Spec, what: str) -> HandshakeError:
+    return HandshakeError(
+        "handshake.message-keys", f"vLLM {spec.version} has no HELLO/READY handshake: no {what}",
+        expected="a release with the handshake", got=spec.version,
+    )
+
+
 def _check_keys(message_spec: HandshakeMessage, message: Any, clause: str) -> None:
     """Check a handshake map against the keys the spec lists for it."""
     if not isinstance(message, Mapping):
@@ -261,14 +283,13 @@ class FrontendSession:
         self.pending_calls: dict[int, int] = {}
         self._next_call_id = 1
         self.engines: dict[int, EngineLink] = {}
-        surface = self.spec.surface("handshake")
-        # status value -> the message spec that carries it (HELLO, READY).
-        self._engine_messages = {
-            key.value: m
-            for m in surface.messages if m.channel == "handshake" and m.sender == "engine"
-            for key in m.keys if key.name == "status" and key.value is not None
-        }
-        self._common_keys = _common_required_keys(list(self._engine_messages.values()))
+        # status value -> the message spec of the release that carries it (HELLO, READY).
+        self._engine_messages = _release_messages(self.spec)
+        self._common_keys = _common_required_keys(list(self._engine_messages.values())) \
+            if self._engine_messages else HandshakeMessage(
+                name="handshake", channel="handshake", sender="engine",
+                description="no handshake in this release")
+        self._common_keys_names = {k.name for k in self._common_keys.keys}
         for rank in ranks:
             is_local = local if isinstance(local, bool) else bool(local[rank])
             where = "local" if is_local else "remote"
@@ -338,8 +359,10 @@ class FrontendSession:
         """A decoded HELLO or READY map from engine ``rank`` (its routing identity, decoded)
         on the handshake ROUTER.
 
-        Checks in vLLM's order: the rank, the common keys, ``local``, ``headless``, then
-        the status against the engine's state. Returns ``[Action("send_init", rank,
+        Checks in vLLM's order: the rank, the common keys, ``local``, ``headless`` (in the
+        releases that have it, 0.10.0 on), then the status against the engine's state. The
+        keys are the release's (:func:`~enginewire.spec.history.release_facts.
+        handshake_message_at`). Returns ``[Action("send_init", rank,
         message)]`` for a HELLO (send the init message to that engine) and
         ``[Action("await_ready_response", rank, message)]`` for a READY.
         """
@@ -355,7 +378,8 @@ class FrontendSession:
                 f"{link.rank}, expected it to be {where}",
                 expected=link.local, got=message["local"],
             )
-        if not link.local and message["headless"] != self.remote_headless:
+        if (not link.local and "headless" in self._common_keys_names
+                and message["headless"] != self.remote_headless):
             raise HandshakeError(
                 "handshake.headless-rule",
                 f"remote engine {link.rank} must {'' if self.remote_headless else 'not '}use "
@@ -560,13 +584,9 @@ class EngineSession:
             machine_table("engine", self.spec), subject=f"at engine {rank}",
             actions=ENGINE_ACTIONS,
         )
-        surface = self.spec.surface("handshake")
-        self._ready_spec = next(m for m in surface.messages if m.name == "READY")
-        #: An older release's READY keys (required, optional) from the history; None at the
-        #: reference release (the handshake surface's READY is authoritative).
-        self._release_ready: tuple[list[str], list[str]] | None = None
-        if self.spec.version != REFERENCE_VLLM_VERSION:
-            self._release_ready = handshake_keys_at(self.spec.version, "READY")
+        messages = _release_messages(self.spec)
+        self._hello_spec = messages.get("HELLO")
+        self._ready_spec = messages.get("READY")
         self._request_events = {
             t.byte: (t.name, t.message, t.on_wire)
             for t in self.spec.surface("request_types").types
@@ -580,6 +600,11 @@ class EngineSession:
     @property
     def state(self) -> str:
         return self.machine.state
+
+    @property
+    def ready_message(self) -> HandshakeMessage | None:
+        """The release's READY (None: a release without the handshake)."""
+        return self._ready_spec
 
     def _require_mode(self, handshake: bool, what: str) -> None:
         if self.handshake != handshake:
@@ -596,8 +621,10 @@ class EngineSession:
     def start(self) -> list[Action]:
         """Returns ``[Action("send_hello", rank, hello_map)]``."""
         self._require_mode(True, "HELLO")
+        if self._hello_spec is None:
+            raise _no_handshake(self.spec, "HELLO")
         transition = self.machine.fire("send_hello", what="HELLO")
-        hello = {"status": "HELLO", "local": self.local, "headless": self.headless}
+        hello = engine_handshake_map(self._hello_spec, local=self.local, headless=self.headless)
         return _action(transition, self.rank, hello)
 
     def _check_addresses(self, addresses: Any) -> None:
@@ -653,28 +680,31 @@ class EngineSession:
         return _action(transition, self.rank, len(get_field(self.addresses, "inputs")))
 
     def send_ready(self, extra: Mapping[str, Any] | None = None) -> list[Action]:
-        """Returns ``[Action("send_ready", rank, ready_map)]``; ``extra`` holds the optional
-        READY keys (parallel_config_hash, coord_store_port, ...), checked against the spec."""
+        """Returns ``[Action("send_ready", rank, ready_map)]``; ``extra`` holds the READY keys
+        beyond status, local and headless: the optional ones (parallel_config_hash,
+        coord_store_port, ...) and those the release requires (num_gpu_blocks and
+        dp_stats_address before 0.20.0), checked against the release's READY."""
         self._require_mode(True, "READY")
-        ready = {"status": "READY", "local": self.local, "headless": self.headless}
-        known = {k.name for k in self._ready_spec.keys if not k.required}
-        if self._release_ready is not None:
-            required, optional = self._release_ready
-            known = {*optional, *(k for k in required if k not in BASE_KEYS)}
-            missing = [k for k in required if k not in BASE_KEYS and k not in (extra or {})]
-            if missing:
-                raise HandshakeError(
-                    "handshake.message-keys",
-                    f"READY of vLLM {self.spec.version} requires the keys {missing}",
-                    expected=sorted(required), got=sorted(extra or {}),
-                )
+        if self._ready_spec is None:
+            raise _no_handshake(self.spec, "READY")
+        known = {k.name for k in self._ready_spec.keys if k.name not in STATE_KEYS}
         for key in extra or {}:
             if key not in known:
                 raise HandshakeError(
                     "handshake.ready-optional-keys", f"READY has no optional key {key!r}",
                     expected=sorted(known), got=key,
                 )
-        ready.update(extra or {})
+        try:
+            ready = engine_handshake_map(self._ready_spec, local=self.local,
+                                         headless=self.headless, values=extra)
+        except KeyError:
+            required = [k.name for k in self._ready_spec.keys if k.required]
+            raise HandshakeError(
+                "handshake.message-keys",
+                f"READY of vLLM {self.spec.version} requires the keys "
+                f"{[k for k in required if k not in STATE_KEYS]}",
+                expected=sorted(required), got=sorted(extra or {}),
+            ) from None
         _check_keys(self._ready_spec, ready, "handshake.ready-optional-keys")
         transition = self.machine.fire("send_ready", what="READY")
         return _action(transition, self.rank, ready)

@@ -61,7 +61,7 @@ def channel_end(channel: str, role: str, version: str | None = None) -> SocketEn
 def _in_release(end: SocketEnd, channel: str, version: str | None) -> SocketEnd:
     if version in (None, REFERENCE_VLLM_VERSION) or channel not in ("input", "output"):
         return end
-    release = transport_at(version)  # type: ignore[arg-type]
+    release = transport_at(version)
     if release is None:
         return end
     ends = release.channel(channel)

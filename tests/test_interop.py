@@ -306,3 +306,63 @@ def test_an_implementation_that_cannot_load_fails_the_run(monkeypatch: Any,
     status = cli_main(["interop", "--peers", "reference,vllm", "--only", "ring"])
     assert status == 1
     assert "vllm: not run (ImportError: no such package)" in capsys.readouterr().out
+
+
+# --- --version X: the cells in release X's terms ---------------------------------------------
+
+
+def test_the_matrix_at_an_older_release_runs_the_reference_cells_in_its_terms() -> None:
+    """At 0.9.1 the reference front end and engine hold their cells in 0.9.1's terms; every
+    cell that needs the installed vLLM, and the ring cells (0.9.1 frames a chunk as one
+    pickle stream), are not applicable with the reason."""
+    with interop.implementations(["reference", "vllm"], version="0.9.1") as (impls, missing):
+        assert not missing
+        cells = interop.run_matrix(impls, timeout=TIMEOUT, dp=True, coordinated_dp=False)
+    by_key = {(c.kind, c.left, c.right, c.transport): c for c in cells}
+    for kind in ("engine", "engine-dp"):
+        for transport in ("ipc", "tcp"):
+            cell = by_key[(kind, "reference", "reference", transport)]
+            assert cell.status == "passed", cell.exchanges
+    vllm_cells = [c for c in cells if "vllm" in (c.left, c.right)]
+    assert vllm_cells and all(c.status == "not applicable" for c in vllm_cells)
+    assert all("needs the installed vLLM 0.33.0" in (c.not_applicable or "")
+               for c in vllm_cells if c.kind != "ring")
+    ring = by_key[("ring", "reference", "reference", "shm")]
+    assert ring.status == "not applicable" and "as pickle" in (ring.not_applicable or "")
+    matrix = interop.Matrix(cells, ["reference", "vllm"], version="0.9.1")
+    assert matrix.ok
+    assert matrix.to_builtins()["version"] == "0.9.1"
+    assert interop.render_table(matrix).endswith("not applicable")
+
+
+def test_a_front_end_at_an_older_release_fails_with_an_engine_of_the_newest() -> None:
+    """The cells do speak the release: a 0.9.1 front end rejects the READY of a 0.33.0 engine
+    (no num_gpu_blocks), and the handshake exchange fails."""
+    old = reference_implementation(version="0.9.1")
+    cell = run_engine_cell(old, reference_implementation(), "ipc", 3.0)
+    assert cell.status == "failed"
+    assert cell.first_failure is not None and cell.first_failure.name == "handshake"
+
+
+@pytest.mark.parametrize("version", ["0.7.3", "0.8.5"])
+def test_engine_cells_at_a_release_without_the_handshake_run_on_its_channels(
+        version: str) -> None:
+    """Before 0.9.0 the engine cell's engine gets its input and output addresses directly
+    and both sides open the release's sockets (0.7.3: PUSH/PULL without identity; 0.8.5: a
+    DEALER that sends b"READY")."""
+    with interop.implementations(["reference"], version=version) as (impls, _):
+        [cell] = interop.run_matrix(impls, transports=["ipc"], ring=False, timeout=TIMEOUT)
+    assert cell.status == "passed", cell.exchanges
+
+
+def test_a_front_end_without_the_handshake_fails_with_an_engine_of_the_newest() -> None:
+    """A 0.8.5 front end waits for b"READY" on its input ROUTER; an engine of 0.33.0 waits
+    for a handshake that never comes, so the cell fails at start-up."""
+    old = reference_implementation(version="0.8.5")
+    cell = run_engine_cell(old, reference_implementation(), "ipc", 2.0)
+    assert cell.status == "failed"
+
+
+def test_interop_at_an_unknown_release_is_a_usage_error(capsys: Any) -> None:
+    assert cli_main(["interop", "--version", "0.0.1", "--peers", "reference"]) == 2
+    assert "0.0.1" in capsys.readouterr().err

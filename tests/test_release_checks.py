@@ -29,8 +29,8 @@ def test_value_for_an_older_release_drops_filler_and_names_real_fields() -> None
     assert "skip_reading_prefix_cache" not in value["sampling_params"]
     _, missing = for_release(minimal_request(pooling_params={"dimensions": 8}), "add", spec)
     assert missing == ["EngineCoreRequest.pooling_params"]
-    _, missing = for_release({"addresses": {}}, "init", spec)
-    assert missing == ["EngineHandshakeMetadata"]  # the init struct came in 0.9.2
+    _, missing = for_release({"addresses": {}}, "init", load("0.9.0"))
+    assert missing == ["EngineHandshakeMetadata"]  # the init struct came in 0.9.1
 
 
 def test_newest_release_values_pass_through() -> None:

@@ -1,7 +1,8 @@
 """``enginewire check --version X``: the engine and front-end conversations at release X.
 
 The reference engine and front end built for X speak X on the wire (X's struct layouts, its
-HELLO/READY keys, its ready response: a struct, or an empty frame before 0.20.0; before 0.9.0
+HELLO/READY keys: no headless before 0.10.0, num_gpu_blocks and dp_stats_address in READY
+before 0.20.0; its ready response: a struct, or an empty frame before 0.20.0; before 0.9.0
 no handshake at all: X's input and output sockets on addresses given directly, ready on
 ``b"READY"`` in 0.8.4 and 0.8.5 and once connected before), and the suite's peers follow X
 too. A check whose subject X lacks (the HELLO/READY handshake, a ready message on the wire, an
@@ -16,6 +17,7 @@ import time
 import tomllib
 from typing import Any
 
+import msgspec
 import pytest
 
 from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, NOT_RUN, PASSED
@@ -75,7 +77,7 @@ def test_every_conversation_check_passes_at_0_22_0() -> None:
 
 def test_a_release_without_the_handshake_is_not_applicable_with_the_reason() -> None:
     for version, reason in (("0.7.3", "vLLM 0.7.3 has no HELLO/READY handshake"),
-                            ("0.9.2", "vLLM 0.9.2's HELLO has no headless key")):
+                            ("0.9.0", "vLLM 0.9.0 has no EngineHandshakeMetadata")):
         results = _run(version, ["engine/handshake/hello-first",
                                  "frontend/handshake/init-answers-hello"])
         assert [r.status for r in results] == [NOT_APPLICABLE] * 2
@@ -220,12 +222,13 @@ def test_an_engine_that_sends_the_newest_layout_fails_at_an_older_release() -> N
         == [PASSED]
 
 
-@pytest.mark.parametrize("version", ["0.7.3", "0.8.3", "0.8.5", "0.11.2", "0.27.1"])
+@pytest.mark.parametrize("version", ["0.7.3", "0.8.3", "0.8.5", "0.9.1", "0.11.2", "0.27.1"])
 def test_reference_front_end_and_engine_of_one_release_talk(version: str) -> None:
-    """A front end at X with an engine at X: the handshake with X's keys, X's ready response
-    (an empty frame at 0.11.2), a generation and a utility call; before 0.9.0 no handshake,
-    X's sockets on the addresses the engine is given (0.7.3: the engine binds its output;
-    0.8.3: its input; 0.8.5: a DEALER input that sends b"READY")."""
+    """A front end at X with an engine at X: the handshake with X's keys (no headless at
+    0.9.1), X's ready response (an empty frame at 0.9.1 and 0.11.2), a generation and a
+    utility call; before 0.9.0 no handshake, X's sockets on the addresses the engine is given
+    (0.7.3: the engine binds its output; 0.8.3: its input; 0.8.5: a DEALER input that sends
+    b"READY")."""
     with ReferenceFrontend(1, version=version) as frontend:
         direct = {} if frontend.handshake_address is not None else {
             "input_addresses": [frontend.input_address],
@@ -288,7 +291,8 @@ SWEEP_SKIPS = {
     "engine/dead/sentinel-last", "engine/handshake/garbage-init",
     "engine/handshake/init-timeout", "frontend/handshake/garbage-hello",
     "frontend/handshake/local-mismatch", "frontend/handshake/missing-keys",
-    "frontend/handshake/ready-before-hello", "frontend/handshake/second-hello",
+    "frontend/handshake/ready-before-hello", "frontend/handshake/ready-missing-key",
+    "frontend/handshake/second-hello",
     "frontend/handshake/two-frame-hello", "frontend/handshake/unknown-rank-ignored",
     "frontend/handshake/unknown-status", "frontend/transport/duplicate-identity-ignored",
     "frontend/transport/no-drop-at-high-water-mark",
@@ -315,3 +319,119 @@ def test_conversations_pass_or_are_not_applicable_at_the_last_release_of_each_li
         for result in results:
             if result.status == NOT_APPLICABLE:
                 assert f"vLLM {version}" in result.message, result.message
+
+
+# --- 0.9.x: HELLO/READY without headless, READY with num_gpu_blocks ---------------------
+
+
+def test_handshake_checks_pass_at_0_9_1_and_0_9_2() -> None:
+    """0.9.1's HELLO is {status, local}, its READY adds num_gpu_blocks; 0.9.2's READY adds
+    dp_stats_address; both send an empty ready response."""
+    checks = ["engine/handshake/hello-first", "engine/handshake/ready-keys",
+              "engine/handshake/ready-response-map", "engine/handshake/flags-follow-launch",
+              "frontend/handshake/init-answers-hello", "frontend/handshake/missing-keys",
+              "frontend/handshake/ready-missing-key"]
+    for version in ("0.9.1", "0.9.2"):
+        results = _run(version, checks)
+        assert [r.status for r in results] == [PASSED] * len(checks), _failures(results)
+
+
+@pytest.fixture
+def newest_handshake(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reference engines and front ends built while it is active send and require the
+    newest HELLO/READY keys (status, local, headless), whatever release they are built for;
+    the suite's peers keep the release's."""
+    from enginewire.reference import codec as codec_module
+    from enginewire.reference import session as session_module
+    from enginewire.spec.history import release_facts
+
+    def newest(spec: Any, status: str) -> Any:
+        return release_facts.handshake_message_at(load(), status)
+
+    monkeypatch.setattr(session_module, "handshake_message_at", newest)
+    monkeypatch.setattr(codec_module, "handshake_message_at", newest)
+    monkeypatch.setattr(codec_module, "_CODECS", {})  # codecs built afresh under the patch
+
+
+@pytest.mark.usefixtures("newest_handshake")
+def test_an_engine_sending_the_newest_keys_fails_at_0_9_1() -> None:
+    results = _run("0.9.1", ["engine/handshake/hello-first", "engine/handshake/ready-keys"])
+    assert [r.status for r in results] == [FAILED, FAILED]
+    hello, ready = (r.message for r in results)
+    assert "HELLO carries ['headless'], which vLLM 0.9.1's HELLO does not have" in hello
+    assert "num_gpu_blocks" in ready and "missing" in ready, ready
+
+
+@pytest.mark.usefixtures("newest_handshake")
+def test_a_front_end_requiring_the_newest_keys_fails_at_0_9_1() -> None:
+    [result] = _run("0.9.1", ["frontend/handshake/init-answers-hello"])
+    assert result.status == FAILED
+    assert "init after HELLO" in result.message
+
+
+class _StructReadyEngine(ReferenceEngine):
+    """An engine built for a release whose engine sends an empty ready response that sends
+    an EngineCoreReadyResponse map instead (the form of 0.20.0 on)."""
+
+    def _send_ready_responses(self) -> None:
+        from enginewire.conformance.peers.zmq_peers import ready_response_value
+
+        self.connection.send("ready_response", None)  # the session's step; frames unused
+        for sock in self._inputs:
+            sock.socket.send(msgspec.msgpack.encode(ready_response_value(self.options.rank)))
+
+
+def test_an_engine_sending_the_wrong_ready_form_fails_at_0_9_1() -> None:
+    target = reference_target("0.9.1")
+    target.engine = ReferenceEngines(engine_class=_StructReadyEngine, version="0.9.1")
+    [result] = _run("0.9.1", ["engine/handshake/ready-response-map"], target)
+    assert result.status == FAILED
+    assert "vLLM 0.9.1's engine sends one empty ready-response frame" in result.message
+
+
+# --- READY keys per release (0.10.0-0.19.1: num_gpu_blocks and dp_stats_address) ---------
+
+
+class _NoStatsAddressEngine(ReferenceEngine):
+    """An engine built for 0.15.0 whose READY lacks dp_stats_address (as 0.9.0-0.9.1's):
+    its session writes the release's READY, the frame on the wire drops the key."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        send = self.connection.send
+
+        def without_stats_address(kind: str, value: Any = None) -> list[bytes]:
+            frames = send(kind, value)
+            if kind != "ready":
+                return frames
+            ready = msgspec.msgpack.decode(frames[0])
+            del ready["dp_stats_address"]
+            return [msgspec.msgpack.encode(ready)]
+
+        self.connection.send = without_stats_address  # type: ignore[method-assign]
+
+
+def test_an_engine_whose_ready_lacks_a_key_of_its_release_fails() -> None:
+    target = reference_target("0.15.0")
+    target.engine = ReferenceEngines(engine_class=_NoStatsAddressEngine, version="0.15.0")
+    [result] = _run("0.15.0", ["engine/handshake/ready-keys"], target)
+    assert result.status == FAILED
+    assert "dp_stats_address" in result.message and "missing" in result.message
+    [reference] = _run("0.15.0", ["engine/handshake/ready-keys"])
+    assert reference.status == PASSED
+
+
+def test_the_front_end_requires_its_release_ready_keys() -> None:
+    [old] = _run("0.15.0", ["frontend/handshake/ready-missing-key"])
+    assert old.status == PASSED
+    [newest] = _run("0.33.0", ["frontend/handshake/ready-missing-key"])
+    assert newest.status == NOT_APPLICABLE
+    assert "vLLM 0.33.0's READY requires no key beyond" in newest.message
+
+
+@pytest.mark.usefixtures("newest_handshake")
+def test_a_front_end_not_requiring_its_release_ready_keys_fails() -> None:
+    [result] = _run("0.15.0", ["frontend/handshake/ready-missing-key"])
+    assert result.status == FAILED
+    assert "without 'num_gpu_blocks'" in result.message or \
+        "without 'dp_stats_address'" in result.message

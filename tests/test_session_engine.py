@@ -234,3 +234,28 @@ def test_outputs_only_while_serving() -> None:
         session.send_outputs()
     session.send_ready()
     session.send_outputs()
+
+
+def test_the_engine_session_speaks_its_release_handshake_keys() -> None:
+    """0.9.1: HELLO {status, local}; READY requires num_gpu_blocks and has no headless."""
+    from enginewire.spec import load
+
+    session = EngineSession(0, local=True, headless=False, spec=load("0.9.1"))
+    [hello] = session.start()
+    assert hello.data == {"status": "HELLO", "local": True}
+    session.receive_init({"addresses": {"inputs": ["ipc://i"], "outputs": ["ipc://o"]},
+                          "parallel_config": {}})
+    session.send_ready_response()
+    with pytest.raises(HandshakeError, match="requires the keys"):
+        session.send_ready()
+    [ready] = session.send_ready({"num_gpu_blocks": 8})
+    assert ready.data == {"status": "READY", "local": True, "num_gpu_blocks": 8}
+
+
+def test_a_release_without_the_handshake_sends_no_hello() -> None:
+    from enginewire.spec import load
+
+    session = EngineSession(0, spec=load("0.8.5"))
+    with pytest.raises(HandshakeError, match="0.8.5 has no HELLO/READY handshake"):
+        session.start()
+    assert session.state == "START"

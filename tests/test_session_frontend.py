@@ -317,3 +317,23 @@ def test_engine_dead_marks_only_engines_that_could_have_sent_it() -> None:
     session.receive_engine_dead()
     assert session.states() == {0: "DEAD", 1: "NEW"}
     assert session.dead
+
+
+def test_the_front_end_session_requires_its_release_handshake_keys() -> None:
+    """0.15.0: READY requires num_gpu_blocks and dp_stats_address; 0.9.1: no headless key
+    anywhere (a remote engine's HELLO is judged by local alone)."""
+    from enginewire.spec import load
+
+    session = FrontendSession([0], spec=load("0.15.0"))
+    session.receive_handshake(R0, hello())
+    with pytest.raises(HandshakeError) as caught:
+        session.receive_handshake(R0, ready(num_gpu_blocks=8))
+    assert caught.value.clause == "handshake.message-keys"
+    assert "dp_stats_address" in str(caught.value)
+    session.receive_handshake(R0, ready(num_gpu_blocks=8, dp_stats_address=None))
+
+    old = FrontendSession([0], local=False, spec=load("0.9.1"))
+    old.receive_handshake(R0, {"status": "HELLO", "local": False})
+    with pytest.raises(HandshakeError):
+        old.receive_handshake(R0, {"status": "READY", "local": False})
+    old.receive_handshake(R0, {"status": "READY", "local": False, "num_gpu_blocks": 8})

@@ -680,3 +680,40 @@ def test_real_wheels_confirm_the_nested_rejections_of_0_22_0_and_0_33_0() -> Non
     assert outputs.outcome == "rejected" and outputs.agrees, outputs
     assert "realistic nested outputs" in outputs.detail
     assert "$[1][0][11]" in outputs.detail, outputs
+
+
+def test_init_message_is_the_typed_decode_or_the_keys_read_from_a_plain_map(
+        tmp_path: Path) -> None:
+    """0.9.0 read its init message as a plain map (``init_message["key"]``); 0.9.1 on decode
+    it as EngineHandshakeMetadata. Another decode in the same function (0.33.0's elastic-EP
+    scale-up message) is not the init message."""
+    from enginewire.spec.history.protocol_facts import init_message
+    from enginewire.spec.history.release_facts import init_message_at
+
+    plain = '''
+import msgspec
+def startup_handshake(sock):
+    init_message = msgspec.msgpack.decode(sock.recv())
+    return init_message["output_socket_address"], init_message["parallel_config"]
+'''
+    typed = '''
+import msgspec
+def startup_handshake(sock, elastic):
+    if elastic:
+        scale_up = msgspec.msgpack.decode(sock.recv(), type=ScaleUpMetadata)
+    init_message: EngineHandshakeMetadata = msgspec.msgpack.decode(
+        sock.recv(), type=EngineHandshakeMetadata)
+    return init_message.addresses
+'''
+    expected = [{"form": "map", "keys": ["output_socket_address", "parallel_config"]},
+                {"form": "struct", "struct": "EngineHandshakeMetadata"}, {}]
+    for name, text, want in zip(("plain", "typed", "none"), (plain, typed, "x = 1\n"),
+                                expected, strict=True):
+        wheel = tmp_path / f"{name}.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr("vllm/v1/engine/core.py", text)
+        with WheelSource(wheel) as source:
+            assert init_message(source) == want, name
+    assert init_message_at("0.9.0") == expected[0]
+    assert init_message_at("0.9.1") == expected[1]
+    assert init_message_at("0.8.5") == {"form": "none"}

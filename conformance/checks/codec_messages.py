@@ -39,8 +39,10 @@ from enginewire.conformance.framework.registry import (
 from enginewire.conformance.oracle.samples import Sampler, minimal_outputs, minimal_request
 from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
+from enginewire.conformance.peers.zmq_peers import READY_KEY_VALUES
 from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
+from enginewire.spec.history.release_facts import engine_handshake_map, handshake_message_at
 
 Ext = msgspec.msgpack.Ext
 #: The extension type codes (tensors surface, ext_codes).
@@ -1182,9 +1184,9 @@ def _ready_form(spec: Any) -> str:
     ``ready_response``): ``struct`` (a msgpack EngineCoreReadyResponse), ``empty`` (one empty
     frame) or ``READY`` (the literal bytes); NOT APPLICABLE where it sends none, or only the
     handshake's READY map (``handshake``)."""
-    from enginewire.spec.history.compat import constants_at
+    from enginewire.spec.history.release_facts import ready_response_at
 
-    form = str(constants_at(spec.version, "ready_response").get("payload", "struct"))
+    form = ready_response_at(spec.version)
     if form == "none":
         raise NotInRelease(f"vLLM {spec.version} has no ready response (its engine sends "
                            "nothing first on an input socket)")
@@ -1201,6 +1203,13 @@ def _sample(spec: Any, kind: str) -> Any:
         if _ready_form(spec) != "struct":
             return None
         return Sampler(spec).required("EngineCoreReadyResponse")
+    if kind in ("hello", "ready"):
+        message = handshake_message_at(spec, kind.upper())
+        if message is None:
+            raise NotInRelease(f"vLLM {spec.version} has no HELLO/READY handshake")
+        sample = MESSAGE_SAMPLES[kind]
+        return engine_handshake_map(message, local=sample["local"],
+                                    headless=sample["headless"], values=READY_KEY_VALUES)
     return in_release(MESSAGE_SAMPLES[kind], kind, spec)
 
 
@@ -1443,8 +1452,7 @@ _BAD_INPUT: list[tuple[str, str, list[str], str, Any]] = [
     ("engine-core-dead-wrong-bytes", "engine_core_dead", ["frames.engine-core-dead-literal"],
      "the frame ENGINE_CORE_DEAD with a trailing space", lambda f: [f[0] + b" "]),
     ("hello-missing-headless", "hello", ["handshake.message-keys"],
-     "a HELLO without headless",
-     lambda f: [msgspec.msgpack.encode({"status": "HELLO", "local": True})]),
+     "a HELLO without headless", lambda f: _without_key(f, "HELLO", "headless")),
     ("hello-not-a-map", "hello", ["handshake.message-keys", "frames.payload-matches-type"],
      "a HELLO that is an array", lambda f: [msgspec.msgpack.encode(["HELLO", True, False])]),
     ("hello-two-frames", "hello", ["frames.frame-count", "frames.untyped-payload-no-oob"],
@@ -1458,12 +1466,25 @@ _BAD_INPUT: list[tuple[str, str, list[str], str, Any]] = [
 ]
 
 
+def _without_key(frames: list[bytes], what: str, key: str) -> list[bytes]:
+    """The handshake map of ``frames`` without ``key``; NOT APPLICABLE where the release's
+    map has no such key (HELLO's headless came in 0.10.0)."""
+    value = msgspec.msgpack.decode(frames[0])
+    if key not in value:
+        raise NotInRelease(f"{what} has no {key} key (history/constants.toml [[handshake]])")
+    value.pop(key)
+    return [msgspec.msgpack.encode(value)]
+
+
 def _register_bad_input() -> None:
     for suffix, kind, clauses, what, make in _BAD_INPUT:
 
         def run(codec: Any, ctx: Any, *, _kind: str = kind, _clauses: list = clauses,
                 _what: str = what, _make: Any = make) -> None:
-            frames = [bytes(f) for f in _make(_payload_of(codec, _kind, ctx.spec))]
+            try:
+                frames = [bytes(f) for f in _make(_payload_of(codec, _kind, ctx.spec))]
+            except NotInRelease as exc:
+                raise NotInRelease(f"vLLM {ctx.spec.version}'s {exc}") from None
             expect_rejection(codec, _kind, frames, _clauses, f"{_kind}: {_what}")
 
         check(f"codec/reject/{suffix}", clauses=clauses, surface="codec",

@@ -30,7 +30,7 @@ from enginewire.conformance.framework.registry import (
     require_field,
 )
 from enginewire.conformance.oracle.samples import minimal_request
-from enginewire.conformance.oracle.strict import handshake_problems
+from enginewire.conformance.oracle.strict import handshake_problems, handshake_surplus
 from enginewire.conformance.peers.zmq_peers import (
     ENGINE_CORE_DEAD,
     TYPE_BYTES,
@@ -47,7 +47,11 @@ from enginewire.conformance.peers.zmq_peers import (
     require_wire_ready,
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
-from enginewire.spec.history.release_facts import clients_gap
+from enginewire.spec.history.release_facts import (
+    clients_gap,
+    handshake_message_at,
+    ready_response_at,
+)
 
 PEER_TIMEOUT = 25.0
 PROBE_METHOD = "enginewire_conformance_no_such_method"
@@ -123,7 +127,8 @@ def recv_input(front: SuiteFrontend, ctx: Any) -> list[bytes]:
                                                 "frames.routed-identity-first"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
-    """The first handshake message is [identity, {status: HELLO, local, headless}]."""
+    """The first handshake message is [identity, HELLO] with exactly the release's HELLO keys
+    ({status, local, headless}; {status, local} before 0.10.0)."""
     require_handshake(ctx.spec)
     front = _frontend(ctx)
     _launch(engine, ctx, front)
@@ -144,10 +149,20 @@ def _hello(engine: EngineSurface, ctx: CheckContext) -> None:
                            f"{problems[0]}{more}",
                            Reproduction(received=frames,
                                         notes={"problems": [str(p) for p in problems]}))
-    if not isinstance(hello, dict) or hello.get("status") != "HELLO" or not isinstance(
-            hello.get("local"), bool) or not isinstance(hello.get("headless"), bool):
-        raise CheckFailure(f"HELLO must be {{status: 'HELLO', local: bool, headless: bool}}, "
-                           f"got {hello!r}"[:300], Reproduction(received=frames))
+    if not isinstance(hello, dict) or hello.get("status") != "HELLO":
+        raise CheckFailure(f"HELLO must be a map with status 'HELLO', got {hello!r}"[:300],
+                           Reproduction(received=frames))
+    _no_surplus(hello, "HELLO", ctx, frames)
+
+
+def _no_surplus(message: dict[str, Any], what: str, ctx: Any,
+                frames: list[bytes] | None = None) -> None:
+    """``message`` carries only keys of the release's ``what`` (HELLO or READY)."""
+    surplus = handshake_surplus(message, what, ctx.spec)
+    if surplus:
+        raise CheckFailure(f"[handshake.message-keys] {what} carries {surplus}, which vLLM "
+                           f"{ctx.spec.version}'s {what} does not have: a {what} of another "
+                           "release", Reproduction(received=frames or message))
 
 
 def _identity_check(engine: Any, ctx: Any, rank: int) -> None:
@@ -204,13 +219,21 @@ def _same_identity(engine: EngineSurface, ctx: CheckContext) -> None:
                                                        "frames.plain-msgpack-control"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
-    """The ready response is an EngineCoreReadyResponse map with every required field (in
-    0.8.4 and 0.8.5 the literal b"READY", which :meth:`SuiteFrontend.await_ready` requires)."""
+    """The ready response is an EngineCoreReadyResponse map with every required field, or
+    an empty frame; an empty frame only in a release whose engine sends one (0.9.1-0.19.1,
+    history/constants.toml [[ready_response]]); in 0.8.4 and 0.8.5 the literal b"READY",
+    which :meth:`SuiteFrontend.await_ready` requires."""
     require_wire_ready(ctx.spec)
     _, handshake = _started(engine, ctx)
     frames = handshake.ready_responses[0]
     if not handshake.hello and frames[1] == b"READY":
         return  # a release without the handshake: its literal ready message
+    form = ready_response_at(ctx.spec.version)
+    if form == "empty" and frames[1:] != [b""]:
+        raise CheckFailure(f"vLLM {ctx.spec.version}'s engine sends one empty ready-response "
+                           f"frame (history/constants.toml [[ready_response]]: empty), got "
+                           f"{len(frames) - 1} frame(s) of {len(frames[1])} bytes first",
+                           Reproduction(received=frames))
     if frames[1] == b"":
         return  # an empty ready response is allowed (handshake.ready-response-empty-accepted)
     try:
@@ -228,13 +251,17 @@ def _ready_response(engine: EngineSurface, ctx: CheckContext) -> None:
                                                "transport.handshake-dealer-linger"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _ready_keys(engine: EngineSurface, ctx: CheckContext) -> None:
-    """READY is {status: READY, local, headless}, with no parallel_config_hash when DP = 1."""
+    """READY carries the release's required keys and no key the release lacks ({status,
+    local, headless} from 0.20.0; with num_gpu_blocks, and dp_stats_address from 0.9.2,
+    before), with no parallel_config_hash when DP = 1. The keys' presence and types are
+    checked as the handshake is read (:func:`~enginewire.conformance.peers.zmq_peers.
+    SuiteFrontend.handshake`)."""
     require_handshake(ctx.spec)
     _, handshake = _started(engine, ctx)
     ready = handshake.ready
-    if ready.get("status") != "READY" or not isinstance(ready.get("local"), bool) or \
-            not isinstance(ready.get("headless"), bool):
-        raise CheckFailure(f"READY must carry status, local and headless, got {ready!r}")
+    if ready.get("status") != "READY":
+        raise CheckFailure(f"READY must carry status 'READY', got {ready!r}"[:300])
+    _no_surplus(ready, "READY", ctx)
     extra = {"parallel_config_hash", "coord_store_port", "elastic_ep_max_dp_size",
              "num_redundant_experts"} & set(ready)
     if extra:
@@ -257,14 +284,17 @@ def _ready_hash(engine: EngineSurface, ctx: CheckContext) -> None:
                                                         "handshake.headless-rule"],
        surface="engine", timeout=PEER_TIMEOUT)
 def _flags(engine: EngineSurface, ctx: CheckContext) -> None:
-    """A remote headless engine says local=false, headless=true in HELLO and READY."""
+    """A remote headless engine says local=false, headless=true in HELLO and READY (local
+    only, before 0.10.0: those releases' HELLO and READY have no headless key)."""
     require_handshake(ctx.spec)
     _, handshake = _started(engine, ctx, local=False, headless=True)
+    want = {"local": False, "headless": True}
     for name, message in (("HELLO", handshake.hello), ("READY", handshake.ready)):
-        if message.get("local") is not False or message.get("headless") is not True:
-            raise CheckFailure(f"{name} says local={message.get('local')!r}, "
-                               f"headless={message.get('headless')!r}; launched as remote "
-                               "and headless")
+        keys = handshake_message_at(ctx.spec, name)
+        names = {k.name for k in keys.keys} if keys is not None else set()
+        said = {k: message.get(k) for k in want if k in names}
+        if said != {k: v for k, v in want.items() if k in names}:
+            raise CheckFailure(f"{name} says {said}; launched as remote and headless")
 
 
 @check("engine/handshake/two-clients", clauses=["transport.one-socket-pair-per-client",
@@ -335,9 +365,9 @@ def _garbage_init(engine: EngineSurface, ctx: CheckContext) -> None:
     _launch(engine, ctx, front, init_timeout=3.0)
     identity, _ = front.recv_handshake(ctx.wait(10.0))
     sent = [identity, msgspec.msgpack.encode(["not", "a", "map"])]
-    front.handshake_socket.send_multipart(sent)
-    if front.handshake_socket.poll(1500):
-        got = front.handshake_socket.recv_multipart()
+    front.router.send_multipart(sent)
+    if front.router.poll(1500):
+        got = front.router.recv_multipart()
         try:
             message = msgspec.msgpack.decode(got[-1])
         except msgspec.DecodeError:

@@ -42,7 +42,12 @@ from enginewire.conformance.peers.zmq_peers import (
     require_wire_ready,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
-from enginewire.spec.history.release_facts import handshake_gap, ready_response_at
+from enginewire.spec.history.release_facts import (
+    STATE_KEYS,
+    handshake_gap,
+    handshake_message_at,
+    ready_response_at,
+)
 
 PEER_TIMEOUT = 25.0
 #: Seconds a front end gets to act on a message it received: return the call a reply answers,
@@ -275,15 +280,27 @@ def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
         _no_init(engine, what)
 
 
+def _remote_hello(engine: SuiteEngine) -> None:
+    engine.local, engine.headless = False, True
+    engine.hello()
+
+
+def _hello_lacking_a_key(engine: SuiteEngine) -> None:
+    """The release's HELLO without its last required key after status (headless from
+    0.10.0, local before)."""
+    value = engine.handshake_value("HELLO")
+    value.pop("headless" if "headless" in value else "local")
+    engine.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
+
+
 _rejected_hello("frontend/handshake/unknown-rank-ignored", ["identity.known-rank"],
                 "a HELLO from rank 5 when it manages only rank 0", 5, lambda e: e.hello())
 _rejected_hello("frontend/handshake/local-mismatch", ["handshake.local-must-match"],
                 "a HELLO saying local=false from an engine it expects local", 0,
-                lambda e: e.hello(local=False, headless=True))
+                _remote_hello)
 _rejected_hello("frontend/handshake/missing-keys", ["handshake.message-keys"],
-                "a HELLO without headless", 0,
-                lambda e: e.handshake_socket.send(msgspec.msgpack.encode(
-                    {"status": "HELLO", "local": True})))
+                "a HELLO without one of the release's required keys (headless; local "
+                "before 0.10.0)", 0, _hello_lacking_a_key)
 _rejected_hello("frontend/handshake/ready-before-hello", ["handshake.frontend.unexpected-event"],
                 "a READY before any HELLO", 0, lambda e: e.ready())
 _rejected_hello("frontend/handshake/unknown-status", ["handshake.frontend.unexpected-event"],
@@ -292,11 +309,40 @@ _rejected_hello("frontend/handshake/unknown-status", ["handshake.frontend.unexpe
 _rejected_hello("frontend/handshake/two-frame-hello", ["frames.frame-count"],
                 "a HELLO sent as two frames", 0,
                 lambda e: e.handshake_socket.send_multipart([msgspec.msgpack.encode(
-                    {"status": "HELLO", "local": True, "headless": False}), b"extra"]))
+                    e.handshake_value("HELLO")), b"extra"]))
 _rejected_hello("frontend/handshake/garbage-hello", ["handshake.message-keys",
                                                      "frames.payload-matches-type"],
                 "a HELLO that is not msgpack", 0,
                 lambda e: e.handshake_socket.send(b"\xc1garbage"))
+
+
+@check("frontend/handshake/ready-missing-key", clauses=["handshake.message-keys"],
+       surface="frontend", requires=["frontend.handshake"], timeout=PEER_TIMEOUT)
+def _ready_missing_key(frontend: FrontendSurface, ctx: CheckContext) -> None:
+    """A READY without a key the release requires beyond status, local and headless
+    (dp_stats_address at 0.9.2-0.19.1, num_gpu_blocks at 0.9.0-0.19.1) does not make the
+    front end ready: vLLM reads it with ``msg[key]``."""
+    require_conversation(ctx.spec)
+    message = handshake_message_at(ctx.spec, "READY")
+    reported = [k.name for k in message.keys if k.required and k.name not in STATE_KEYS] \
+        if message is not None else []
+    if not reported:
+        raise NotInRelease(f"vLLM {ctx.spec.version}'s READY requires no key beyond "
+                           f"{', '.join(STATE_KEYS)} (history/constants.toml [[handshake]])")
+    client, launch = _start(frontend, ctx)
+    waiter = _Waiter(client, ctx.wait(5.0))
+    engine = _engine(ctx, launch)
+    engine.hello()
+    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.send_ready_response()
+    ready = engine.handshake_value("READY")
+    del ready[reported[-1]]
+    engine.handshake_socket.send(msgspec.msgpack.encode(ready))  # type: ignore[union-attr]
+    waiter.thread.join(ACT_S / 2)
+    if waiter.done() and waiter.error is None:
+        raise CheckFailure(f"the front end became ready after a READY without "
+                           f"{reported[-1]!r}, which vLLM {ctx.spec.version}'s READY requires",
+                           Reproduction(sent=[msgspec.msgpack.encode(ready)]))
 
 
 @check("frontend/handshake/second-hello", clauses=["handshake.frontend.unexpected-event"],

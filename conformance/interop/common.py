@@ -95,6 +95,9 @@ class Cell:
     transport: str
     exchanges: list[Exchange] = field(default_factory=list)
     deviation: Deviation | None = None
+    #: Why the cell was not run at the matrix's release (``--version``): what the release
+    #: lacks, or which implementation cannot speak it. None: it ran.
+    not_applicable: str | None = None
 
     @property
     def first_failure(self) -> Exchange | None:
@@ -102,6 +105,8 @@ class Cell:
 
     @property
     def status(self) -> str:
+        if self.not_applicable is not None:
+            return "not applicable"
         failure = self.first_failure
         if failure is None:
             return "passed"
@@ -268,6 +273,43 @@ class Implementation:
     #: (prompt, count) -> the tokens its engine generates for a request of ``count`` tokens.
     expected_tokens: Callable[[list[int], int], list[int]] | None = None
     close: Callable[[], None] = lambda: None
+    #: The vLLM release it speaks (None: the spec's reference release).
+    version: str | None = None
+    #: cell kind -> why this implementation cannot take part in such a cell at
+    #: :attr:`version` (None: it can).
+    gap: Callable[[str], str | None] = lambda kind: None
+
+
+def _at_reference(version: str | None) -> bool:
+    from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+
+    return version in (None, REFERENCE_VLLM_VERSION)
+
+
+def _reference_gap(version: str) -> Callable[[str], str | None]:
+    """Why the reference cannot hold a cell of a kind at ``version``: the engine cells need
+    the release's start-up conversation (:func:`~enginewire.spec.history.release_facts.
+    conversation_gap`), the data-parallel cells an engine identity on the input channel too
+    (``identity_gap``: before 0.8.4 one engine per front end); the ring cells the ring's
+    chunk framing of the reference release."""
+    from enginewire.spec import load
+    from enginewire.spec.history.compat import constants_at
+    from enginewire.spec.history.release_facts import conversation_gap, identity_gap
+    from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+
+    conversation = conversation_gap(load(version))
+    ranks = conversation or identity_gap(version)
+    framing = constants_at(version, "chunk_framing")
+    ring = None
+    if framing != constants_at(REFERENCE_VLLM_VERSION, "chunk_framing"):
+        ring = (f"vLLM {version} lays a ring chunk out as {framing.get('framing')} "
+                "(history/constants.toml [[chunk_framing]]); the reference ring writes the "
+                f"framing of {REFERENCE_VLLM_VERSION}")
+
+    def gap(kind: str) -> str | None:
+        return {"ring": ring, "engine-dp": ranks}.get(kind, conversation)
+
+    return gap
 
 
 def reference_tokens(prompt: list[int], count: int) -> list[int]:
@@ -283,8 +325,11 @@ def standin_tokens(prompt: list[int], count: int) -> list[int]:
     return [FIRST_TOKEN + len(prompt) + i for i in range(count)]
 
 
-def reference_implementation(engine_class: type | None = None) -> Implementation:
-    """The reference; ``engine_class``: a ``ReferenceEngine`` subclass to run instead."""
+def reference_implementation(engine_class: type | None = None, *,
+                             version: str | None = None) -> Implementation:
+    """The reference; ``engine_class``: a ``ReferenceEngine`` subclass to run instead;
+    ``version``: the vLLM release its front end and engines speak (layouts, HELLO/READY
+    keys, ready response)."""
     from enginewire.conformance.targets.reference import (
         ReferenceCodec,
         ReferenceEngines,
@@ -292,15 +337,30 @@ def reference_implementation(engine_class: type | None = None) -> Implementation
         ReferenceRing,
     )
 
+    if _at_reference(version):
+        return Implementation(
+            "reference", frontend=ReferenceFrontends(ReferenceCodec()),
+            engine=ReferenceEngines(engine_class, step_delay=REFERENCE_STEP_DELAY),
+            ring=ReferenceRing(), expected_tokens=reference_tokens,
+        )
     return Implementation(
-        "reference", frontend=ReferenceFrontends(ReferenceCodec()),
-        engine=ReferenceEngines(engine_class, step_delay=REFERENCE_STEP_DELAY),
-        ring=ReferenceRing(), expected_tokens=reference_tokens,
+        "reference", frontend=ReferenceFrontends(ReferenceCodec(version=version)),
+        engine=ReferenceEngines(engine_class, step_delay=REFERENCE_STEP_DELAY, version=version),
+        ring=ReferenceRing(), expected_tokens=reference_tokens, version=version,
+        gap=_reference_gap(str(version)),
     )
 
 
-def vllm_implementation() -> Implementation:
-    """vLLM 0.33.0's own front-end client, engine core and MessageQueue."""
+def vllm_implementation(*, version: str | None = None) -> Implementation:
+    """vLLM 0.33.0's own front-end client, engine core and MessageQueue. At another
+    ``version`` nothing is loaded: every cell it takes part in is not applicable (the
+    installed vLLM speaks its own release only)."""
+    from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+
+    if not _at_reference(version):
+        reason = (f"needs the installed vLLM {REFERENCE_VLLM_VERSION}, which speaks only its "
+                  f"own release, not vLLM {version}")
+        return Implementation("vllm", version=version, gap=lambda kind: reason)
     from enginewire.conformance.targets.vllm.target import vllm_target
 
     target = vllm_target()

@@ -27,6 +27,7 @@ from .engine_cells import (
     _request,
     _start_session,
     _stop_session,
+    engine_launch,
 )
 
 # --- data-parallel cells ----------------------------------------------------------------------
@@ -43,8 +44,6 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
     with its own identity and engine_index). Exchanges: the handshake with every rank, one
     request to each rank (it must finish with the engine's tokens, its outputs naming that
     rank's engine_index), a utility call to each rank, shutdown."""
-    from enginewire.conformance.targets.contract import EngineLaunch
-
     cell = Cell("engine-dp", frontend_impl.name, engine_impl.name, transport)
     script = _Script(cell)
     handshake_address, input_address, output_address = _addresses(transport)
@@ -55,8 +54,9 @@ def run_dp_cell(frontend_impl: Implementation, engine_impl: Implementation, tran
     def start() -> None:
         _start_session(
             frontend_impl, engine_impl, (handshake_address, input_address, output_address),
-            [EngineLaunch(handshake_address, engine_index=rank, dp_size=DP_SIZE,
-                          init_timeout=timeout) for rank in range(DP_SIZE)],
+            [engine_launch(engine_impl, (handshake_address, input_address, output_address),
+                           timeout, engine_index=rank, dp_size=DP_SIZE)
+             for rank in range(DP_SIZE)],
             state, timeout, started=state["engines"])
         outputs.append(_Outputs(state["client"]))
 

@@ -12,10 +12,12 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from enginewire.cliargs import positive_float, writable_file
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 from .api_server_cells import (
     run_api_server_cell,
@@ -48,28 +50,35 @@ class Matrix:
     cells: list[Cell]
     peers: list[str]
     unavailable: dict[str, str] = field(default_factory=dict)
+    #: The vLLM release the cells ran at (None: the spec's reference release).
+    version: str | None = None
 
     @property
     def ok(self) -> bool:
         return not self.unavailable and all(cell.ok for cell in self.cells)
 
     def to_builtins(self) -> dict[str, Any]:
-        return {"peers": self.peers, "unavailable": self.unavailable, "ok": self.ok,
+        return {"peers": self.peers, "version": self.version or REFERENCE_VLLM_VERSION,
+                "unavailable": self.unavailable, "ok": self.ok,
                 "cells": [cell.to_builtins() for cell in self.cells]}
 
 
 @contextlib.contextmanager
 def implementations(names: Sequence[str],
-                    factories: dict[str, Callable[[], Implementation]] | None = None,
+                    factories: dict[str, Callable[..., Implementation]] | None = None,
+                    version: str | None = None,
                     ) -> Iterator[tuple[dict[str, Implementation], dict[str, str]]]:
-    """The named implementations (closed afterwards), and why any could not be loaded."""
+    """The named implementations (closed afterwards), and why any could not be loaded.
+    ``version``: the vLLM release they speak (each factory is called with ``version=``
+    unless it is the spec's reference release)."""
     factories = factories or IMPLEMENTATIONS
+    release = {} if version in (None, REFERENCE_VLLM_VERSION) else {"version": version}
     loaded: dict[str, Implementation] = {}
     unavailable: dict[str, str] = {}
     try:
         for name in names:
             try:
-                loaded[name] = factories[name]()
+                loaded[name] = factories[name](**release)
             except Exception as exc:  # noqa: BLE001 - reported as unavailable
                 unavailable[name] = f"{type(exc).__name__}: {exc}"[:300]
         yield loaded, unavailable
@@ -89,37 +98,43 @@ def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = 
     among ``impls``) vLLM's API server x every engine core."""
     cells: list[Cell] = []
     names = list(impls)
+
+    def add(kind: str, left: str, right: str, transport: str, involved: Sequence[str],
+            run: Callable[[], Cell]) -> None:
+        # A cell an implementation cannot hold at its release is not run (Cell.not_applicable).
+        reason = next((f"{name}: {why}" for name in involved
+                       if (why := impls[name].gap(kind)) is not None), None)
+        cells.append(run() if reason is None
+                     else Cell(kind, left, right, transport, not_applicable=reason))
+        if progress:
+            progress(cells[-1])
+
     if engine:
         for left in names:
             for right in names:
                 for transport in transports:
-                    cells.append(run_engine_cell(impls[left], impls[right], transport,
-                                                 timeout))
-                    if progress:
-                        progress(cells[-1])
+                    add("engine", left, right, transport, [left, right],
+                        partial(run_engine_cell, impls[left], impls[right], transport,
+                                timeout))
     if dp:
         for left in names:
             for right in names:
                 for transport in transports:
-                    cells.append(run_dp_cell(impls[left], impls[right], transport, timeout))
-                    if progress:
-                        progress(cells[-1])
-        for needs, run in (_TOPOLOGY_CELLS.values() if coordinated_dp else ()):
+                    add("engine-dp", left, right, transport, [left, right],
+                        partial(run_dp_cell, impls[left], impls[right], transport, timeout))
+        for name, (needs, run) in (_TOPOLOGY_CELLS.items() if coordinated_dp else ()):
             if needs <= set(names):
-                cells.append(run(timeout))
-                if progress:
-                    progress(cells[-1])
+                add("engine-dp-coordinated", name, "+".join(sorted(needs)), "ipc",
+                    sorted(needs), partial(run, timeout))
     if ring:
         for left in names:
             for right in names:
-                cells.append(run_ring_cell(impls[left], impls[right], timeout))
-                if progress:
-                    progress(cells[-1])
+                add("ring", left, right, "shm", [left, right],
+                    partial(run_ring_cell, impls[left], impls[right], timeout))
     if api_server and "vllm" in impls:
         for right in names:
-            cells.append(run_api_server_cell(impls[right], timeout))
-            if progress:
-                progress(cells[-1])
+            add("api-server", "vllm", right, "ipc" if right == "vllm" else "tcp", ["vllm", right],
+                partial(run_api_server_cell, impls[right], timeout))
     return cells
 
 
@@ -127,6 +142,8 @@ def run_matrix(impls: dict[str, Implementation], *, transports: Sequence[str] = 
 
 
 def _status_text(cell: Cell) -> str:
+    if cell.not_applicable is not None:
+        return f"not applicable: {cell.not_applicable}"
     failure = cell.first_failure
     if failure is None:
         return "passed"
@@ -149,15 +166,18 @@ def render_table(matrix: Matrix) -> str:
     for name, why in matrix.unavailable.items():
         lines.append(f"{name}: not run ({why})")
     counts = {s: sum(c.status == s for c in matrix.cells)
-              for s in ("passed", "deviation", "failed")}
+              for s in ("passed", "deviation", "failed", "not applicable")}
     lines.append(f"{counts['passed']} passed, {counts['deviation']} documented deviations, "
                  f"{counts['failed']} failed"
+                 + (f", {counts['not applicable']} not applicable"
+                    if counts["not applicable"] else "")
                  + (f", {len(matrix.unavailable)} unavailable" if matrix.unavailable else ""))
     return "\n".join(lines)
 
 
 def render_html(matrix: Matrix) -> str:
-    colours = {"passed": "#c8f7c5", "deviation": "#fff3b0", "failed": "#f7c5c5"}
+    colours = {"passed": "#c8f7c5", "deviation": "#fff3b0", "failed": "#f7c5c5",
+               "not applicable": "#e0e0e0"}
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>enginewire interop"
              "</title><style>td,th{border:1px solid #999;padding:4px 8px;vertical-align:top}"
              "table{border-collapse:collapse;margin-bottom:1em}</style></head><body>",
@@ -238,6 +258,11 @@ def register(subparsers: Any) -> None:
                         help="write the matrix as a self-contained HTML page here")
     parser.add_argument("--timeout-scale", type=positive_float, default=1.0, metavar="X",
                         help="multiply every wait's time limit by X (slow machines)")
+    parser.add_argument("--version", default=None, metavar="X",
+                        help="vLLM release the reference front end and engines speak "
+                             "(default: the spec's reference version); cells that need the "
+                             "installed vLLM, or that release X lacks, are not applicable "
+                             "with the reason")
     parser.set_defaults(handler=main)
 
 
@@ -251,13 +276,23 @@ def main(args: argparse.Namespace) -> int:
         print(f"{cell.kind} {cell.left} x {cell.right} ({cell.transport}): "
               f"{_status_text(cell)}", file=sys.stderr, flush=True)
 
-    with implementations(args.peers) as (impls, unavailable):
+    version = args.version
+    if version is not None:
+        from enginewire.spec import load
+        from enginewire.spec.loader import UnknownVersionError
+
+        try:
+            load(version)
+        except UnknownVersionError as exc:
+            print(f"enginewire interop: {exc}", file=sys.stderr)
+            return 2
+    with implementations(args.peers, version=version) as (impls, unavailable):
         cells = run_matrix(impls, transports=transports, ring=args.only in (None, "ring"),
                            engine=args.only in (None, "engine"), timeout=timeout,
                            progress=progress,
                            dp=args.only in (None, "dp") and not args.no_dp,
                            api_server=args.only in (None, "api-server"))
-    matrix = Matrix(cells, args.peers, unavailable)
+    matrix = Matrix(cells, args.peers, unavailable, version)
     if args.json:
         Path(args.json).write_text(json.dumps(matrix.to_builtins(), indent=2) + "\n")
     if args.html:

@@ -110,10 +110,25 @@ def _start_session(frontend_impl: Implementation, engine_impl: Implementation,
     return engines
 
 
+def engine_launch(engine_impl: Implementation, addresses: tuple[str, str, str],
+                  timeout: float, **launch: Any) -> Any:
+    """The launch of a cell's engine (``launch``: more :class:`EngineLaunch` fields): by the
+    handshake address, or, in a release without the HELLO/READY handshake
+    (history/constants.toml [[transport]]), with the input and output addresses given
+    directly."""
+    from enginewire.conformance.targets.contract import EngineLaunch
+    from enginewire.spec.history.release_facts import handshake_gap
+
+    handshake_address, input_address, output_address = addresses
+    if engine_impl.version is not None and handshake_gap(engine_impl.version) is not None:
+        return EngineLaunch(None, init_timeout=timeout, input_addresses=(input_address,),
+                            output_addresses=(output_address,), **launch)
+    return EngineLaunch(handshake_address, init_timeout=timeout, **launch)
+
+
 def run_engine_cell(frontend_impl: Implementation, engine_impl: Implementation,
                     transport: str, timeout: float = STEP_TIMEOUT) -> Cell:
     """Front end ``frontend_impl`` against engine core ``engine_impl`` over ``transport``."""
-    from enginewire.conformance.targets.contract import EngineLaunch
 
     cell = Cell("engine", frontend_impl.name, engine_impl.name, transport)
     script = _Script(cell)
@@ -127,7 +142,8 @@ def run_engine_cell(frontend_impl: Implementation, engine_impl: Implementation,
         try:
             _start_session(
                 frontend_impl, engine_impl, (handshake_address, input_address, output_address),
-                [EngineLaunch(handshake_address, init_timeout=timeout)], state, timeout,
+                [engine_launch(engine_impl, (handshake_address, input_address, output_address),
+                               timeout)], state, timeout,
                 started=started)
         finally:
             if started:  # the clean-up below stops it, also when the front end failed

@@ -29,6 +29,7 @@ from enginewire.conformance.oracle.wire import (
     WireShapeError,
     parse_type,
 )
+from enginewire.spec.history.release_facts import handshake_message_at
 from enginewire.spec.types import TypeVisitor, kind_of, members
 
 
@@ -306,9 +307,12 @@ def _check_struct(raw: Any, item: StructSpec, spec: Any, path: str, field: str,
 
 
 def handshake_problems(raw: Any, message: str, spec: Any) -> list[TypeProblem]:
-    """Problems of a HELLO or READY map: a required key missing (vLLM reads it with
-    ``msg["key"]``: a KeyError) or a key's value of another type."""
-    found = next(m for m in spec.surface("handshake").messages if m.name == message)
+    """Problems of a HELLO or READY map in ``spec``'s release: a required key missing (vLLM
+    reads it with ``msg["key"]``: a KeyError) or a key's value of another type. The keys are
+    the release's (:func:`~enginewire.spec.history.release_facts.handshake_message_at`)."""
+    found = handshake_message_at(spec, message)
+    if found is None:
+        return [TypeProblem("$", f"no {message} in vLLM {spec.version}", msgpack_type(raw))]
     if not isinstance(raw, dict):
         return [TypeProblem("$", f"{message} (object)", msgpack_type(raw))]
     out: list[TypeProblem] = []
@@ -320,6 +324,17 @@ def handshake_problems(raw: Any, message: str, spec: Any) -> list[TypeProblem]:
             continue
         _check(raw[key.name], parse_type(key.type), spec, f"$.{key.name}", where, out)
     return out
+
+
+def handshake_surplus(raw: Any, message: str, spec: Any) -> list[str]:
+    """The keys of a HELLO or READY map that ``spec``'s release's message does not have (a
+    key added in a later release, such as ``headless`` before 0.10.0, marks a map written
+    for another release), sorted."""
+    found = handshake_message_at(spec, message)
+    if found is None or not isinstance(raw, dict):
+        return []
+    names = {k.name for k in found.keys}
+    return sorted(str(k) for k in raw if k not in names)
 
 
 def layout_releases(raw: Any, type_expr: str, spec: Any) -> list[str] | None:

@@ -48,12 +48,13 @@ from enginewire.conformance.oracle.wire import (
 )
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
-    BASE_KEYS,
     Transport,
     clients_gap,
     conversation_gap,
+    engine_handshake_map,
     handshake_gap,
     handshake_keys_at,
+    handshake_message_at,
     identity_gap,
     ready_response_at,
     request_types_at,
@@ -96,7 +97,8 @@ def decode(frames: Sequence[bytes], type_text: str, spec: Any,
     return from_wire(raw, type_text, spec, [bytes(f) for f in frames[1:]])
 
 
-#: Values of the READY keys an older release requires beyond status, local and headless.
+#: Values of the READY keys an older release requires beyond status, local and headless
+#: (num_gpu_blocks, dp_stats_address before 0.20.0).
 READY_KEY_VALUES: dict[str, Any] = {"num_gpu_blocks": 512, "dp_stats_address": None}
 
 
@@ -319,8 +321,10 @@ class SuiteFrontend:
                 self.handshake_socket = self.net.socket(zmq.ROUTER)
                 self.handshake_address = self.net.bind(
                     self.handshake_socket, self.net.address("handshake", transport))
-            self.input_sockets, self.input_addresses = [], []
-            self.output_sockets, self.output_addresses = [], []
+            self.input_sockets: list[zmq.Socket] = []
+            self.output_sockets: list[zmq.Socket] = []
+            self.input_addresses: list[str] = []
+            self.output_addresses: list[str] = []
             for client in range(clients):
                 for channel, sockets, addresses in (
                         ("input", self.input_sockets, self.input_addresses),
@@ -351,9 +355,14 @@ class SuiteFrontend:
 
     # -- handshake ------------------------------------------------------------------------
 
-    def recv_handshake(self, timeout: float) -> list[bytes]:
+    @property
+    def router(self) -> zmq.Socket:
+        """The handshake ROUTER; only a release with the HELLO/READY handshake has one."""
         assert self.handshake_socket is not None, "a release without the handshake"
-        return recv(self.handshake_socket, timeout, "a handshake message")
+        return self.handshake_socket
+
+    def recv_handshake(self, timeout: float) -> list[bytes]:
+        return recv(self.router, timeout, "a handshake message")
 
     def init_value(self, **overrides: Any) -> dict[str, Any]:
         value = {"addresses": {"inputs": list(self.input_addresses),
@@ -364,8 +373,7 @@ class SuiteFrontend:
 
     def send_init(self, identity: bytes, value: dict[str, Any] | None = None) -> None:
         payload = encode(value or self.init_value(), "EngineHandshakeMetadata", self.spec)
-        assert self.handshake_socket is not None, "a release without the handshake"
-        self.handshake_socket.send_multipart([identity, *payload])
+        self.router.send_multipart([identity, *payload])
 
     def handshake(self, timeout: float, *, expect: bytes | None = None) -> Handshake:
         """Run one engine's handshake: HELLO, init, ready responses, READY (without a
@@ -387,7 +395,7 @@ class SuiteFrontend:
         for client, sock in enumerate(self.input_sockets):
             got = recv(sock, deadline - time.monotonic(), f"the ready response on input {client}")
             responses.append(got)
-        ready_frames = recv(self.handshake_socket, deadline - time.monotonic(), "READY")
+        ready_frames = recv(self.router, deadline - time.monotonic(), "READY")
         if len(ready_frames) != 2 or ready_frames[0] != identity:
             raise HandshakeProblem("READY must be [identity, payload] from the same identity",
                                    ready_frames)
@@ -402,7 +410,7 @@ class SuiteFrontend:
         rank 0's, where the input carries none)."""
         deadline = time.monotonic() + timeout
         identity = expect if expect is not None else identity_of(0)
-        responses = []
+        responses: list[list[bytes]] = []
         if self.transport.readiness == "pipe":
             for client, sock in enumerate(self.input_sockets):
                 remaining = max(deadline - time.monotonic(), 0.0)
@@ -532,22 +540,22 @@ class SuiteEngine:
     def close(self) -> None:
         self.net.close()
 
+    def handshake_value(self, message: str, /, **overrides: Any) -> dict[str, Any]:
+        """The ``message`` (HELLO or READY) map this engine sends in its release: exactly the
+        release's required keys (headless from 0.10.0, num_gpu_blocks and dp_stats_address
+        in READY before 0.20.0), then ``overrides``."""
+        spec = handshake_message_at(self.spec, message)
+        assert spec is not None  # require_conversation: the release has the handshake
+        return {**engine_handshake_map(spec, local=self.local, headless=self.headless,
+                                       values=READY_KEY_VALUES), **overrides}
+
     def hello(self, **overrides: Any) -> None:
-        value = {"status": "HELLO", "local": self.local, "headless": self.headless, **overrides}
+        value = self.handshake_value("HELLO", **overrides)
         self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
 
     def ready(self, **overrides: Any) -> None:
-        value = {"status": "READY", "local": self.local, "headless": self.headless,
-                 **self._release_ready_keys(), **overrides}
+        value = self.handshake_value("READY", **overrides)
         self.handshake_socket.send(msgspec.msgpack.encode(value))  # type: ignore[union-attr]
-
-    def _release_ready_keys(self) -> dict[str, Any]:
-        """The READY keys an older release requires beyond status, local and headless."""
-        if self.spec.version == REFERENCE_VLLM_VERSION:
-            return {}
-        keys = handshake_keys_at(self.spec.version, "READY")
-        required = keys[0] if keys is not None else []
-        return {k: READY_KEY_VALUES[k] for k in required if k not in BASE_KEYS}
 
     def recv_init(self, timeout: float) -> list[bytes]:
         return recv(self.handshake_socket, timeout, "init after HELLO")  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ from typing import Any
 
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
-from .protocol_facts import chunk_framing, handshake_keys, ready_response
+from .protocol_facts import chunk_framing, handshake_keys, init_message, ready_response
 from .transport_facts import transport
 from .wheels import write_releases
 
@@ -68,6 +68,8 @@ class ReleaseFacts:
     #: The input/output channels' sockets, binds, identity and readiness
     #: (:mod:`.transport_facts`).
     transport: dict[str, Any] = field(default_factory=dict)
+    #: How the engine reads the init message (:func:`.protocol_facts.init_message`).
+    init_message: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -129,6 +131,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.ready_response = ready_response(source)
         facts.chunk_framing = chunk_framing(source)
         facts.transport = transport(source, bool(facts.handshake), facts.ready_response)
+        facts.init_message = init_message(source)
     return facts
 
 
@@ -572,6 +575,9 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
          "handshake runs on the input socket; input-literal: the bytes b\"READY\" on the input "
          "socket; pipe: a map sent to the parent process over a pipe, no wire form)",
          lambda r: dict(r.transport)),
+        ("init_message", "how the engine reads the front end's init message (struct: decoded "
+         "as that struct; map: a plain msgpack map read by these keys; none: no such message)",
+         lambda r: dict(r.init_message) or {"form": "none"}),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")

@@ -117,7 +117,7 @@ def _transport(rows: list[dict[str, Any]], comment: str) -> list[str]:
         front, engine = value.get("frontend"), value.get("engine")
         bound = {"frontend": f"{front} binds, {engine} connects",
                  "engine": f"{engine} binds, {front} connects"}
-        return f"front end {front} / engine {engine} ({bound.get(value.get('binds'), '?')})"
+        return f"front end {front} / engine {engine} ({bound.get(str(value.get('binds')), '?')})"
 
     lines = ["### transport", "", _pipe(comment), "",
              "| releases | input | engine identity on input | output | socket pairs | "

@@ -221,7 +221,8 @@ class WheelSource:
         """The module file and definition of class ``name``.
 
         Looked for in the hinted modules, following ``from X import name`` re-exports, then in
-        the hinted modules' sibling modules and their parent packages' modules. A class
+        the hinted modules' sibling modules and their parent packages' modules (also where a
+        hinted module is missing from the wheel). A class
         elsewhere is not found (a full scan of a wheel takes seconds; the hints come from the
         spec's ``vllm_class`` and from where the neighbouring release keeps the class).
         """
@@ -238,7 +239,7 @@ class WheelSource:
                 return filename, found
             queue.extend(self._import_sources(filename, name))
         pattern = re.compile(rf"^class {re.escape(name)}\b", re.MULTILINE)
-        for filename in self._neighbours(files):
+        for filename in self._neighbours(hints):
             if filename not in seen and pattern.search(self.text(filename)):
                 found = self._class_in(filename, name)
                 if found is not None:
@@ -267,9 +268,13 @@ class WheelSource:
                     out.append(found)
         return out
 
-    def _neighbours(self, files: list[str]) -> list[str]:
+    def _neighbours(self, hints: list[str]) -> list[str]:
+        """The modules beside each hinted module and in its parent package, whether or not
+        the hinted module itself is in this wheel (vLLM 0.9.1 kept EngineHandshakeMetadata in
+        ``vllm/v1/utils.py``, before ``vllm/v1/engine/utils.py`` existed)."""
         dirs: set[str] = set()
-        for filename in files:
+        for module in hints:
+            filename = self.module_file(module) or module.replace(".", "/") + ".py"
             folder = filename.rsplit("/", 1)[0]
             dirs.add(folder)
             if "/" in folder:

@@ -10,6 +10,11 @@
   ``send(b"")``), ``READY`` (the literal bytes ``b"READY"``), ``handshake`` (the handshake's
   msgpack READY map itself: 0.9.0 ran the HELLO / init / READY handshake on the input socket,
   ``input_socket.send(msgspec.msgpack.encode({"status": "READY", ...}))``) or ``none``.
+- :func:`init_message`: how the engine reads the front end's init message in its
+  ``startup_handshake``: ``{"form": "struct", "struct": "EngineHandshakeMetadata"}`` (decoded
+  with ``type=EngineHandshakeMetadata``, 0.9.1 on) or ``{"form": "map", "keys": [...]}`` (a
+  plain msgpack map read with ``init_message["key"]``: 0.9.0's output_socket_address and
+  parallel_config); ``{}`` where the wheel has no ``startup_handshake``.
 - :func:`chunk_framing`: how ``MessageQueue.enqueue`` lays a message into a ring chunk after
   the overflow byte: ``buffers`` (a big-endian buffer count, then each buffer after a
   big-endian length; the widths are the literal byte counts of its ``to_bytes_big`` calls) or
@@ -22,6 +27,7 @@ such code (the history then records ``none``).
 from __future__ import annotations
 
 import ast
+from typing import Any
 
 from .extract import WheelSource
 
@@ -123,6 +129,42 @@ def ready_response(source: WheelSource) -> str:
                 # is another socket, whose maps are no ready response).
                 found.add("handshake")
     return next((kind for kind in ("empty", "READY", "handshake") if kind in found), "none")
+
+
+def init_message(source: WheelSource) -> dict[str, Any]:
+    """``{"form": "struct", "struct": name}``, ``{"form": "map", "keys": [...]}`` (sorted)
+    or ``{}`` (see the module docstring)."""
+    for filename in _files(source):
+        if "startup_handshake" not in source.text(filename):
+            continue
+        for function in ast.walk(source.tree(filename)):
+            if not (isinstance(function, ast.FunctionDef)
+                    and function.name == "startup_handshake"):
+                continue
+            decoded: set[str] = set()
+            # The decode bound to ``init_message`` (the name in every release; 0.33.0 also
+            # decodes an elastic-EP scale-up message in the same function, bound otherwise).
+            for node in ast.walk(function):
+                if not (isinstance(node, ast.Assign | ast.AnnAssign)
+                        and isinstance(node.value, ast.Call)
+                        and isinstance(node.value.func, ast.Attribute)
+                        and node.value.func.attr == "decode"
+                        and "msgpack" in ast.unparse(node.value.func.value)):
+                    continue
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {t.id for t in targets if isinstance(t, ast.Name)}
+                if "init_message" not in names:
+                    continue
+                typed = next((k.value for k in node.value.keywords if k.arg == "type"), None)
+                if typed is not None:
+                    return {"form": "struct", "struct": ast.unparse(typed).rsplit(".", 1)[-1]}
+                decoded.update(names)
+            keys = {str(node.slice.value) for node in ast.walk(function)
+                    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                    and node.value.id in decoded and isinstance(node.slice, ast.Constant)}
+            if keys:
+                return {"form": "map", "keys": sorted(keys)}
+    return {}
 
 
 def chunk_framing(source: WheelSource) -> dict[str, int | str]:

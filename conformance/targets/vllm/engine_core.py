@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from enginewire.conformance.targets.contract import EngineLaunch
+from enginewire.conformance.targets.contract import EngineLaunch, Unsupported
 from enginewire.conformance.targets.vllm.standin import DIE_FILE_ENV
 
 #: The tiny model: a Llama configuration small enough for any machine (no weights are read).
@@ -255,6 +255,10 @@ class VllmEngines:
         from vllm.v1.engine.utils import CoreEngineProcManager
         from vllm.v1.executor.abstract import Executor
 
+        if launch.handshake_address is None:
+            raise Unsupported("vLLM's engine core is started with a handshake address; a launch "
+                              "with input and output addresses given directly is a release "
+                              "before 0.9.0")
         config = self.config(launch.dp_size)
         executor_class = Executor.get_class(config)
         self._count += 1
