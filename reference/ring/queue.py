@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 from zmq.backend import Socket as BackendSocket
@@ -59,7 +59,6 @@ from .framing import (
     nbytes,
     needs_overflow,
     single_buffer,
-    single_copy,
     single_head,
     write_chunk,
 )
@@ -71,6 +70,8 @@ from .shm import ShmMemory, ShmSegment
 from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin, spin_yield
 
 _SPEC = load()
+#: What a wait's check returns once it succeeds (a chunk index, a message, a flag).
+_Found = TypeVar("_Found")
 #: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait,
 #: ring.constants default_timeout_s); ``timeout=None`` waits forever, and still notices a dead
 #: peer.
@@ -612,10 +613,10 @@ class MessageQueue:
                        what="a free chunk (every local reader done with it)",
                        liveness=None if liveness is None else liveness.check_readers)
 
-    def _wait_for(self, acquire: Callable[[], int | None], timeout: float | None, *,
+    def _wait_for(self, acquire: Callable[[], _Found | None], timeout: float | None, *,
                   clause: str, what: str,
                   block: Callable[[float], None] | None = None,
-                  liveness: Callable[[], None] | None = None) -> int:
+                  liveness: Callable[[], None] | None = None) -> _Found:
         """After one failed ``acquire``: check again back to back, then between yields, then
         back off (the waiting of :mod:`.wait`) until it returns a chunk index, the deadline
         passes or the queue is shut down."""
@@ -656,43 +657,42 @@ class MessageQueue:
             # message).
             started: float | None = None
             if not self._pending_overflow:
-                index = reader.try_acquire()
-                if index is None:
+                # The common small message in one protocol call: acquired, copied out and
+                # released (RingReader.try_read_single); any other chunk comes back held.
+                got = reader.try_read_single(SCAN_BYTES_MAX)
+                if got is None:
                     started = time.monotonic()
-                    index = self._wait_for_readable(reader, timeout)
-                chunk = self._chunk_views[index]
-                try:
-                    data = single_copy(chunk, SCAN_BYTES_MAX)
-                    if data is None:
-                        view = single_buffer(chunk)
-                        if view is not None:
-                            try:
-                                return self.codec.decode(view, ())
-                            finally:
-                                try:  # _release_view, inline: this is every message's path
-                                    view.release()
-                                except BufferError:
-                                    pass
-                        overflow, views = decode_chunk(chunk)
-                        if not overflow:
-                            try:
-                                # Out-of-band buffers are copied: the object may keep them
-                                # after the slot is reused (ring.reader.copy-oob-before-release).
-                                return self.codec.decode(views[0],
-                                                         [bytearray(v) for v in views[1:]])
-                            finally:
-                                _release_views(views)
-                        self._pending_overflow += 1
-                finally:
-                    # _release_chunk, inline: this is every message's path
-                    reader.release()
+                    got = self._wait_for(
+                        functools.partial(reader.try_read_single, SCAN_BYTES_MAX), timeout,
+                        clause="ring.reader.timeout", what="a readable chunk",
+                        block=self._block_on_notify, liveness=self._writer_liveness())
+                if type(got) is bytes:
                     now = time.monotonic()
                     if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
                         self._drain_notify(now)
-                if data is not None:
-                    # The common small message, copied out in one piece: decoded after the
-                    # release, so the writer may reuse the slot meanwhile.
-                    return self.codec.decode(data, ())
+                    # Copied before the release: the writer may reuse the slot meanwhile.
+                    return self.codec.decode(got, ())
+                assert type(got) is int
+                chunk = self._chunk_views[got]
+                try:
+                    view = single_buffer(chunk)
+                    if view is not None:
+                        try:
+                            return self.codec.decode(view, ())
+                        finally:
+                            _release_view(view)
+                    overflow, views = decode_chunk(chunk)
+                    if not overflow:
+                        try:
+                            # Out-of-band buffers are copied: the object may keep them
+                            # after the slot is reused (ring.reader.copy-oob-before-release).
+                            return self.codec.decode(views[0],
+                                                     [bytearray(v) for v in views[1:]])
+                        finally:
+                            _release_views(views)
+                    self._pending_overflow += 1
+                finally:
+                    self._release_chunk(reader)
             deadline = (None if timeout is None
                         else (time.monotonic() if started is None else started) + timeout)
             return self._decode_frames(self._recv_overflow(deadline))
@@ -849,11 +849,14 @@ class MessageQueue:
     def _wait_for_readable(self, reader: RingReader, timeout: float | None) -> int:
         """After one failed acquire: wait for the next chunk to be readable, hold it, return
         its index."""
-        liveness = self._resources.liveness
         return self._wait_for(reader.try_acquire, timeout,
                               clause="ring.reader.timeout", what="a readable chunk",
-                              block=self._block_on_notify,
-                              liveness=None if liveness is None else liveness.check_writer)
+                              block=self._block_on_notify, liveness=self._writer_liveness())
+
+    def _writer_liveness(self) -> Callable[[], None] | None:
+        """The check that the writer still runs (clause ring.liveness.peer-dead), if any."""
+        liveness = self._resources.liveness
+        return None if liveness is None else liveness.check_writer
 
     def _release_chunk(self, reader: RingReader) -> None:
         """Release the chunk ``reader`` (this end's) holds and, now and then, drain the notify

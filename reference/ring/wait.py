@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from enginewire.spec import load
 
@@ -42,6 +43,8 @@ READER_RECHECK_INTERVAL_S: float = (
     load().ring_constant("reader_recheck_interval_ms", int) / 1000)
 #: A waiting end checks this often that the processes it waits for still run.
 LIVENESS_CHECK_INTERVAL_S = load().ring_constant("liveness_check_ms", int) / 1000
+#: What a check returns once it succeeds.
+_Found = TypeVar("_Found")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ class WaitPolicy:
 DEFAULT_POLICY = WaitPolicy()
 
 
-def spin(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | None) -> int | None:
+def spin(check: Callable[[], _Found | None], policy: WaitPolicy,
+         timeout: float | None) -> _Found | None:
     """After one failed ``check``: repeat it back to back up to ``policy.spin_checks`` times
     (the first stage of a wait, without a :class:`Backoff` to build) and return what it found.
 
@@ -78,8 +82,8 @@ def spin(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | N
     return None
 
 
-def spin_yield(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | None,
-               started: float) -> int | None:
+def spin_yield(check: Callable[[], _Found | None], policy: WaitPolicy, timeout: float | None,
+               started: float) -> _Found | None:
     """The second stage of a wait, after :func:`spin`: ``sched_yield`` and check again until
     ``policy.yield_for_s`` (or ``timeout``) has passed since ``started``; what the check found,
     or None (the caller then builds a :class:`Backoff` with the same ``started``, which goes
