@@ -1,9 +1,11 @@
 """One bench run: set every contender up, then measure round after round.
 
-A round is one pass over every cell of every bench. Inside a cell the contenders run back to
-back, in an order that rotates from round to round, so slow drift of the machine (another
-process, thermal throttling) falls on all of them alike and each round's figures can be
-compared pairwise (:mod:`.results`).
+A round is one pass over every cell of every bench. Inside a cell the contenders run in an
+order that rotates from round to round, so slow drift of the machine (another process,
+thermal throttling) falls on all of them alike and each round's figures can be compared
+pairwise (:mod:`.results`). The contenders of a ring throughput cell take turns in bursts
+(:meth:`Run._interleaved`), so that even a change of the machine's load within the cell falls
+on all of them alike.
 
 Set-up happens once, before the first round: reader processes, codec values, engine processes
 and front ends. Then the garbage collector's heap is frozen (``gc.freeze()``, as vLLM's own
@@ -44,6 +46,8 @@ class Step:
 
     label: str
     run: Callable[[int], None]
+    #: Reader processes the step keeps open at once (started before the first round).
+    workers: int = 0
 
 
 class Progress:
@@ -331,7 +335,8 @@ class Run:
                                                           chunks, first_worker=0), readers))
             names = " ".join(name for _, name, _, _ in cells)
             yield Step(f"ring {_label(case)} {names}",
-                       partial(self._interleaved, _rotate(cells, round_index), units))
+                       partial(self._interleaved, _rotate(cells, round_index), units),
+                       workers=sum(readers for _, _, _, readers in cells))
         latency_units = {"p50_us": ("µs", "lower"), "p99_us": ("µs", "lower")}
         for readers in config.latency_readers:
             case = {"payload_bytes": config.latency_payload, "readers": readers}
@@ -613,6 +618,11 @@ def run(config: BenchConfig, *, progress: bool = True, command: str = "",
                     yield from state.explorer_steps(round_index)
 
             total = sum(sum(1 for _ in steps(index)) for index in range(config.rounds))
+            if state.ring is not None:
+                # Every reader process a cell keeps open at once, started now rather than in
+                # the middle of a cell.
+                state.ring.pool.start(max((step.workers for step in steps(0)), default=0))
+                state.ring.pool.wait_ready()
             bar = Progress(total, stream=stream, enabled=progress)
             for round_index in range(config.rounds):
                 for step in steps(round_index):
