@@ -63,10 +63,10 @@ from .framing import (
     write_chunk,
 )
 from .layout import RingLayout
-from .liveness import LivenessRecord
+from .liveness import BLOCKING, RUNNING, LivenessRecord
 from .payload import SCAN_BYTES_MAX, PayloadCodec, get_codec
 from .protocol import RingReader, RingWriter
-from .shm import ShmMemory, ShmSegment
+from .shm import ShmMemory, ShmSegment, memory_fence
 from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin, spin_yield
 
 _SPEC = load()
@@ -102,6 +102,10 @@ def _release_view(view: memoryview) -> None:
         view.release()
     except BufferError:
         pass  # a codec kept a buffer of it: the mapping lives until that object goes
+
+
+def _never() -> bool:
+    return False
 
 
 def _release_views(views: list[memoryview]) -> None:
@@ -240,6 +244,11 @@ class MessageQueue:
     #: The views :meth:`dequeue_views` returned last, whose chunk this end still holds.
     _held_views: list[memoryview] | None
     _last_notify_drain: float
+    #: The writer's test that every local reader keeps checking the flags without blocking
+    #: (ring.notify.waiting-state): a notification is skipped while it holds.
+    _readers_running: Callable[[], bool]
+    #: A reader end in a wait that announced it may block (its state byte is BLOCKING).
+    _blocking: bool
 
     def __init__(
         self,
@@ -274,6 +283,7 @@ class MessageQueue:
                 self.layout = RingLayout(n_local_reader, max_chunk_bytes, max_chunks)
                 res.segment = ShmSegment.create(self.layout)
                 res.liveness = LivenessRecord.create(res.segment.memory.buf, self.layout)
+                self._readers_running = res.liveness.readers_running
                 self._writer = RingWriter(res.segment.memory, self.layout)
                 self._chunk_bytes = max_chunk_bytes
                 buffer_handle = self.layout.buffer_handle(res.segment.name)
@@ -340,6 +350,8 @@ class MessageQueue:
         self._pending_overflow = 0
         self._held_views = None
         self._last_notify_drain = time.monotonic()
+        self._readers_running = _never
+        self._blocking = False
 
     @classmethod
     def create_from_handle(cls, handle: Any, rank: int, *,
@@ -543,7 +555,7 @@ class MessageQueue:
                             timeout, clause="ring.writer.timeout",
                             what="a free chunk (every local reader done with it)",
                             liveness=None if liveness is None else liveness.check_readers))
-                    if notify_readers:
+                    if notify_readers and not self._readers_running():
                         notify()
                     if self._remote_socket is not None:
                         self._send_multipart(self._remote_socket, buffers)
@@ -562,7 +574,7 @@ class MessageQueue:
             writer.commit()
             if overflow:
                 self._send_multipart(local_socket, buffers)
-            if not writer.readers_behind():
+            if not writer.readers_behind() and not self._readers_running():
                 notify()
         # The writer has a remote socket exactly when it has remote readers.
         remote_socket = self._remote_socket
@@ -591,7 +603,7 @@ class MessageQueue:
             writer.abandon()
             raise
         writer.commit()
-        if not writer.readers_behind():
+        if not writer.readers_behind() and not self._readers_running():
             notify()
 
     def _claim_chunk(self, timeout: float | None) -> tuple[RingWriter, Callable[[], None]]:
@@ -631,10 +643,17 @@ class MessageQueue:
                 return index
         backoff = Backoff(policy, timeout, clause=clause, what=what, block=block,
                           checks=policy.spin_checks, liveness=liveness, started=started)
-        while (index := acquire()) is None:
-            if self._shutting_down:
-                raise QueueClosed("the queue was shut down")
-            backoff.pause()
+        try:
+            while (index := acquire()) is None:
+                if self._shutting_down:
+                    raise QueueClosed("the queue was shut down")
+                backoff.pause()
+        finally:
+            if self._blocking:  # the wait is over: RUNNING again (ring.notify.waiting-state)
+                self._blocking = False
+                record = self._resources.liveness
+                if record is not None:
+                    record.set_state(RUNNING)
         return index
 
     # --- readers ---------------------------------------------------------------------------
@@ -874,6 +893,17 @@ class MessageQueue:
             sock.recv(zmq.NOBLOCK, copy=False)
 
     def _block_on_notify(self, seconds: float) -> None:
+        """Wait for a notification for at most ``seconds``; the first call of a wait only
+        announces the block (clause ring.notify.waiting-state): this reader's state byte
+        BLOCKING, then a fence, and back to the caller, which checks the flags once more before
+        it calls again to block. A writer that set a written flag after that check sees the
+        byte (both sides fence between their store and their load) and notifies."""
+        record = self._resources.liveness
+        if record is not None and not self._blocking:
+            self._blocking = True
+            record.set_state(BLOCKING)
+            memory_fence()
+            return
         poller = self._poller
         assert poller is not None
         events = dict(poller.poll(max(1, int(seconds * 1000 + 0.999))))
