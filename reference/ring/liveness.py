@@ -90,9 +90,13 @@ class LivenessRecord:
         return record
 
     def set_state(self, state: int) -> None:
-        """Store this reader's state byte (the caller fences where the order matters)."""
+        """Store this reader's state byte (the caller fences where the order matters); nothing
+        once the mapping is gone (a queue closed under a waiting thread)."""
         if self.rank is not None:
-            self._buf[self.states[0] + self.rank] = state
+            try:
+                self._buf[self.states[0] + self.rank] = state
+            except (IndexError, ValueError, TypeError):
+                pass
 
     def readers_running(self) -> bool:
         """Does every local reader's state byte read RUNNING (none blocking, none that keeps
