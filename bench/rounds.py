@@ -311,8 +311,7 @@ class Run:
             cells: list[tuple[dict[str, Any], str, Callable[[int], Any], int]] = []
             if first_readers[(payload, chunks)] == readers:
                 memcpy_case = {"payload_bytes": payload, "chunks": chunks}
-                cells.append((memcpy_case, MEMCPY,
-                              lambda first_worker, p=payload, c=chunks: ring.open_memcpy(p, c),
+                cells.append((memcpy_case, MEMCPY, partial(_open_memcpy, ring, payload, chunks),
                               0))
             for text in texts:
                 cells.append((case, text, partial(_open_ring, ring, text, self.targets[text],
@@ -490,6 +489,10 @@ class Run:
                                  _pair(partial(_tap_rate, transport, self.config.timeout)),
                                  {"tap_steps_per_s": ("steps/s", "higher"),
                                   "tap_decoded_steps_per_s": ("steps/s", "higher")}))
+
+
+def _open_memcpy(ring: Any, payload: int, chunks: int, first_worker: int = 0) -> Any:
+    return ring.open_memcpy(payload, chunks)  # no reader processes
 
 
 def _open_ring(ring: Any, text: str, target: Any, payload: int, readers: int, chunks: int, *,

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import zmq
 from zmq.backend import Socket as BackendSocket
@@ -678,13 +678,16 @@ class MessageQueue:
             if not self._pending_overflow:
                 # The common small message in one protocol call: acquired, copied out and
                 # released (RingReader.try_read_single); any other chunk comes back held.
-                got = reader.try_read_single(SCAN_BYTES_MAX)
+                read_single: Callable[[], bytes | int | None] = functools.partial(
+                    reader.try_read_single, SCAN_BYTES_MAX)
+                got = read_single()
                 if got is None:
                     started = time.monotonic()
-                    got = self._wait_for(
-                        functools.partial(reader.try_read_single, SCAN_BYTES_MAX), timeout,
+                    # (mypy cannot solve the wait's type variable from this union)
+                    got = cast("bytes | int", self._wait_for(
+                        read_single, timeout,
                         clause="ring.reader.timeout", what="a readable chunk",
-                        block=self._block_on_notify, liveness=self._writer_liveness())
+                        block=self._block_on_notify, liveness=self._writer_liveness()))
                 if type(got) is bytes:
                     now = time.monotonic()
                     if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
