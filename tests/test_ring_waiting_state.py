@@ -116,3 +116,21 @@ def test_a_wait_that_times_out_leaves_the_reader_running(queues: Queues) -> None
     with pytest.raises(TimeoutError):
         readers[0].dequeue(timeout=0.05)
     assert _states(writer)[0] == RUNNING
+
+
+def test_announcing_a_block_does_not_lengthen_the_first_block() -> None:
+    """A block that returned without blocking (False: the reader announced it) leaves the
+    interval as it was; a real block doubles it."""
+    from enginewire.reference.ring.wait import Backoff, WaitPolicy
+
+    asked: list[float] = []
+
+    def block(seconds: float) -> bool:
+        asked.append(seconds)
+        return len(asked) > 1  # the first call announces
+
+    policy = WaitPolicy(spin_checks=0, yield_for_s=0.0, poll_min_s=0.001)
+    backoff = Backoff(policy, 10.0, clause="ring.reader.timeout", what="x", block=block)
+    for _ in range(3):
+        backoff.pause()
+    assert asked == [0.001, 0.001, 0.002]

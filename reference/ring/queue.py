@@ -627,7 +627,7 @@ class MessageQueue:
 
     def _wait_for(self, acquire: Callable[[], _Found | None], timeout: float | None, *,
                   clause: str, what: str,
-                  block: Callable[[float], None] | None = None,
+                  block: Callable[[float], bool | None] | None = None,
                   liveness: Callable[[], None] | None = None) -> _Found:
         """After one failed ``acquire``: check again back to back, then between yields, then
         back off (the waiting of :mod:`.wait`) until it returns a chunk index, the deadline
@@ -895,7 +895,7 @@ class MessageQueue:
         if sock is not None and sock.poll(0):
             sock.recv(zmq.NOBLOCK, copy=False)
 
-    def _block_on_notify(self, seconds: float) -> None:
+    def _block_on_notify(self, seconds: float) -> bool:
         """Wait for a notification for at most ``seconds``; the first call of a wait only
         announces the block (clause ring.notify.waiting-state): this reader's state byte
         BLOCKING, then a fence, and back to the caller, which checks the flags once more before
@@ -906,7 +906,7 @@ class MessageQueue:
             self._blocking = True
             record.set_state(BLOCKING)
             memory_fence()
-            return
+            return False
         poller = self._poller
         assert poller is not None
         events = dict(poller.poll(max(1, int(seconds * 1000 + 0.999))))
@@ -918,6 +918,7 @@ class MessageQueue:
         if notify_socket is not None and notify_socket in events:
             notify_socket.recv(zmq.NOBLOCK, copy=False)
             self._last_notify_drain = time.monotonic()
+        return True
 
     def _recv_overflow(self, deadline: float | None) -> list[zmq.Frame]:
         """The frames of the next overflowed message (a local reader's subscribe socket)."""

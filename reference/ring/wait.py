@@ -110,7 +110,9 @@ class Backoff:
     every failed check.
 
     ``block(seconds)`` (readers only) waits for a notification for at most ``seconds``
-    (and at least one millisecond). ``checks`` counts failed checks already made back to back
+    (and at least one millisecond); it returns False when it returned without blocking (a
+    reader announcing its block, clause ring.notify.waiting-state), and the next block then
+    waits as long as this one would have. ``checks`` counts failed checks already made back to back
     (see :func:`spin`).
     ``timeout`` None waits forever; 0 allows exactly one check. ``liveness`` (raising when a
     peer died) runs every ``policy.liveness_check_s`` once the wait has lasted that long.
@@ -122,7 +124,7 @@ class Backoff:
                  "_checks", "_sleep", "_poll", "_block", "_liveness", "_next_liveness")
 
     def __init__(self, policy: WaitPolicy, timeout: float | None, *, clause: str, what: str,
-                 block: Callable[[float], None] | None = None, checks: int = 0,
+                 block: Callable[[float], bool | None] | None = None, checks: int = 0,
                  liveness: Callable[[], None] | None = None,
                  started: float | None = None) -> None:
         self.policy = policy
@@ -167,8 +169,8 @@ class Backoff:
         if self._block is not None:
             if self._liveness is not None:
                 left = min(left, policy.liveness_check_s)
-            self._block(min(self._poll, policy.recheck_s, left))
-            self._poll *= 2
+            if self._block(min(self._poll, policy.recheck_s, left)) is not False:
+                self._poll *= 2  # False: it did not block (it announced the block first)
             return
         time.sleep(min(self._sleep, left))
         self._sleep = min(self._sleep * 2, policy.sleep_max_s)
