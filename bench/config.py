@@ -47,6 +47,9 @@ class BenchConfig:
     #: writes every chunk at least once).
     cell_seconds: float = 0.25
     warmup_seconds: float = 0.03
+    #: The timed part of a throughput cell is split into this many bursts per contender, the
+    #: contenders of the cell taking turns burst by burst (see ``rounds.Run._interleaved``).
+    ring_bursts: int = 4
     #: Upper bound on the messages of one cell (tiny payloads on a fast machine).
     max_messages: int = 200_000
     latency_payload: int = KIB
@@ -106,6 +109,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.rounds < 1:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if self.ring_bursts < 1:
+            raise ValueError(f"ring_bursts must be >= 1, got {self.ring_bursts}")
         unknown = set(self.benches) - set(BENCHES)
         if unknown:
             raise ValueError(f"unknown bench(es) {sorted(unknown)}: use {', '.join(BENCHES)}")

@@ -60,6 +60,9 @@ HEADER = struct.Struct("<qq")
 WARMUP_SEQ = -1
 #: The sequence number of the last message of a minimal-ring cell (that ring has no None).
 END_SEQ = -2
+#: The sequence number of the message that ends a burst (:class:`ThroughputCell`): each reader
+#: reports the burst on its pipe and waits there, off the processor, until the next burst.
+PAUSE_SEQ = -3
 #: Latency warm-up messages before the recorded ones.
 LATENCY_WARMUP = 5
 #: vLLM's ring (and the reference's pickle codec) send buffers of this size and more out of
@@ -86,8 +89,15 @@ def make_payload(size: int, seed: int = 0) -> bytearray | np.ndarray:
 # --- reader processes ----------------------------------------------------------------------
 
 
-def _consume(receive: Callable[[], Any], latency: bool) -> dict[str, Any]:
-    """Receive until the sentinel (None); count, check and time the timed messages."""
+def _consume(receive: Callable[[], Any], latency: bool,
+             conn: Connection | None = None) -> dict[str, Any]:
+    """Receive until the sentinel (None); count, check and time the timed messages.
+
+    With ``conn``, a :data:`PAUSE_SEQ` message ends a burst: the burst's figures go to the
+    parent as ``("burst", dict)``, and the reader waits on ``conn`` for ``("resume",)``
+    before it counts the next burst from zero. The final report covers what came after the
+    last pause.
+    """
     unpack = HEADER.unpack_from
     clock = time.monotonic_ns
     count = gaps = 0
@@ -101,6 +111,16 @@ def _consume(receive: Callable[[], Any], latency: bool) -> dict[str, Any]:
             break
         seq, sent = unpack(message)
         if seq < 0:
+            if seq == PAUSE_SEQ and conn is not None:
+                conn.send(("burst", {"count": count, "gaps": gaps, "first_seq": first_seq,
+                                     "last_seq": last_seq, "t_first_ns": t_first,
+                                     "t_last_ns": t_last, "delays_ns": [], "error": None}))
+                command = conn.recv()
+                if command[0] != "resume":
+                    raise BenchError(f"expected resume after a burst, got {command[0]!r}")
+                count = gaps = 0
+                first_seq = last_seq = -1
+                t_first = t_last = 0
             continue
         if count == 0:
             first_seq, t_first = seq, now
@@ -141,8 +161,9 @@ def _raw(reader: Any, timeout: float) -> Callable[[], Any]:
     return receive
 
 
-def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, latency: bool,
-               timeout: float, borrowed: bool = False, raw: bool = False) -> dict[str, Any]:
+def _read_ring(conn: Connection, targets: dict[str, Any], text: str, handle: Any, rank: int,
+               latency: bool, timeout: float, borrowed: bool = False,
+               raw: bool = False) -> dict[str, Any]:
     from enginewire.conformance.targets.resolve import load_target
 
     target = targets.get(text)
@@ -153,7 +174,7 @@ def _read_ring(targets: dict[str, Any], text: str, handle: Any, rank: int, laten
         reader.wait_until_ready(timeout)
         receive = (_raw(reader, timeout) if raw else _borrowing(reader, timeout) if borrowed
                    else functools.partial(reader.dequeue, timeout))
-        return _consume(receive, latency)
+        return _consume(receive, latency, conn)
     finally:
         reader.close()
         del reader
@@ -175,7 +196,7 @@ def _read_zmq(conn: Connection, address: str, hwm: int, latency: bool,
             frames = sock.recv_multipart(copy=False)
             return None if len(frames) == 1 else frames[0].buffer
 
-        return _consume(receive, latency)
+        return _consume(receive, latency, conn)
     finally:
         sock.close(linger=0)
         context.term()
@@ -197,7 +218,7 @@ def _read_minimal(conn: Connection, name: str, n_reader: int, chunks: int, size:
             data = read()
             return None if unpack(data)[0] == END_SEQ else data
 
-        return _consume(receive, latency)
+        return _consume(receive, latency, conn)
     finally:
         del reader
         shm.close()
@@ -236,7 +257,7 @@ def reader_main(conn: Connection, preload: Sequence[str]) -> None:
             return
         try:
             if kind == "ring":
-                report = _read_ring(targets, *args)
+                report = _read_ring(conn, targets, *args)
             elif kind == "zmq":
                 report = _read_zmq(conn, *args)
             elif kind == "minimal":
@@ -340,11 +361,12 @@ class ReaderPool:
         raise BenchError(f"reader process {worker.process.pid} sent no {what} in time "
                          f"(alive: {worker.process.is_alive()})")
 
-    def submit(self, commands: Sequence[tuple[Any, ...]]) -> list[_Worker]:
-        """Send command ``i`` to worker ``i`` (starting workers as needed)."""
-        self.start(len(commands))
+    def submit(self, commands: Sequence[tuple[Any, ...]], first: int = 0) -> list[_Worker]:
+        """Send command ``i`` to worker ``first + i`` (starting workers as needed): cells open
+        at the same time use disjoint workers."""
+        self.start(first + len(commands))
         self.wait_ready()
-        chosen = self.workers[:len(commands)]
+        chosen = self.workers[first:first + len(commands)]
         for worker, command in zip(chosen, commands, strict=True):
             worker.conn.send(command)
         return chosen
@@ -357,16 +379,19 @@ class ReaderPool:
             if message[0] != status:
                 raise BenchError(f"reader sent {message[0]!r} before {status!r}: {message[1]}")
 
-    def reports(self, workers: Sequence[_Worker], timeout: float | None = None) -> list[dict]:
-        """Each worker's report; a worker that sends none in time is replaced, and raises."""
+    def reports(self, workers: Sequence[_Worker], timeout: float | None = None,
+                kind_wanted: str = "report") -> list[dict]:
+        """Each worker's report (or, with ``kind_wanted="burst"``, its report of a burst); a
+        worker that sends none in time is replaced, and raises. A final report also ends the
+        wait for a burst (the reader failed)."""
         deadline = time.monotonic() + (self.timeout * 2 if timeout is None else timeout)
         found: list[dict] = []
         failure: BenchError | None = None
         for worker in workers:
             try:
                 while True:
-                    kind, body = self._receive(worker, deadline, "report")
-                    if kind == "report":
+                    kind, body = self._receive(worker, deadline, kind_wanted)
+                    if kind == kind_wanted or kind == "report":
                         found.append(body)
                         break
             except BenchError as exc:
@@ -448,77 +473,111 @@ class RingBench:
             found = self._payloads[size] = make_payload(size, seed=size)
         return found
 
-    # --- ring targets ---
+    # --- throughput cells, open for several bursts ---
 
     def throughput(self, text: str, target: Any, payload_bytes: int, readers: int,
                    chunks: int, borrowed: bool = False, raw: bool = False) -> dict[str, float]:
-        """``messages_per_s`` and ``gb_per_s`` of one cell of ``target``'s ring; ``borrowed``:
-        the readers use zero-copy reads (``dequeue_borrowed``); ``raw``: the writer sends the
-        payload as a raw buffer (``enqueue_buffers``, no pickle) and the readers take views
-        (``dequeue_views``)."""
-        payload = self.payload(payload_bytes)
-        reports, sent = self._ring_cell(text, target, readers, chunks, latency=False,
-                                        send=lambda enqueue: self._stream(enqueue, payload,
-                                                                          chunks),
-                                        borrowed=borrowed, raw=raw)
-        rate = _rate(reports, sent)
-        return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
+        """``messages_per_s`` and ``gb_per_s`` of one cell of ``target``'s ring in one burst
+        of ``cell_seconds`` (see :meth:`open_ring`)."""
+        return self._one_burst(self.open_ring(text, target, payload_bytes, readers, chunks,
+                                              borrowed=borrowed, raw=raw))
+
+    def minimal_throughput(self, payload_bytes: int, readers: int,
+                           chunks: int) -> dict[str, float]:
+        """:meth:`open_minimal` in one burst of ``cell_seconds``."""
+        return self._one_burst(self.open_minimal(payload_bytes, readers, chunks))
+
+    def zmq_throughput(self, payload_bytes: int, readers: int, chunks: int) -> dict[str, float]:
+        """:meth:`open_zmq` in one burst of ``cell_seconds``."""
+        return self._one_burst(self.open_zmq(payload_bytes, readers, chunks))
+
+    def memcpy(self, payload_bytes: int, chunks: int) -> dict[str, float]:
+        """:meth:`open_memcpy` in one burst of ``cell_seconds``."""
+        return self._one_burst(self.open_memcpy(payload_bytes, chunks))
+
+    def _one_burst(self, cell: ThroughputCell) -> dict[str, float]:
+        try:
+            messages, span = cell.burst(self.config.cell_seconds, self.config.max_messages)
+        finally:
+            cell.close()
+        return cell.figures(messages, span)
+
+    def open_ring(self, text: str, target: Any, payload_bytes: int, readers: int, chunks: int,
+                  *, borrowed: bool = False, raw: bool = False,
+                  first_worker: int = 0) -> ThroughputCell:
+        """A fresh ring of ``target`` with ``readers`` reader processes (workers from
+        ``first_worker`` on), ready for bursts; ``borrowed``: the readers use zero-copy reads
+        (``dequeue_borrowed``); ``raw``: the writer sends the payload as a raw buffer
+        (``enqueue_buffers``, no pickle) and the readers take views (``dequeue_views``)."""
+        send, workers, release = self._open_ring(text, target, readers, chunks, latency=False,
+                                                 borrowed=borrowed, raw=raw,
+                                                 first_worker=first_worker)
+        return ThroughputCell(self, self.payload(payload_bytes), chunks, send,
+                              lambda: send(None), workers, release)
 
     def latency(self, text: str, target: Any, readers: int) -> tuple[dict[str, float], list]:
         """p50 and p99 delay (µs) of messages sent at a low rate, and every delay (µs)."""
         payload = self.payload(self.config.latency_payload)
-        reports, sent = self._ring_cell(text, target, readers, self.config.base_chunks,
-                                        latency=True,
-                                        send=lambda enqueue: self._trickle(enqueue, payload))
+        send, workers, release = self._open_ring(text, target, readers, self.config.base_chunks,
+                                                 latency=True)
+        failed = True
+        try:
+            sent = self._trickle(send, payload)
+            send(None)
+            reports = self.pool.reports(workers)
+            failed = False
+        finally:
+            release(failed)
         return _delays(reports, sent)
 
-    def _ring_cell(self, text: str, target: Any, readers: int, chunks: int, *, latency: bool,
-                   send: Callable[[Callable[..., None]], int],
-                   borrowed: bool = False, raw: bool = False) -> tuple[list[dict], int]:
+    def _open_ring(self, text: str, target: Any, readers: int, chunks: int, *, latency: bool,
+                   borrowed: bool = False, raw: bool = False, first_worker: int = 0,
+                   ) -> tuple[Callable[[Any], None], list[_Worker], Callable[[bool], None]]:
+        """A fresh ring, its readers attached and ready: its bounded send (None: the end of
+        the cell), the readers' workers and ``release(failed)``."""
         timeout = self.config.timeout
         writer = target.ring.create_writer(n_reader=readers,
                                            max_chunk_bytes=self.config.chunk_bytes,
                                            max_chunks=chunks)
         workers: list[_Worker] = []
-        failed = False
-        try:
-            workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout,
-                                         borrowed, raw) for rank in range(readers)])
-            writer.wait_until_ready(timeout)
-            if raw:
-                enqueue_buffers = writer.enqueue_buffers
 
-                def bounded(payload: Any) -> None:
-                    enqueue_buffers([b""] if payload is None else [payload], timeout)
-            else:
-                bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame
-            sent = send(bounded)
-            bounded(None)
-            reports = self.pool.reports(workers)
-        except Exception:
-            failed = True
-            raise
-        finally:
+        def release(failed: bool) -> None:
             writer.close()
             # After a failure the readers still wait (until their timeout): drain them so no
             # stale report reaches the next cell. Not on Ctrl-C: close() stops them.
             if failed and workers:
                 self.pool.abandon(workers)
-        return reports, sent
 
-    def _stream(self, enqueue: Callable[[Any], None], payload: Any, chunks: int) -> int:
-        """Warm up, then send as fast as ``enqueue`` returns; the number of timed messages."""
+        try:
+            workers = self.pool.submit([("ring", text, writer.handle, rank, latency, timeout,
+                                         borrowed, raw) for rank in range(readers)],
+                                       first_worker)
+            writer.wait_until_ready(timeout)
+        except BaseException:
+            release(True)
+            raise
+        if raw:
+            enqueue_buffers = writer.enqueue_buffers
+
+            def bounded(payload: Any) -> None:
+                enqueue_buffers([b""] if payload is None else [payload], timeout)
+        else:
+            bounded = functools.partial(writer.enqueue, timeout=timeout)  # no frame
+        return bounded, workers, release
+
+    def _stream(self, enqueue: Callable[[Any], None], payload: Any, chunks: int,
+                seconds: float, warmup_seconds: float, limit: int) -> int:
+        """Warm up, then send as fast as ``enqueue`` returns for ``seconds`` (at most
+        ``limit`` messages); the number of timed messages."""
         pack = HEADER.pack_into
         clock = time.monotonic_ns
-        config = self.config
-        warm_until = clock() + int(config.warmup_seconds * 1e9)
+        warm_until = clock() + int(warmup_seconds * 1e9)
         warm = 0
         while warm < chunks + 2 or clock() < warm_until:
             pack(payload, 0, WARMUP_SEQ, 0)
             enqueue(payload)
             warm += 1
-        limit = config.max_messages
-        deadline = clock() + int(config.cell_seconds * 1e9)
+        deadline = clock() + int(seconds * 1e9)
         seq = 0
         while True:
             now = clock()
@@ -548,35 +607,42 @@ class RingBench:
 
     # --- memcpy ceiling ---
 
-    def memcpy(self, payload_bytes: int, chunks: int) -> dict[str, float]:
-        """Copies per second (and GB/s) of the payload into shared memory, chunk by chunk."""
-        config = self.config
-        stride = config.chunk_bytes
-        segment = self._memcpy_segment()
-        target = segment.buf
+    def open_memcpy(self, payload_bytes: int, chunks: int) -> ThroughputCell:
+        """Copies of the payload into shared memory, chunk by chunk as a ring writer makes
+        them, in this process: a cell without readers."""
+        stride = self.config.chunk_bytes
+        target = self._memcpy_segment().buf
         source = memoryview(self.payload(payload_bytes)).cast("B")  # type: ignore[arg-type]
         size = payload_bytes
         clock = time.monotonic_ns
-        warm_until = clock() + int(config.warmup_seconds * 1e9)
-        index = 0
-        while index < chunks or clock() < warm_until:
-            offset = (index % chunks) * stride
-            target[offset:offset + size] = source  # type: ignore[index]
-            index += 1
-        count = 0
-        start = clock()
-        deadline = start + int(config.cell_seconds * 1e9)
-        limit = config.max_messages * 10
-        while True:
-            offset = (count % chunks) * stride
-            target[offset:offset + size] = source  # type: ignore[index]
-            count += 1
-            now = clock()
-            if now >= deadline or count >= limit:
-                break
-        rate = count / ((now - start) / 1e9)
-        source.release()
-        return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
+        state = {"index": 0}
+
+        def copies(seconds: float, warmup_seconds: float, limit: int) -> tuple[int, float]:
+            warm_until = clock() + int(warmup_seconds * 1e9)
+            index = state["index"]
+            warm = 0
+            while warm < chunks or clock() < warm_until:
+                offset = (index % chunks) * stride
+                target[offset:offset + size] = source  # type: ignore[index]
+                index += 1
+                warm += 1
+            count = 0
+            start = clock()
+            deadline = start + int(seconds * 1e9)
+            limit *= 10
+            while True:
+                offset = (index % chunks) * stride
+                target[offset:offset + size] = source  # type: ignore[index]
+                index += 1
+                count += 1
+                now = clock()
+                if now >= deadline or count >= limit:
+                    break
+            state["index"] = index
+            return count, (now - start) / 1e9
+
+        return ThroughputCell(self, self.payload(payload_bytes), chunks, None, None, [],
+                              lambda failed: source.release(), copies=copies)
 
     def _memcpy_segment(self) -> shared_memory.SharedMemory:
         if self._segment is None:
@@ -586,60 +652,67 @@ class RingBench:
 
     # --- minimal broadcast ring (ceiling of the message rate) ---
 
-    def minimal_throughput(self, payload_bytes: int, readers: int,
-                           chunks: int) -> dict[str, float]:
-        """``messages_per_s`` of :mod:`.minimal_ring` with ``readers`` reader processes: flags
-        and memcpy, nothing else, timed exactly as a ring target's cell."""
+    def open_minimal(self, payload_bytes: int, readers: int, chunks: int,
+                     first_worker: int = 0) -> ThroughputCell:
+        """:mod:`.minimal_ring` with ``readers`` reader processes: flags and memcpy, nothing
+        else, timed exactly as a ring target's cell."""
         from enginewire.bench.minimal_ring import MinimalWriter, create
 
         timeout = self.config.timeout
         payload = self.payload(payload_bytes)
         segment = create(readers, chunks, payload_bytes)
         workers: list[_Worker] = []
-        failed = False
-        writer = None
-        try:
-            writer = MinimalWriter(segment.buf, readers, chunks,  # type: ignore[arg-type]
-                                   payload_bytes)
-            workers = self.pool.submit([("minimal", segment.name, readers, chunks,
-                                         payload_bytes, rank, False, timeout)
-                                        for rank in range(readers)])
-            self.pool.wait_status(workers, "connected")
-            write = writer.write
-            sent = self._stream(lambda data: write(data, timeout), payload, chunks)
-            end = bytearray(memoryview(payload).cast("B"))  # type: ignore[arg-type]
-            HEADER.pack_into(end, 0, END_SEQ, 0)
-            write(end, timeout)
-            reports = self.pool.reports(workers)
-        except Exception:
-            failed = True
-            raise
-        finally:
-            del writer
+        holder: list[Any] = []
+
+        def release(failed: bool) -> None:
+            holder.clear()
             segment.close()
             segment.unlink()
             if failed and workers:
                 self.pool.abandon(workers)
-        rate = _rate(reports, sent)
-        return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
+
+        try:
+            holder.append(MinimalWriter(segment.buf, readers, chunks,  # type: ignore[arg-type]
+                                        payload_bytes))
+            workers = self.pool.submit([("minimal", segment.name, readers, chunks,
+                                         payload_bytes, rank, False, timeout)
+                                        for rank in range(readers)], first_worker)
+            self.pool.wait_status(workers, "connected")
+        except BaseException:
+            release(True)
+            raise
+        write = holder[0].write
+        end = bytearray(memoryview(payload).cast("B"))  # type: ignore[arg-type]
+        HEADER.pack_into(end, 0, END_SEQ, 0)
+        return ThroughputCell(self, payload, chunks, lambda data: write(data, timeout),
+                              lambda: write(end, timeout), workers, release)
 
     # --- ZMQ PUSH/PULL baseline ---
 
-    def zmq_throughput(self, payload_bytes: int, readers: int, chunks: int) -> dict[str, float]:
-        payload = self.payload(payload_bytes)
-        reports, sent = self._zmq_cell(readers, chunks, latency=False,
-                                       send=lambda push: self._stream(push, payload, chunks))
-        rate = _rate(reports, sent)
-        return {"messages_per_s": rate, "gb_per_s": rate * payload_bytes / 1e9}
+    def open_zmq(self, payload_bytes: int, readers: int, chunks: int,
+                 first_worker: int = 0) -> ThroughputCell:
+        """The same bytes over ZMQ PUSH/PULL, one socket per reader, high-water marks of
+        ``chunks`` messages."""
+        push, workers, release = self._open_zmq(readers, chunks, latency=False,
+                                                first_worker=first_worker)
+        return ThroughputCell(self, self.payload(payload_bytes), chunks, push,
+                              lambda: push(None), workers, release)
 
     def zmq_latency(self, readers: int) -> tuple[dict[str, float], list]:
         payload = self.payload(self.config.latency_payload)
-        reports, sent = self._zmq_cell(readers, self.config.base_chunks, latency=True,
-                                       send=lambda push: self._trickle(push, payload))
+        push, workers, release = self._open_zmq(readers, self.config.base_chunks, latency=True)
+        failed = True
+        try:
+            sent = self._trickle(push, payload)
+            push(None)
+            reports = self.pool.reports(workers)
+            failed = False
+        finally:
+            release(failed)
         return _delays(reports, sent)
 
-    def _zmq_cell(self, readers: int, hwm: int, *, latency: bool,
-                  send: Callable[[Callable[[Any], None]], int]) -> tuple[list[dict], int]:
+    def _open_zmq(self, readers: int, hwm: int, *, latency: bool, first_worker: int = 0,
+                  ) -> tuple[Callable[[Any], None], list[_Worker], Callable[[bool], None]]:
         from enginewire.reference.addresses import ipc_address, remove_ipc_file
 
         timeout = self.config.timeout
@@ -648,7 +721,15 @@ class RingBench:
         addresses = [ipc_address() for _ in range(readers)]
         sockets: list[zmq.Socket] = []
         workers: list[_Worker] = []
-        failed = False
+
+        def release(failed: bool) -> None:
+            for sock in sockets:
+                sock.close(linger=0)
+            for address in addresses:
+                remove_ipc_file(address)
+            if failed and workers:
+                self.pool.abandon(workers)
+
         try:
             for address in addresses:
                 sock = self._context.socket(zmq.PUSH)
@@ -658,35 +739,25 @@ class RingBench:
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.bind(address)
             workers = self.pool.submit([("zmq", address, hwm, latency, timeout)
-                                        for address in addresses])
+                                        for address in addresses], first_worker)
             self.pool.wait_status(workers, "connected")
-
-            def push(payload: Any) -> None:
-                if payload is None:
-                    for sock in sockets:
-                        sock.send(b"")
-                    return
-                view = memoryview(payload)
-                # The header travels in its own frame (a copy): the body is sent without a
-                # copy and must not change while zmq still holds it.
-                frames = [bytes(view[:HEADER.size]), view[HEADER.size:]]
-                for sock in sockets:
-                    sock.send_multipart(frames, copy=False)  # type: ignore[arg-type]
-
-            sent = send(push)
-            push(None)
-            reports = self.pool.reports(workers)
-        except Exception:
-            failed = True
+        except BaseException:
+            release(True)
             raise
-        finally:
+
+        def push(payload: Any) -> None:
+            if payload is None:
+                for sock in sockets:
+                    sock.send(b"")
+                return
+            view = memoryview(payload)
+            # The header travels in its own frame (a copy): the body is sent without a
+            # copy and must not change while zmq still holds it.
+            frames = [bytes(view[:HEADER.size]), view[HEADER.size:]]
             for sock in sockets:
-                sock.close(linger=0)
-            for address in addresses:
-                remove_ipc_file(address)
-            if failed and workers:
-                self.pool.abandon(workers)
-        return reports, sent
+                sock.send_multipart(frames, copy=False)  # type: ignore[arg-type]
+
+        return push, workers, release
 
     def close(self) -> None:
         """Stop the readers, free the memcpy segment, close the ZMQ context; idempotent."""
@@ -702,6 +773,92 @@ class RingBench:
                 context.term()
 
 
+class ThroughputCell:
+    """One contender of one throughput cell, set up once and measured in bursts.
+
+    The ring (or socket, or segment) and its readers stay open between bursts; after each
+    burst the writer sends a :data:`PAUSE_SEQ` message and every reader reports the burst and
+    waits on its pipe (blocked, taking no processor) until the next one. So the contenders of
+    a cell can take turns burst by burst (:meth:`burst`), each burst timed as a whole cell
+    is: ``(n - 1)`` messages over the span between the first and the last arrival at any
+    reader. :meth:`close` ends the cell (the sentinel, the readers' final reports, the
+    release).
+    """
+
+    def __init__(self, bench: RingBench, payload: Any, chunks: int,
+                 send: Callable[[Any], None] | None, end: Callable[[], None] | None,
+                 workers: list[_Worker], release: Callable[[bool], None], *,
+                 copies: Callable[[float, float, int], tuple[int, float]] | None = None,
+                 ) -> None:
+        self.bench = bench
+        self.payload = payload
+        self.payload_bytes = memoryview(payload).nbytes
+        self.chunks = chunks
+        self.workers = workers
+        self._send = send
+        self._end = end
+        self._release = release
+        self._copies = copies
+        self._bursts = 0
+        self._parked = False
+        self._closed = False
+        self._failed = False
+
+    def burst(self, seconds: float, limit: int) -> tuple[int, float]:
+        """Send for ``seconds`` (at most ``limit`` messages; the first burst warms up for
+        ``warmup_seconds``, later ones write every chunk once); the timed messages less one
+        and the seconds they spanned."""
+        config = self.bench.config
+        warmup = config.warmup_seconds if self._bursts == 0 else 0.0
+        self._bursts += 1
+        if self._copies is not None:
+            return self._copies(seconds, warmup, limit)
+        assert self._send is not None
+        try:
+            if self._parked:
+                for worker in self.workers:
+                    worker.conn.send(("resume",))
+                self._parked = False
+            sent = self.bench._stream(self._send, self.payload, self.chunks, seconds, warmup,
+                                      limit)
+            HEADER.pack_into(self.payload, 0, PAUSE_SEQ, 0)
+            self._send(self.payload)
+            self._parked = True
+            reports = self.bench.pool.reports(self.workers, kind_wanted="burst")
+        except BaseException:
+            self._failed = True
+            raise
+        return _span(reports, sent)
+
+    def figures(self, messages: int, span: float) -> dict[str, float]:
+        """``messages_per_s`` and ``gb_per_s`` of ``messages`` over ``span`` seconds."""
+        if span <= 0:
+            raise BenchError("no time passed between the first and the last message")
+        rate = messages / span
+        return {"messages_per_s": rate, "gb_per_s": rate * self.payload_bytes / 1e9}
+
+    def close(self) -> None:
+        """End the cell: the readers leave (their final reports), the ring is released."""
+        if self._closed:
+            return
+        self._closed = True
+        failed = self._failed
+        try:
+            if not failed and self._end is not None:
+                if self._parked:
+                    for worker in self.workers:
+                        worker.conn.send(("resume",))
+                self._end()
+                for report in self.bench.pool.reports(self.workers):
+                    if report.get("error"):
+                        raise BenchError(f"reader: {report['error']}")
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            self._release(failed)
+
+
 def _checked(reports: list[dict], sent: int) -> list[dict]:
     for rank, report in enumerate(reports):
         if report.get("error"):
@@ -712,15 +869,16 @@ def _checked(reports: list[dict], sent: int) -> list[dict]:
     return reports
 
 
-def _rate(reports: list[dict], sent: int) -> float:
-    """Messages per second from the readers' first and last arrival stamps."""
+def _span(reports: list[dict], sent: int) -> tuple[int, float]:
+    """The timed messages less one and the seconds between the first arrival at any reader
+    and the last (the rate is their quotient)."""
     _checked(reports, sent)
     if sent < 2:
         raise BenchError(f"only {sent} timed message(s): the cell is too short")
     span = max(r["t_last_ns"] for r in reports) - min(r["t_first_ns"] for r in reports)
     if span <= 0:
         raise BenchError("no time passed between the first and the last message")
-    return (sent - 1) / (span / 1e9)
+    return sent - 1, span / 1e9
 
 
 def _delays(reports: list[dict], sent: int) -> tuple[dict[str, float], list[float]]:

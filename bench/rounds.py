@@ -1,9 +1,11 @@
 """One bench run: set every contender up, then measure round after round.
 
-A round is one pass over every cell of every bench. Inside a cell the contenders run back to
-back, in an order that rotates from round to round, so slow drift of the machine (another
-process, thermal throttling) falls on all of them alike and each round's figures can be
-compared pairwise (:mod:`.results`).
+A round is one pass over every cell of every bench. Inside a cell the contenders run in an
+order that rotates from round to round, so slow drift of the machine (another process,
+thermal throttling) falls on all of them alike and each round's figures can be compared
+pairwise (:mod:`.results`). The contenders of a ring throughput cell take turns in bursts
+(:meth:`Run._interleaved`), so that even a change of the machine's load within the cell falls
+on all of them alike.
 
 Set-up happens once, before the first round: reader processes, codec values, engine processes
 and front ends. Then the garbage collector's heap is frozen (``gc.freeze()``, as vLLM's own
@@ -44,6 +46,8 @@ class Step:
 
     label: str
     run: Callable[[int], None]
+    #: Reader processes the step keeps open at once (started before the first round).
+    workers: int = 0
 
 
 class Progress:
@@ -303,32 +307,35 @@ class Run:
             units = {"messages_per_s": ("msg/s", "higher")}
             if payload >= BANDWIDTH_FROM:
                 units["gb_per_s"] = ("GB/s", "higher")
+            # (case, contender, opener(first_worker), reader processes)
+            cells: list[tuple[dict[str, Any], str, Callable[[int], Any], int]] = []
             if first_readers[(payload, chunks)] == readers:
                 memcpy_case = {"payload_bytes": payload, "chunks": chunks}
-                yield Step(f"ring {_label(memcpy_case)} {MEMCPY}", _bind(
-                    self._record, "ring", memcpy_case, MEMCPY,
-                    _pair(partial(ring.memcpy, payload, chunks)), units))
-            contenders = [(text, _pair(partial(ring.throughput, text, self.targets[text],
-                                               payload, readers, chunks)))
-                          for text in texts]
+                cells.append((memcpy_case, MEMCPY, partial(_open_memcpy, ring, payload, chunks),
+                              0))
+            for text in texts:
+                cells.append((case, text, partial(_open_ring, ring, text, self.targets[text],
+                                                  payload, readers, chunks), readers))
             if payload >= BANDWIDTH_FROM:
-                contenders += [(text + BORROWED, _pair(partial(
-                    ring.throughput, text, self.targets[text], payload, readers, chunks,
-                    borrowed=True))) for text in texts if _borrows(self.targets[text])]
+                cells += [(case, text + BORROWED, partial(
+                    _open_ring, ring, text, self.targets[text], payload, readers, chunks,
+                    borrowed=True), readers)
+                    for text in texts if _borrows(self.targets[text])]
                 if chunks == config.base_chunks and readers in (1, config.base_readers):
                     # Raw buffers: at the headline cells only (each costs a ring cell).
-                    contenders += [(text + RAW, _pair(partial(
-                        ring.throughput, text, self.targets[text], payload, readers, chunks,
-                        raw=True))) for text in texts
+                    cells += [(case, text + RAW, partial(
+                        _open_ring, ring, text, self.targets[text], payload, readers, chunks,
+                        raw=True), readers) for text in texts
                         if getattr(self.targets[text].ring, "raw_buffers", False)]
-            contenders.append((ZMQ, _pair(partial(ring.zmq_throughput, payload, readers,
-                                                  chunks))))
+            cells.append((case, ZMQ, partial(ring.open_zmq, payload, readers, chunks,
+                                             first_worker=0), readers))
             if self._minimal_case(payload, readers, chunks):
-                contenders.append((MINIMAL_RING, _pair(partial(
-                    ring.minimal_throughput, payload, readers, chunks))))
-            for name, measure in _rotate(contenders, round_index):
-                yield Step(f"ring {_label(case)} {name}",
-                           _bind(self._record, "ring", case, name, measure, units))
+                cells.append((case, MINIMAL_RING, partial(ring.open_minimal, payload, readers,
+                                                          chunks, first_worker=0), readers))
+            names = " ".join(name for _, name, _, _ in cells)
+            yield Step(f"ring {_label(case)} {names}",
+                       partial(self._interleaved, _rotate(cells, round_index), units),
+                       workers=sum(readers for _, _, _, readers in cells))
         latency_units = {"p50_us": ("µs", "lower"), "p99_us": ("µs", "lower")}
         for readers in config.latency_readers:
             case = {"payload_bytes": config.latency_payload, "readers": readers}
@@ -339,6 +346,59 @@ class Run:
                 yield Step(f"ring latency {_label(case)} {name}",
                            _bind(self._record, "ring_latency", case, name, measure,
                                  latency_units))
+
+    def _interleaved(self, cells: list[tuple[dict[str, Any], str, Callable[..., Any], int]],
+                     units: dict[str, tuple[str, str]], round_index: int) -> None:
+        """Measure the contenders of one cell in turns: open each (its ring and readers stay
+        open), then ``ring_bursts`` bursts of ``cell_seconds / ring_bursts`` each, the order
+        reversed every other burst (A B C, C B A, A B C, ...), so that whatever the machine
+        does during the cell falls on every contender alike; then close them all. A
+        contender's figure is all its bursts' messages over all their spans; a burst that
+        fails makes its round a missing sample with the error."""
+        config = self.config
+        bursts = config.ring_bursts
+        seconds = config.cell_seconds / bursts
+        limit = max(2, config.max_messages // bursts)
+        opened: dict[int, Any] = {}
+        errors: dict[int, str] = {}
+        totals = {index: [0, 0.0] for index in range(len(cells))}
+        first_worker = 0
+        try:
+            for index, (_, _, opener, readers) in enumerate(cells):
+                try:
+                    opened[index] = opener(first_worker=first_worker)
+                except Exception as exc:  # a failed contender is a missing sample
+                    errors[index] = f"{type(exc).__name__}: {exc}"
+                first_worker += readers
+            for burst in range(bursts):
+                order = list(opened) if burst % 2 == 0 else list(reversed(opened))
+                for index in order:
+                    if index in errors:
+                        continue
+                    try:
+                        messages, span = opened[index].burst(seconds, limit)
+                    except Exception as exc:
+                        errors[index] = f"{type(exc).__name__}: {exc}"
+                        continue
+                    totals[index][0] += messages
+                    totals[index][1] += span
+        finally:
+            for index, cell in opened.items():
+                try:
+                    cell.close()
+                except Exception as exc:
+                    errors.setdefault(index, f"{type(exc).__name__}: {exc}")
+        for index, (case, name, _, _) in enumerate(cells):
+            error = errors.get(index)
+            figures: dict[str, float] = {}
+            if error is None:
+                try:
+                    figures = opened[index].figures(*totals[index])
+                except Exception as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+            for metric, (unit, better) in units.items():
+                series = self._series("ring", metric, unit, better, case, name)
+                self.results.record(series, round_index, figures.get(metric), error)
 
     def _minimal_case(self, payload: int, readers: int, chunks: int) -> bool:
         """Is the minimal ring measured in this cell? At the base reader and chunk counts and
@@ -429,6 +489,16 @@ class Run:
                                  _pair(partial(_tap_rate, transport, self.config.timeout)),
                                  {"tap_steps_per_s": ("steps/s", "higher"),
                                   "tap_decoded_steps_per_s": ("steps/s", "higher")}))
+
+
+def _open_memcpy(ring: Any, payload: int, chunks: int, first_worker: int = 0) -> Any:
+    return ring.open_memcpy(payload, chunks)  # no reader processes
+
+
+def _open_ring(ring: Any, text: str, target: Any, payload: int, readers: int, chunks: int, *,
+               borrowed: bool = False, raw: bool = False, first_worker: int = 0) -> Any:
+    return ring.open_ring(text, target, payload, readers, chunks, borrowed=borrowed, raw=raw,
+                          first_worker=first_worker)
 
 
 def _borrows(target: Any) -> bool:
@@ -551,6 +621,11 @@ def run(config: BenchConfig, *, progress: bool = True, command: str = "",
                     yield from state.explorer_steps(round_index)
 
             total = sum(sum(1 for _ in steps(index)) for index in range(config.rounds))
+            if state.ring is not None:
+                # Every reader process a cell keeps open at once, started now rather than in
+                # the middle of a cell.
+                state.ring.pool.start(max((step.workers for step in steps(0)), default=0))
+                state.ring.pool.wait_ready()
             bar = Progress(total, stream=stream, enabled=progress)
             for round_index in range(config.rounds):
                 for step in steps(round_index):

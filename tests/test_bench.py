@@ -474,3 +474,76 @@ def test_tiny_run_against_vllm() -> None:
     assert results.find("ring", "gb_per_s", "vllm",
                         {"payload_bytes": MIB, "readers": 1, "chunks": 4}) is not None
     assert child_processes() == []
+
+
+# --- bursts: a cell's contenders take turns ------------------------------------------------
+
+
+class _FakeCell:
+    """A contender that records when it bursts; its bursts carry fixed figures."""
+
+    def __init__(self, name: str, log: list[str], fail_at: int | None = None) -> None:
+        self.name, self.log, self.fail_at = name, log, fail_at
+        self.bursts = 0
+        self.closed = False
+
+    def burst(self, seconds: float, limit: int) -> tuple[int, float]:
+        self.bursts += 1
+        self.log.append(self.name)
+        if self.bursts == self.fail_at:
+            raise RuntimeError("lost a reader")
+        return 100 * self.bursts, 0.5  # messages, span
+
+    def figures(self, messages: int, span: float) -> dict[str, float]:
+        return {"messages_per_s": messages / span}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_the_contenders_of_a_cell_take_turns_burst_by_burst() -> None:
+    """A B C, C B A, A B C, C B A; a figure is all its bursts' messages over their spans; a
+    contender whose burst fails is a missing sample with the error, and every cell closes."""
+    config = replace(TINY, ring_bursts=4)
+    results = Results(config=config.to_builtins(), environment={}, targets=["reference"])
+    run = rounds.Run(config, results)
+    log: list[str] = []
+    cells = {name: _FakeCell(name, log, fail_at=2 if name == "c" else None)
+             for name in ("a", "b", "c")}
+    case = {"payload_bytes": 64, "readers": 1, "chunks": 4}
+    entries = [(case, name, lambda first_worker, n=name: cells[n], 1) for name in "abc"]
+    run._interleaved(entries, {"messages_per_s": ("msg/s", "higher")}, 0)
+    assert log == ["a", "b", "c", "c", "b", "a", "a", "b", "b", "a"]
+    assert all(cell.closed for cell in cells.values())
+    by_name = {s.contender: s for s in results.series}
+    assert by_name["a"].samples == [(100 + 200 + 300 + 400) / 2.0]
+    assert by_name["c"].samples == [None] and "lost a reader" in by_name["c"].errors[0]
+
+
+def test_a_parked_ring_resumes_for_every_burst(tmp_path: Path) -> None:
+    """A real cell of the reference ring and of the minimal ring, open for three bursts in
+    turns: every burst's messages arrive in order at every reader, and the pool's workers take
+    the next cell without a stale report."""
+    from enginewire.bench.ring_bench import RingBench
+    from enginewire.conformance.targets.resolve import load_target
+
+    config = replace(TINY, readers=(2,), base_readers=2)
+    bench = RingBench(config, ["reference"])
+    target = load_target("reference")
+    try:
+        for _ in range(2):
+            cells = [bench.open_ring("reference", target, 64, 2, 4, first_worker=0),
+                     bench.open_minimal(64, 2, 4, first_worker=2)]
+            try:
+                for _ in range(3):
+                    for cell in cells:
+                        messages, span = cell.burst(0.01, 1000)
+                        assert messages >= 1 and span > 0
+            finally:
+                for cell in cells:
+                    cell.close()
+        assert len(bench.pool.workers) == 4
+    finally:
+        bench.close()
+        target.close()
+    assert child_processes() == []

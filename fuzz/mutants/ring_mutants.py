@@ -292,8 +292,8 @@ class NoRecheckAfterNotification(MessageQueue):
     #: Its ``ring.memory`` reader waits with ``memory.wait_notify()`` (no recheck) too.
     trusts_notifications = True
 
-    def _block_on_notify(self, seconds: float) -> None:
-        super()._block_on_notify(3600.0)
+    def _block_on_notify(self, seconds: float) -> bool:
+        return super()._block_on_notify(3600.0)
 
 
 class NoReleaseOnError(MessageQueue):

@@ -47,6 +47,9 @@ _HEADER = struct.Struct(">BHI")  # overflow byte, count, length of buffer 0
 #: Where buffer 0 starts in an in-ring chunk.
 FIRST_DATA = _FIRST_DATA = HEADER_BYTES + LENGTH_BYTES
 _LENGTH = struct.Struct(">I")
+#: ``unpack_head(buffer, offset)``: (marker, count, length of buffer 0) of the chunk whose
+#: first :data:`FIRST_DATA` bytes start at ``offset``.
+unpack_head = _HEADER.unpack_from
 
 
 def nbytes(buffer: Buffer) -> int:

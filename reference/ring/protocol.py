@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 from enginewire.spec import load
 
 from ..errors import RingError
-from .framing import Buffer
+from .framing import FIRST_DATA, IN_RING, Buffer, unpack_head
 from .layout import RingLayout
 
 
@@ -73,9 +73,27 @@ class RingMemory(Protocol):
     #: (x86), and the ring calls nothing.
     fence_acq_rel: Callable[[], None] | None
 
+    #: Optional: ``(view, enter, leave)`` where ``view`` is a writable byte view of the whole
+    #: memory whose item and slice accesses are exactly this memory's ``load``, ``store``,
+    #: ``read`` and ``write`` (nothing recorded, nothing paused), and ``enter(); leave()`` is
+    #: its ``fence``. A memory that offers it lets the per-message methods
+    #: (:meth:`RingWriter.try_publish`, :meth:`RingReader.try_read_single`) make the same
+    #: accesses without a Python call per access. An instrumented memory (the explorer's, a
+    #: recording one) has none, or None, and gets the steps' own calls.
+    direct: DirectAccess | None
+
     def yield_(self) -> None:
         """Give the processor to another thread or process once."""
         ...
+
+
+#: See :attr:`RingMemory.direct`.
+DirectAccess = tuple[memoryview, Callable[[], object], Callable[[], object]]
+
+
+def direct_access(memory: RingMemory) -> DirectAccess | None:
+    """The memory's :attr:`~RingMemory.direct` access, or None where it offers none."""
+    return getattr(memory, "direct", None)
 
 
 class BytearrayMemory:
@@ -87,6 +105,11 @@ class BytearrayMemory:
     def __init__(self, size: int) -> None:
         self.data = bytearray(size)
         self._fence_lock = threading.Lock()
+        # A subclass may instrument the accesses (a recording memory): only this class's own
+        # accesses are plain item accesses.
+        self.direct: DirectAccess | None = (
+            (memoryview(self.data), self._fence_lock.acquire, self._fence_lock.release)
+            if type(self) is BytearrayMemory else None)
 
     def load(self, offset: int) -> int:
         return self.data[offset]
@@ -182,6 +205,16 @@ class _RingEnd:
         self._max_chunks = layout.max_chunks
         self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
+        # The memory's plain view, for the per-message method of a class whose steps are this
+        # module's own (set by the subclasses; None: that method runs the steps).
+        self._direct: DirectAccess | None = None
+
+    def _direct_if_own(self, steps: tuple[str, ...], base: type) -> DirectAccess | None:
+        """The memory's direct access when this end's class replaces none of ``steps`` of
+        ``base`` (a mutant or an instrumented end gets its own steps called instead)."""
+        if any(getattr(type(self), name) is not getattr(base, name) for name in steps):
+            return None
+        return direct_access(self.memory)
 
 
 #: The steps :meth:`RingWriter.try_publish` inlines.
@@ -204,6 +237,11 @@ class RingWriter(_RingEnd):
         # mutant, an instrumented writer) gets its own steps called instead.
         self._inlined = all(getattr(type(self), name) is getattr(RingWriter, name)
                             for name in _PUBLISH_STEPS)
+        self._direct = self._direct_if_own(_PUBLISH_STEPS, RingWriter)
+        # The read flags of each row as one span, and the span all read / none read.
+        self._flag_spans = [(row + 1, row + 1 + layout.n_reader) for row in self._rows]
+        self._all_read = bytes([1] * layout.n_reader)
+        self._none_read = bytes(layout.n_reader)
 
     def try_acquire(self) -> int | None:
         """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
@@ -289,15 +327,66 @@ class RingWriter(_RingEnd):
         compares the event sequences). The steps are those methods' steps, inlined: the
         memory sees no difference, a message costs one Python call instead of five.
 
-        None when the chunk is not free (nothing changed: the caller waits and takes the
-        step-by-step path); otherwise whether the readers need a notification
-        (``not readers_behind()``).
+        None when the chunk is not free (nothing changed: the caller waits and calls again);
+        otherwise whether the readers need a notification (``not readers_behind()``).
+
+        Over a memory with :attr:`~RingMemory.direct` access (shared memory) the same accesses
+        are item and slice accesses of its view, the fences its lock: the read flags of a
+        row are loaded, and cleared, as one span (one copy of ``n_reader`` bytes instead of
+        ``n_reader`` one-byte accesses: nothing else stores to them while the writer checks or
+        holds the chunk). tests/test_ring_protocol.py runs that path and the steps over the
+        same schedules and compares every byte after every step.
         """
-        if not self._inlined:
-            return self._publish_by_steps(head, body, body_at)
         if self._claimed is not None:
             raise RingError("ring.writer.single-writer", "a chunk is already claimed",
                             expected="commit() before the next acquire", got=self._claimed)
+        direct = self._direct
+        if direct is not None:
+            buf, enter, leave = direct
+            if not self._fenced:  # ring.writer.fence-before-check
+                enter()
+                leave()
+                self._fenced = True
+            index = self.index
+            row = self._rows[index]
+            first, end = self._flag_spans[index]
+            # ring.writer.wait-writable: written == 0, or every read flag set
+            if buf[row] and buf[first:end] != self._all_read:
+                return None
+            self._fenced = False
+            buf[row] = 0  # ring.writer.clear-written-before-fill
+            fence_acq_rel = self._fence_acq_rel
+            if fence_acq_rel is not None:  # ring.writer.fence-after-claim
+                fence_acq_rel()
+            offset = self._chunks[index]
+            buf[offset:offset + len(head)] = head
+            if type(body) is not bytes and type(body) is not bytearray:
+                body = memoryview(body)
+                if body.format != "B" or body.ndim != 1:
+                    body = body.cast("B")
+            start = offset + body_at
+            buf[start:start + len(body)] = body
+            buf[first:end] = self._none_read  # ring.writer.read-flags-cleared-before-written
+            if fence_acq_rel is not None:  # ring.writer.fence-before-written
+                fence_acq_rel()
+            buf[row] = 1
+            enter()  # ring.writer.fence-after-written
+            leave()
+            self._fenced = True
+            index += 1
+            max_chunks = self._max_chunks
+            self.index = 0 if index == max_chunks else index
+            if max_chunks < 2:  # ring.notify.after-write
+                return True
+            before = index - 2
+            if before < 0:
+                before += max_chunks
+            if not buf[self._rows[before]]:
+                return True
+            first, end = self._flag_spans[before]
+            return buf[first:end] != self._none_read
+        if not self._inlined:
+            return self._publish_by_steps(head, body, body_at)
         memory = self.memory
         load = memory.load
         store = memory.store
@@ -365,6 +454,10 @@ class RingWriter(_RingEnd):
         self._claimed = None
 
 
+#: The steps :meth:`RingReader.try_read_single` inlines.
+_READ_STEPS = ("try_acquire", "chunk_offset", "release")
+
+
 class RingReader(_RingEnd):
     """Local reader ``rank``'s side of the flag protocol.
 
@@ -378,6 +471,10 @@ class RingReader(_RingEnd):
         self.rank = rank
         self._held: int | None = None
         self._own_flags = [row + 1 + rank for row in self._rows]
+        self._chunk_bytes = layout.max_chunk_bytes
+        # A chunk shorter than a one-buffer head holds no single buffer to read.
+        self._direct = (self._direct_if_own(_READ_STEPS, RingReader)
+                        if layout.max_chunk_bytes >= FIRST_DATA else None)
 
     def try_acquire(self) -> int | None:
         """Return chunk ``index`` if it is readable, else None. The caller must then
@@ -435,3 +532,74 @@ class RingReader(_RingEnd):
         self._held = None
         index += 1
         self.index = 0 if index == self._max_chunks else index
+
+    def try_read_single(self, limit: int) -> bytes | int | None:
+        """One small message in one call, for the per-message path of a queue.
+
+        None when the next chunk is not readable (nothing held). Otherwise the chunk is
+        acquired (:meth:`try_acquire`) and its first ``FIRST_DATA`` bytes read
+        (``read(chunk, FIRST_DATA)``): when they frame exactly one in-ring buffer of at most
+        ``limit`` bytes that lies within the chunk, that buffer is copied out
+        (``read(chunk + FIRST_DATA, length)``), the chunk released (:meth:`release`) and the
+        copy returned; any other chunk stays held and its index is returned, for the caller to
+        read and release as after :meth:`try_acquire`.
+
+        Over a memory with :attr:`~RingMemory.direct` access the same accesses are made on its
+        view (tests/test_ring_protocol.py compares every byte with the steps'); otherwise, or
+        when a subclass replaces a step, the steps themselves run.
+        """
+        direct = self._direct
+        if direct is None:
+            return self._read_single_by_steps(limit)
+        if self._held is not None:
+            raise RingError("ring.reader.release-after-read", "a chunk is already held",
+                            expected="release() before the next acquire", got=self._held)
+        buf, enter, leave = direct
+        if not self._fenced:  # ring.reader.fence-before-check
+            enter()
+            leave()
+            self._fenced = True
+        index = self.index
+        own = self._own_flags[index]
+        # ring.reader.readable-iff, ring.reader.own-flag-loaded-first
+        if buf[own] or not buf[self._rows[index]]:
+            return None
+        fence_acq_rel = self._fence_acq_rel
+        if fence_acq_rel is not None:  # ring.reader.fence-before-data
+            fence_acq_rel()
+        offset = self._chunks[index]
+        marker, count, length = unpack_head(buf, offset)
+        if (marker != IN_RING or count != 1 or length > limit
+                or FIRST_DATA + length > self._chunk_bytes):
+            self._held = index
+            return index
+        start = offset + FIRST_DATA
+        data = buf[start:start + length].tobytes()
+        if fence_acq_rel is not None:  # ring.reader.fence-before-release
+            fence_acq_rel()
+        buf[own] = 1
+        enter()  # ring.reader.fence-after-release
+        leave()
+        self._fenced = True
+        index += 1
+        self.index = 0 if index == self._max_chunks else index
+        return data
+
+    def _read_single_by_steps(self, limit: int) -> bytes | int | None:
+        """:meth:`try_read_single` through the step methods (those of a subclass included)."""
+        index = self.try_acquire()
+        if index is None:
+            return None
+        if self._chunk_bytes < FIRST_DATA:
+            return index
+        offset = self.chunk_offset()
+        memory = self.memory
+        marker, count, length = unpack_head(bytes(memory.read(offset, FIRST_DATA)))
+        if (marker != IN_RING or count != 1 or length > limit
+                or FIRST_DATA + length > self._chunk_bytes):
+            return index
+        try:
+            data = bytes(memory.read(offset + FIRST_DATA, length))
+        finally:
+            self.release()
+        return data

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import zmq
 from zmq.backend import Socket as BackendSocket
@@ -59,18 +59,19 @@ from .framing import (
     nbytes,
     needs_overflow,
     single_buffer,
-    single_copy,
     single_head,
     write_chunk,
 )
 from .layout import RingLayout
-from .liveness import LivenessRecord
+from .liveness import BLOCKING, RUNNING, LivenessRecord
 from .payload import SCAN_BYTES_MAX, PayloadCodec, get_codec
 from .protocol import RingReader, RingWriter
-from .shm import ShmMemory, ShmSegment
+from .shm import ShmMemory, ShmSegment, memory_fence
 from .wait import DEFAULT_POLICY, Backoff, WaitPolicy, spin, spin_yield
 
 _SPEC = load()
+#: What a wait's check returns once it succeeds (a chunk index, a message, a flag).
+_Found = TypeVar("_Found")
 #: How long a wait lasts when the caller names no timeout (clause ring.liveness.finite-wait,
 #: ring.constants default_timeout_s); ``timeout=None`` waits forever, and still notices a dead
 #: peer.
@@ -101,6 +102,10 @@ def _release_view(view: memoryview) -> None:
         view.release()
     except BufferError:
         pass  # a codec kept a buffer of it: the mapping lives until that object goes
+
+
+def _never() -> bool:
+    return False
 
 
 def _release_views(views: list[memoryview]) -> None:
@@ -239,6 +244,11 @@ class MessageQueue:
     #: The views :meth:`dequeue_views` returned last, whose chunk this end still holds.
     _held_views: list[memoryview] | None
     _last_notify_drain: float
+    #: The writer's test that every local reader keeps checking the flags without blocking
+    #: (ring.notify.waiting-state): a notification is skipped while it holds.
+    _readers_running: Callable[[], bool]
+    #: A reader end in a wait that announced it may block (its state byte is BLOCKING).
+    _blocking: bool
 
     def __init__(
         self,
@@ -273,6 +283,7 @@ class MessageQueue:
                 self.layout = RingLayout(n_local_reader, max_chunk_bytes, max_chunks)
                 res.segment = ShmSegment.create(self.layout)
                 res.liveness = LivenessRecord.create(res.segment.memory.buf, self.layout)
+                self._readers_running = res.liveness.readers_running
                 self._writer = RingWriter(res.segment.memory, self.layout)
                 self._chunk_bytes = max_chunk_bytes
                 buffer_handle = self.layout.buffer_handle(res.segment.name)
@@ -339,6 +350,8 @@ class MessageQueue:
         self._pending_overflow = 0
         self._held_views = None
         self._last_notify_drain = time.monotonic()
+        self._readers_running = _never
+        self._blocking = False
 
     @classmethod
     def create_from_handle(cls, handle: Any, rank: int, *,
@@ -542,7 +555,7 @@ class MessageQueue:
                             timeout, clause="ring.writer.timeout",
                             what="a free chunk (every local reader done with it)",
                             liveness=None if liveness is None else liveness.check_readers))
-                    if notify_readers:
+                    if notify_readers and not self._readers_running():
                         notify()
                     if self._remote_socket is not None:
                         self._send_multipart(self._remote_socket, buffers)
@@ -561,7 +574,7 @@ class MessageQueue:
             writer.commit()
             if overflow:
                 self._send_multipart(local_socket, buffers)
-            if not writer.readers_behind():
+            if not writer.readers_behind() and not self._readers_running():
                 notify()
         # The writer has a remote socket exactly when it has remote readers.
         remote_socket = self._remote_socket
@@ -590,7 +603,7 @@ class MessageQueue:
             writer.abandon()
             raise
         writer.commit()
-        if not writer.readers_behind():
+        if not writer.readers_behind() and not self._readers_running():
             notify()
 
     def _claim_chunk(self, timeout: float | None) -> tuple[RingWriter, Callable[[], None]]:
@@ -612,10 +625,10 @@ class MessageQueue:
                        what="a free chunk (every local reader done with it)",
                        liveness=None if liveness is None else liveness.check_readers)
 
-    def _wait_for(self, acquire: Callable[[], int | None], timeout: float | None, *,
+    def _wait_for(self, acquire: Callable[[], _Found | None], timeout: float | None, *,
                   clause: str, what: str,
-                  block: Callable[[float], None] | None = None,
-                  liveness: Callable[[], None] | None = None) -> int:
+                  block: Callable[[float], bool | None] | None = None,
+                  liveness: Callable[[], None] | None = None) -> _Found:
         """After one failed ``acquire``: check again back to back, then between yields, then
         back off (the waiting of :mod:`.wait`) until it returns a chunk index, the deadline
         passes or the queue is shut down."""
@@ -630,10 +643,17 @@ class MessageQueue:
                 return index
         backoff = Backoff(policy, timeout, clause=clause, what=what, block=block,
                           checks=policy.spin_checks, liveness=liveness, started=started)
-        while (index := acquire()) is None:
-            if self._shutting_down:
-                raise QueueClosed("the queue was shut down")
-            backoff.pause()
+        try:
+            while (index := acquire()) is None:
+                if self._shutting_down:
+                    raise QueueClosed("the queue was shut down")
+                backoff.pause()
+        finally:
+            if self._blocking:  # the wait is over: RUNNING again (ring.notify.waiting-state)
+                self._blocking = False
+                record = self._resources.liveness
+                if record is not None:
+                    record.set_state(RUNNING)
         return index
 
     # --- readers ---------------------------------------------------------------------------
@@ -656,43 +676,45 @@ class MessageQueue:
             # message).
             started: float | None = None
             if not self._pending_overflow:
-                index = reader.try_acquire()
-                if index is None:
+                # The common small message in one protocol call: acquired, copied out and
+                # released (RingReader.try_read_single); any other chunk comes back held.
+                read_single: Callable[[], bytes | int | None] = functools.partial(
+                    reader.try_read_single, SCAN_BYTES_MAX)
+                got = read_single()
+                if got is None:
                     started = time.monotonic()
-                    index = self._wait_for_readable(reader, timeout)
-                chunk = self._chunk_views[index]
-                try:
-                    data = single_copy(chunk, SCAN_BYTES_MAX)
-                    if data is None:
-                        view = single_buffer(chunk)
-                        if view is not None:
-                            try:
-                                return self.codec.decode(view, ())
-                            finally:
-                                try:  # _release_view, inline: this is every message's path
-                                    view.release()
-                                except BufferError:
-                                    pass
-                        overflow, views = decode_chunk(chunk)
-                        if not overflow:
-                            try:
-                                # Out-of-band buffers are copied: the object may keep them
-                                # after the slot is reused (ring.reader.copy-oob-before-release).
-                                return self.codec.decode(views[0],
-                                                         [bytearray(v) for v in views[1:]])
-                            finally:
-                                _release_views(views)
-                        self._pending_overflow += 1
-                finally:
-                    # _release_chunk, inline: this is every message's path
-                    reader.release()
+                    # (mypy cannot solve the wait's type variable from this union)
+                    got = cast("bytes | int", self._wait_for(
+                        read_single, timeout,
+                        clause="ring.reader.timeout", what="a readable chunk",
+                        block=self._block_on_notify, liveness=self._writer_liveness()))
+                if type(got) is bytes:
                     now = time.monotonic()
                     if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
                         self._drain_notify(now)
-                if data is not None:
-                    # The common small message, copied out in one piece: decoded after the
-                    # release, so the writer may reuse the slot meanwhile.
-                    return self.codec.decode(data, ())
+                    # Copied before the release: the writer may reuse the slot meanwhile.
+                    return self.codec.decode(got, ())
+                assert type(got) is int
+                chunk = self._chunk_views[got]
+                try:
+                    view = single_buffer(chunk)
+                    if view is not None:
+                        try:
+                            return self.codec.decode(view, ())
+                        finally:
+                            _release_view(view)
+                    overflow, views = decode_chunk(chunk)
+                    if not overflow:
+                        try:
+                            # Out-of-band buffers are copied: the object may keep them
+                            # after the slot is reused (ring.reader.copy-oob-before-release).
+                            return self.codec.decode(views[0],
+                                                     [bytearray(v) for v in views[1:]])
+                        finally:
+                            _release_views(views)
+                    self._pending_overflow += 1
+                finally:
+                    self._release_chunk(reader)
             deadline = (None if timeout is None
                         else (time.monotonic() if started is None else started) + timeout)
             return self._decode_frames(self._recv_overflow(deadline))
@@ -849,11 +871,14 @@ class MessageQueue:
     def _wait_for_readable(self, reader: RingReader, timeout: float | None) -> int:
         """After one failed acquire: wait for the next chunk to be readable, hold it, return
         its index."""
-        liveness = self._resources.liveness
         return self._wait_for(reader.try_acquire, timeout,
                               clause="ring.reader.timeout", what="a readable chunk",
-                              block=self._block_on_notify,
-                              liveness=None if liveness is None else liveness.check_writer)
+                              block=self._block_on_notify, liveness=self._writer_liveness())
+
+    def _writer_liveness(self) -> Callable[[], None] | None:
+        """The check that the writer still runs (clause ring.liveness.peer-dead), if any."""
+        liveness = self._resources.liveness
+        return None if liveness is None else liveness.check_writer
 
     def _release_chunk(self, reader: RingReader) -> None:
         """Release the chunk ``reader`` (this end's) holds and, now and then, drain the notify
@@ -870,7 +895,18 @@ class MessageQueue:
         if sock is not None and sock.poll(0):
             sock.recv(zmq.NOBLOCK, copy=False)
 
-    def _block_on_notify(self, seconds: float) -> None:
+    def _block_on_notify(self, seconds: float) -> bool:
+        """Wait for a notification for at most ``seconds``; the first call of a wait only
+        announces the block (clause ring.notify.waiting-state): this reader's state byte
+        BLOCKING, then a fence, and back to the caller, which checks the flags once more before
+        it calls again to block. A writer that set a written flag after that check sees the
+        byte (both sides fence between their store and their load) and notifies."""
+        record = self._resources.liveness
+        if record is not None and not self._blocking:
+            self._blocking = True
+            record.set_state(BLOCKING)
+            memory_fence()
+            return False
         poller = self._poller
         assert poller is not None
         events = dict(poller.poll(max(1, int(seconds * 1000 + 0.999))))
@@ -882,6 +918,7 @@ class MessageQueue:
         if notify_socket is not None and notify_socket in events:
             notify_socket.recv(zmq.NOBLOCK, copy=False)
             self._last_notify_drain = time.monotonic()
+        return True
 
     def _recv_overflow(self, deadline: float | None) -> list[zmq.Frame]:
         """The frames of the next overflowed message (a local reader's subscribe socket)."""

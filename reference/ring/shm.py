@@ -17,13 +17,16 @@ import secrets
 import threading
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ..errors import RingError
 from ..processes import this_process
 from .framing import Buffer
 from .layout import RingLayout
 from .liveness import segment_size
+
+if TYPE_CHECKING:
+    from .protocol import DirectAccess
 
 #: One lock per process: taking and releasing it is a full memory barrier (CPython's lock is a
 #: pthread mutex or semaphore), which is what vLLM's ``memory_fence()`` relies on too.
@@ -88,7 +91,8 @@ class ShmMemory:
     ``read`` returns zero-copy views: release them (or let them go) before the segment closes.
     ``load``, ``store``, ``fence`` and ``fence_acq_rel`` are the mapping's own item access,
     :func:`memory_fence` and :data:`acq_rel_fence`, bound once, so a flag access costs one C
-    call.
+    call; ``direct`` offers the mapping and the fence's lock to the ring's per-message methods
+    (:attr:`.protocol.RingMemory.direct`).
     """
 
     def __init__(self, buf: memoryview) -> None:
@@ -100,6 +104,10 @@ class ShmMemory:
         self.store: Callable[[int, int], None] = buf.__setitem__
         self.fence: Callable[[], None] = memory_fence
         self.fence_acq_rel: Callable[[], None] | None = acq_rel_fence
+        # The mapping itself, for the ring's per-message methods (RingMemory.direct); a
+        # subclass that instruments the accesses offers none.
+        self.direct: DirectAccess | None = (
+            (buf, _fence_acquire, _fence_release) if type(self) is ShmMemory else None)
 
     def detach(self) -> None:
         """Forget the mapping (the segment is closing): later accesses fail with IndexError."""

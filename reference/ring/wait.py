@@ -32,6 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from enginewire.spec import load
 
@@ -42,6 +43,8 @@ READER_RECHECK_INTERVAL_S: float = (
     load().ring_constant("reader_recheck_interval_ms", int) / 1000)
 #: A waiting end checks this often that the processes it waits for still run.
 LIVENESS_CHECK_INTERVAL_S = load().ring_constant("liveness_check_ms", int) / 1000
+#: What a check returns once it succeeds.
+_Found = TypeVar("_Found")
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,8 @@ class WaitPolicy:
 DEFAULT_POLICY = WaitPolicy()
 
 
-def spin(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | None) -> int | None:
+def spin(check: Callable[[], _Found | None], policy: WaitPolicy,
+         timeout: float | None) -> _Found | None:
     """After one failed ``check``: repeat it back to back up to ``policy.spin_checks`` times
     (the first stage of a wait, without a :class:`Backoff` to build) and return what it found.
 
@@ -78,8 +82,8 @@ def spin(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | N
     return None
 
 
-def spin_yield(check: Callable[[], int | None], policy: WaitPolicy, timeout: float | None,
-               started: float) -> int | None:
+def spin_yield(check: Callable[[], _Found | None], policy: WaitPolicy, timeout: float | None,
+               started: float) -> _Found | None:
     """The second stage of a wait, after :func:`spin`: ``sched_yield`` and check again until
     ``policy.yield_for_s`` (or ``timeout``) has passed since ``started``; what the check found,
     or None (the caller then builds a :class:`Backoff` with the same ``started``, which goes
@@ -106,7 +110,9 @@ class Backoff:
     every failed check.
 
     ``block(seconds)`` (readers only) waits for a notification for at most ``seconds``
-    (and at least one millisecond). ``checks`` counts failed checks already made back to back
+    (and at least one millisecond); it returns False when it returned without blocking (a
+    reader announcing its block, clause ring.notify.waiting-state), and the next block then
+    waits as long as this one would have. ``checks`` counts failed checks already made back to back
     (see :func:`spin`).
     ``timeout`` None waits forever; 0 allows exactly one check. ``liveness`` (raising when a
     peer died) runs every ``policy.liveness_check_s`` once the wait has lasted that long.
@@ -118,7 +124,7 @@ class Backoff:
                  "_checks", "_sleep", "_poll", "_block", "_liveness", "_next_liveness")
 
     def __init__(self, policy: WaitPolicy, timeout: float | None, *, clause: str, what: str,
-                 block: Callable[[float], None] | None = None, checks: int = 0,
+                 block: Callable[[float], bool | None] | None = None, checks: int = 0,
                  liveness: Callable[[], None] | None = None,
                  started: float | None = None) -> None:
         self.policy = policy
@@ -163,8 +169,8 @@ class Backoff:
         if self._block is not None:
             if self._liveness is not None:
                 left = min(left, policy.liveness_check_s)
-            self._block(min(self._poll, policy.recheck_s, left))
-            self._poll *= 2
+            if self._block(min(self._poll, policy.recheck_s, left)) is not False:
+                self._poll *= 2  # False: it did not block (it announced the block first)
             return
         time.sleep(min(self._sleep, left))
         self._sleep = min(self._sleep * 2, policy.sleep_max_s)
