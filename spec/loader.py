@@ -714,10 +714,44 @@ def _load_cached(version: str, data_dir: str) -> Spec:
         cast(FramesFile, surfaces["frames"]), cast(RequestTypesFile, surfaces["request_types"])
     )
 
+    surfaces["tensors"] = _tensors_at(cast(TensorsFile, surfaces["tensors"]), version, root)
+
     active_structs = {
         name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
     }
     return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)
+
+
+def _tensors_at(tensors: TensorsFile, version: str, root: Path) -> TensorsFile:
+    """The tensors surface as release ``version`` has it: its extension codes, inline
+    threshold and the form of a tensor and an array, read from ``history/constants.toml``
+    (``ext_codes``, ``tensor_threshold``, ``tensor_form``); unchanged where the history has
+    no row for the release (a data directory without history)."""
+    from .history.compat import constants_at
+
+    codes = constants_at(version, "ext_codes", root)
+    threshold = constants_at(version, "tensor_threshold", root)
+    form = constants_at(version, "tensor_form", root)
+    if not (codes or threshold or form):
+        return tensors
+    described = {ext.name: ext for ext in (*tensors.former_ext_codes, *tensors.ext_codes)}
+    ext_codes = list(tensors.ext_codes)
+    if codes:
+        ext_codes = []
+        for name, code in sorted(codes.items(), key=lambda item: item[1]):
+            known = described.get(name)
+            if known is None:
+                raise SpecError("tensors.toml", f"history/constants.toml gives vLLM {version} "
+                                f"the extension code {name!r}, which neither ext_codes nor "
+                                "former_ext_codes describes", field="former_ext_codes")
+            ext_codes.append(msgspec.structs.replace(known, code=int(code)))
+    value = threshold.get("threshold_default", tensors.threshold_default)
+    return msgspec.structs.replace(
+        tensors, ext_codes=ext_codes,
+        threshold_default=value if isinstance(value, int) else None,
+        threshold_configurable=bool(threshold.get("configurable", isinstance(value, int))),
+        tensor_form=form.get("tensor", tensors.tensor_form),
+        ndarray_form=form.get("ndarray", tensors.ndarray_form))
 
 
 @lru_cache(maxsize=4)

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
-from .protocol_facts import chunk_framing, handshake_keys, ready_response
+from .protocol_facts import chunk_framing, handshake_keys, ready_response, tensor_form
 from .wheels import write_releases
 
 #: Where vLLM keeps the non-struct facts (module, name).
@@ -63,6 +63,8 @@ class ReleaseFacts:
     handshake: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     ready_response: str = "none"
     chunk_framing: dict[str, int | str] = field(default_factory=dict)
+    #: how the encoder writes a tensor and an array (:func:`.protocol_facts.tensor_form`).
+    tensor_form: dict[str, int | str] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,6 +125,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.handshake = handshake_keys(source)
         facts.ready_response = ready_response(source)
         facts.chunk_framing = chunk_framing(source)
+        facts.tensor_form = tensor_form(source)
     return facts
 
 
@@ -535,6 +538,17 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value)
 
 
+def _threshold_row(release: ReleaseFacts) -> dict[str, Any]:
+    """The ``tensor_threshold`` row of one release: the environment variable's default, else
+    the module constant the encoder compares with (not configurable), else none."""
+    if release.threshold is not None:
+        return {"threshold_default": release.threshold}
+    fixed = release.tensor_form.get("fixed_threshold")
+    if isinstance(fixed, int):
+        return {"threshold_default": fixed, "configurable": False}
+    return {"threshold_default": None}
+
+
 def write_history(data_dir: Path, releases: list[ReleaseFacts],
                   histories: list[StructHistory]) -> None:
     """``history/constants.toml`` and ``history/structs.toml``."""
@@ -546,8 +560,13 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
          lambda r: dict(r.request_types)),
         ("ext_codes", "msgpack extension codes in vllm/v1/serial_utils.py",
          lambda r: dict(r.ext_codes)),
-        ("tensor_threshold", f"default of {THRESHOLD_ENV} (none: no zero-copy threshold)",
-         lambda r: {"threshold_default": r.threshold}),
+        ("tensor_threshold", f"default of {THRESHOLD_ENV}, or the module constant the "
+         "encoder compares nbytes with (configurable: false) (none: no zero-copy threshold)",
+         _threshold_row),
+        ("tensor_form", "how the encoder hook writes a tensor and an ndarray (pickle: an "
+         "extension type wrapping a pickle stream; numpy: the [dtype, shape, data] tuple of "
+         "the numpy view, numpy's dtype.str; tuple: the tuple with the torch dtype name)",
+         lambda r: {k: v for k, v in r.tensor_form.items() if k != "fixed_threshold"}),
         ("ring", "shared-memory ring constants found as literals", lambda r: dict(r.ring)),
         ("chunk_framing", "how MessageQueue.enqueue lays a message into a ring chunk after the "
          "overflow byte (buffers: big-endian count and lengths of these widths; pickle: one "
