@@ -373,7 +373,8 @@ class Codec:
         self._raw_view_ext = codes.get("raw_view")
         self._tensor_ext = codes.get("tensor")
         self._pickle_ext = codes.get("pickle", PICKLE_EXT)
-        self._cloudpickle_ext = codes.get("cloudpickle", CLOUDPICKLE_EXT)
+        #: None where the release has no cloudpickle code: a function is pickled.
+        self._cloudpickle_ext = codes.get("cloudpickle") if codes else CLOUDPICKLE_EXT
         if self.threshold < 0:
             raise ValueError(f"threshold must be >= 0, got {threshold}")
         self.allow_insecure = allow_insecure
@@ -851,7 +852,7 @@ class Codec:
     def _pickle(self, value: Any) -> msgspec.msgpack.Ext:
         import types
 
-        if isinstance(value, types.FunctionType):
+        if isinstance(value, types.FunctionType) and self._cloudpickle_ext is not None:
             try:
                 import cloudpickle
             except ImportError:
@@ -870,7 +871,7 @@ class Codec:
             # The pickle form: the tensor itself, in a tensor field and anywhere else.
             return tensor_from_array(unpickle_array(data), self.tensor_mode,
                                      "tensors.pickle-form")
-        if code in (self._pickle_ext, self._cloudpickle_ext):
+        if code == self._pickle_ext or code == self._cloudpickle_ext:
             if not self.allow_insecure:
                 raise TensorError(
                     "tensors.ext-pickle-opt-in",

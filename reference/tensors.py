@@ -706,6 +706,8 @@ _ARRAY_GLOBALS = frozenset({
     ("numpy", "ndarray"), ("numpy", "dtype"),
     ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
     ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    # Protocol 2 writes bytes as _codecs.encode(text, "latin1"), which only encodes a string.
+    ("_codecs", "encode"),
 })
 
 
