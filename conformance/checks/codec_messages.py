@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import fractions
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
-from enginewire.conformance.checks._carriers import carrier, carriers, require_form, tensor_form
+from enginewire.conformance.checks._carriers import (
+    FORM_NAMES,
+    carrier,
+    carriers,
+    require_form,
+    tensor_form,
+)
 from enginewire.conformance.checks._helpers import (
     decode,
     encode,
@@ -81,14 +87,15 @@ def _output(**fields: Any) -> dict[str, Any]:
 
 def _threshold(spec: Any) -> int:
     """The inline threshold of the tensors surface; NOT APPLICABLE for a release that has
-    none (``history/constants.toml`` ``tensor_threshold``: before vLLM 0.8.5 tensors did not
-    travel in the surface's threshold form)."""
-    from enginewire.spec.history.compat import constants_at
-
-    if constants_at(spec.version, "tensor_threshold").get("threshold_default") == "none":
-        raise NotInRelease(f"vLLM {spec.version} has no inline threshold for tensors (the "
-                           "tensors surface's form starts at 0.8.5)")
-    return int(spec.surface("tensors").threshold_default)
+    none (``history/constants.toml`` ``tensor_threshold``: vLLM 0.7.3-0.8.3 send a tensor as
+    an extension type wrapping a pickle stream, with nothing inline or out of band)."""
+    threshold = spec.surface("tensors").threshold_default
+    if threshold is None:
+        form = tensor_form(spec)
+        raise NotInRelease(f"vLLM {spec.version} has no inline threshold for tensors: it "
+                           f"sends a tensor as {FORM_NAMES[form]} (tensors surface, "
+                           f"tensor_form {form!r})")
+    return int(threshold)
 
 
 def _uint8(n: int) -> Any:
@@ -540,8 +547,24 @@ _register_dtype_checks()
 
 
 def _bad_tensor(ctx: Any, entry: Any, oob: list[bytes] | tuple = (),
-                field: str = "tensor") -> list[bytes]:
-    return _output_frames(ctx.spec, entry, oob, field)
+                family: str = "tensor", clauses: Sequence[str] = ()) -> list[bytes]:
+    """An EngineCoreOutput whose ``family`` carrier holds the malformed tuple ``entry``. In
+    the numpy form (vLLM 0.8.4) a tensor tuple's torch dtype name becomes its numpy twin, so
+    that the tuple is malformed only where it was meant to be; checks of the torch name and
+    of IPC handles stay NOT APPLICABLE there."""
+    if (family == "tensor" and tensor_form(ctx.spec) == "numpy"
+            and not set(clauses) & _TUPLE_FORM_ONLY and isinstance(entry, list) and entry):
+        entry = [_NUMPY_TWINS.get(entry[0], entry[0]), *entry[1:]]
+        require_form(ctx.spec, family, "numpy")
+        return carrier(ctx.spec, family).frames(ctx.spec, entry, oob)
+    return _output_frames(ctx.spec, entry, oob, family)
+
+
+#: Clauses only the newest tuple form has (a torch dtype name, an IPC handle's map).
+_TUPLE_FORM_ONLY = frozenset({"tensors.torch-dtype-name",
+                              "tensors.ipc-handle-needs-side-channel"})
+#: The torch names the malformed tuples use, as numpy writes them.
+_NUMPY_TWINS = {"float32": "<f4", "uint8": "|u1"}
 
 
 _FOUR_FLOATS = bytes(16)
@@ -621,7 +644,7 @@ def _register_malformed() -> None:
 
         def run(codec: Any, ctx: Any, *, _entry: Any = entry, _oob: tuple = oob,
                 _field: str = field, _what: str = what, _clauses: list = clauses) -> None:
-            frames = _bad_tensor(ctx, _entry, list(_oob), _field)
+            frames = _bad_tensor(ctx, _entry, list(_oob), _field, _clauses)
             expect_rejection(codec, OUTPUT, frames, _clauses, f"{_field} with {_what}")
 
         check(f"codec/{suffix}", clauses=clauses, surface="codec",
