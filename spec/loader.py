@@ -114,6 +114,9 @@ class Spec:
     surfaces: dict[str, SurfaceHeader]
     structs: dict[str, StructSpec | EnumSpec]
     clauses: dict[str, ClauseRef] = field(default_factory=dict)
+    #: Every clause ID of the spec files, this version's and those of other versions (a
+    #: clause of an earlier release's form is absent from ``clauses`` but no unknown ID).
+    all_clause_ids: frozenset[str] = frozenset()
 
     def clause(self, clause_id: str) -> Clause:
         try:
@@ -719,7 +722,8 @@ def _load_cached(version: str, data_dir: str) -> Spec:
     active_structs = {
         name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
     }
-    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)
+    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs,
+                all_clause_ids=frozenset(seen_clauses))
 
 
 def _tensors_at(tensors: TensorsFile, version: str, root: Path) -> TensorsFile:

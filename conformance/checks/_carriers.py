@@ -65,6 +65,12 @@ class Carrier:
     steps: tuple[Step, ...]
 
     @property
+    def name(self) -> str:
+        """The fields from EngineCoreOutput on (``pooling_output``,
+        ``new_logprobs.logprob_token_ids``)."""
+        return ".".join(s.field for s in self.steps)
+
+    @property
     def where(self) -> str:
         """``EngineCoreOutput.a.b`` for messages."""
         return ".".join([OUTPUT, *(s.field for s in self.steps)])

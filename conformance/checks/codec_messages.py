@@ -428,10 +428,10 @@ def _type_from_schema(codec: CodecSurface, ctx: CheckContext) -> None:
     problems = []
     if not (isinstance(got_tensor, TensorValue) and got_tensor.family == "tensor"
             and got_tensor == tensor_value(tensor)):
-        problems.append(f"{holds_tensor.where}: expected a torch tensor, got {got_tensor!r}")
+        problems.append(f"{holds_tensor.name}: expected a torch tensor, got {got_tensor!r}")
     if not (isinstance(got_array, TensorValue) and got_array.family == "ndarray"
             and got_array == tensor_value(array)):
-        problems.append(f"{holds_array.where}: expected an ndarray, got {got_array!r}")
+        problems.append(f"{holds_array.name}: expected an ndarray, got {got_array!r}")
     if got_any != {"t": ["<i2", [3], array.tobytes()]}:
         problems.append(f"kv_transfer_params.t: expected the plain array, got {got_any!r}")
     if problems:
@@ -645,7 +645,8 @@ def _register_malformed() -> None:
         def run(codec: Any, ctx: Any, *, _entry: Any = entry, _oob: tuple = oob,
                 _field: str = field, _what: str = what, _clauses: list = clauses) -> None:
             frames = _bad_tensor(ctx, _entry, list(_oob), _field, _clauses)
-            expect_rejection(codec, OUTPUT, frames, _clauses, f"{_field} with {_what}")
+            expect_rejection(codec, OUTPUT, frames, _clauses,
+                             f"{carrier(ctx.spec, _field).name} with {_what}")
 
         check(f"codec/{suffix}", clauses=clauses, surface="codec",
               description=f"a decoder rejects {what}")(run)
@@ -664,7 +665,7 @@ def _index_zero(codec: CodecSurface, ctx: CheckContext) -> None:
             break
         length = len(frames[0])
     expect_rejection(codec, OUTPUT, frames, "tensors.index-in-range",
-                     f"{carrier(ctx.spec, 'tensor').where} with index 0 and shape [{length}] "
+                     f"{carrier(ctx.spec, 'tensor').name} with index 0 and shape [{length}] "
                      "(frame 0's length)")
 
 
