@@ -726,6 +726,16 @@ def _load_cached(version: str, data_dir: str) -> Spec:
                 all_clause_ids=frozenset(seen_clauses))
 
 
+def clauses_of_other_versions(spec: Spec, surface: str,
+                              data_dir: Path | str | None = None) -> list[Clause]:
+    """The clauses of surface ``surface`` whose version range leaves out ``spec``'s version
+    (those of an earlier release's form), in file order; the rendered pages list them apart."""
+    root = Path(data_dir) if data_dir else DATA_DIR
+    path = root / f"{surface}.toml"
+    parsed = _decode(path, _read_toml(path), SURFACE_SCHEMAS[surface])
+    return [c for c in parsed.clauses if not _in_range(c.versions, spec.version)]
+
+
 def _tensors_at(tensors: TensorsFile, version: str, root: Path) -> TensorsFile:
     """The tensors surface as release ``version`` has it: its extension codes, inline
     threshold and the form of a tensor and an array, read from ``history/constants.toml``
