@@ -684,7 +684,7 @@ def numpy_view(tensor: Any, clause: str) -> np.ndarray:
         try:
             return tensor.to_numpy()
         except ValueError:
-            dtype = tensor.dtype
+            dtype: str | None = tensor.dtype
     else:
         dtype = (_TORCH_NAMES or _torch_dtypes()).get(tensor.dtype)
         if dtype in TORCH_TO_NUMPY:

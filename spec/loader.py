@@ -174,6 +174,15 @@ class Spec:
         known = [ext.name for ext in tensors.ext_codes]
         raise KeyError(f"no extension code {name!r} in the tensors surface (known: {known})")
 
+    def inline_threshold(self) -> int:
+        """The tensors surface's default inline threshold in bytes; ValueError for a release
+        that has none (vLLM 0.7.3-0.8.3 pickle a tensor into an extension type)."""
+        threshold = self.surface("tensors").threshold_default
+        if threshold is None:
+            raise ValueError(f"vLLM {self.version} has no inline threshold for tensors "
+                             f"(tensor_form {self.surface('tensors').tensor_form!r})")
+        return threshold
+
     def request_type_byte(self, name: str) -> bytes:
         """The one-byte frame of request type ``name`` (``ADD``, ``ABORT``, ...)."""
         table = self.surface("request_types")

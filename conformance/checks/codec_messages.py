@@ -471,7 +471,7 @@ def _pickled_array(entry: Any, spec: Any, frames: list[bytes]) -> Any:
                            f"type {code} (a pickled numpy array), got {show(entry)}"[:300],
                            Reproduction(received=frames))
     try:
-        return unpickle_array(entry.data)
+        return unpickle_array(bytes(entry.data))
     except ProtocolError as exc:
         raise CheckFailure(f"the tensor extension's payload: {exc}",
                            Reproduction(received=frames)) from exc

@@ -437,7 +437,7 @@ def coverage(spec: Any, checks: Sequence[Check]) -> dict[str, Any]:
     is neither)."""
     covered: dict[str, list[str]] = {}
     unknown: dict[str, list[str]] = {}
-    other_releases = getattr(spec, "all_clause_ids", frozenset())
+    other_releases: frozenset[str] = getattr(spec, "all_clause_ids", frozenset())
     for item in checks:
         for clause_id in item.clauses:
             if clause_id in spec.clauses:

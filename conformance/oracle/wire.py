@@ -45,7 +45,7 @@ from enginewire.spec.types import (
 #: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
 RAW_VIEW_EXT: int = load().ext_code("raw_view")
 #: The default inline threshold in bytes (tensors surface, threshold_default).
-THRESHOLD_DEFAULT: int = load().surface("tensors").threshold_default
+THRESHOLD_DEFAULT: int = load().inline_threshold()
 
 
 class OmittableMap(dict):
