@@ -139,12 +139,15 @@ def _decoded_tensor(codec: Any, frames: list[bytes], family: str = "tensor",
 
 
 def _expect_placement(frames: list[bytes], spec: Any, value: Any, *, inline: bool,
-                      field: str, threshold: int, rule: str) -> None:
-    entry = _tuple_in(frames, spec, field)
+                      family: str, threshold: int, rule: str) -> None:
+    """The ``family`` carrier of ``frames`` holds ``value`` inline (or out of band as index
+    1, its bytes in frame 1)."""
+    entry = _tuple_in(frames, spec, family)
     tv = tensor_value(value)
     notes = {"nbytes": len(tv.data), "threshold": threshold, "shape": list(tv.shape)}
     if not isinstance(entry, list) or len(entry) != 3:
-        raise CheckFailure(f"{field} is not a [dtype, shape, data] array: {show(entry)}",
+        raise CheckFailure(f"{carrier(spec, family).name} is not a [dtype, shape, data] "
+                           f"array: {show(entry)}",
                            Reproduction(received=frames, notes=notes))
     data = entry[2]
     if inline:
@@ -183,18 +186,18 @@ def _codec_with(codec: Any, threshold: int) -> Any:
 
 def _register_threshold_checks() -> None:
     cases = (("minus-one", -1, True), ("exact", 0, False), ("plus-one", 1, False))
-    for family, field, make, clause in (
-        ("tensor", "tensor", _uint8, "tensors.tensor-inline-below-threshold"),
-        ("ndarray", "ndarray", _uint8_array, "tensors.ndarray-inline-below-threshold"),
+    for family, make, clause in (
+        ("tensor", _uint8, "tensors.tensor-inline-below-threshold"),
+        ("ndarray", _uint8_array, "tensors.ndarray-inline-below-threshold"),
     ):
         for label, delta, inline in cases:
 
             def run(codec: Any, ctx: Any, *, _delta: int = delta, _inline: bool = inline,
-                    _field: str = field, _make: Any = make, _family: str = family) -> None:
+                    _field: str = family, _make: Any = make, _family: str = family) -> None:
                 threshold = _threshold(ctx.spec)
                 value = _make(threshold + _delta)
                 frames = encode(codec, OUTPUT, _carry(ctx.spec, _field, value))
-                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                _expect_placement(frames, ctx.spec, value, inline=_inline, family=_field,
                                   threshold=threshold, rule="inline iff nbytes < threshold")
                 decoded = _decoded_tensor(codec, frames, _field)
                 if decoded != tensor_value(value):
@@ -214,11 +217,12 @@ def _register_threshold_checks() -> None:
                                                 (1024, 512, True, "custom-raised")):
 
             def run_custom(codec: Any, ctx: Any, *, _t: int = threshold, _n: int = size,
-                           _inline: bool = inline, _field: str = field, _make: Any = make) -> None:
+                           _inline: bool = inline, _field: str = family,
+                           _make: Any = make) -> None:
                 configured = _codec_with(codec, _t)
                 value = _make(_n)
                 frames = encode(configured, OUTPUT, _carry(ctx.spec, _field, value))
-                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                _expect_placement(frames, ctx.spec, value, inline=_inline, family=_field,
                                   threshold=_t, rule="inline iff nbytes < threshold")
 
             check(
@@ -252,18 +256,18 @@ def _float32_array(n: int) -> Any:
 def _register_multibyte_checks() -> None:
     """A float32 tensor of threshold/4 elements is exactly threshold bytes: out of band. A
     codec that counts elements instead of bytes keeps it inline and fails here."""
-    for family, field, make, clause in (
-        ("tensor", "tensor", _float32, "tensors.tensor-inline-below-threshold"),
-        ("ndarray", "ndarray", _float32_array, "tensors.ndarray-inline-below-threshold"),
+    for family, make, clause in (
+        ("tensor", _float32, "tensors.tensor-inline-below-threshold"),
+        ("ndarray", _float32_array, "tensors.ndarray-inline-below-threshold"),
     ):
         for label, delta, inline in (("minus-one", -1, True), ("exact", 0, False)):
 
             def run(codec: Any, ctx: Any, *, _delta: int = delta, _inline: bool = inline,
-                    _field: str = field, _make: Any = make) -> None:
+                    _field: str = family, _make: Any = make) -> None:
                 threshold = _threshold(ctx.spec)
                 value = _make(threshold // 4 + _delta)
                 frames = encode(codec, OUTPUT, _carry(ctx.spec, _field, value))
-                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                _expect_placement(frames, ctx.spec, value, inline=_inline, family=_field,
                                   threshold=threshold,
                                   rule="inline iff nbytes < threshold, bytes not elements")
 
@@ -353,7 +357,7 @@ def _tensor_zero_dim(codec: CodecSurface, ctx: CheckContext) -> None:
 
     value = torch.tensor(2.5, dtype=torch.float64)
     frames = encode(_codec_with(codec, 4), OUTPUT, _carry(ctx.spec, "tensor", value))
-    _expect_placement(frames, ctx.spec, value, inline=False, field="tensor",
+    _expect_placement(frames, ctx.spec, value, inline=False, family="tensor",
                       threshold=4, rule="0-d tensors are placed by size")
 
 
@@ -365,7 +369,7 @@ def _ndarray_zero_dim(codec: CodecSurface, ctx: CheckContext) -> None:
 
     value = np.array(2.5, dtype="<f8")
     frames = encode(_codec_with(codec, 1), OUTPUT, _carry(ctx.spec, "ndarray", value))
-    _expect_placement(frames, ctx.spec, value, inline=True, field="ndarray",
+    _expect_placement(frames, ctx.spec, value, inline=True, family="ndarray",
                       threshold=1, rule="a 0-d ndarray is always inline")
 
 
@@ -379,7 +383,7 @@ def _non_cpu(codec: CodecSurface, ctx: CheckContext) -> None:
         raise CheckSkip("no CUDA device: a non-CPU tensor cannot be made here")
     value = torch.arange(4, dtype=torch.float32, device="cuda")
     frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
-    _expect_placement(frames, ctx.spec, value.cpu(), inline=False, field="tensor",
+    _expect_placement(frames, ctx.spec, value.cpu(), inline=False, family="tensor",
                       threshold=_threshold(ctx.spec), rule="non-CPU tensors go out of band")
 
 
@@ -570,7 +574,7 @@ _NUMPY_TWINS = {"float32": "<f4", "uint8": "|u1"}
 _FOUR_FLOATS = bytes(16)
 
 _MALFORMED: list[tuple[str, list[str], str, Any, tuple, str]] = [
-    # id suffix, clauses, description, tuple, oob frames, field
+    # id suffix, clauses, description, tuple, oob frames, family of the carrier
     ("tensor/dtype-alias-rejected", ["tensors.torch-dtype-name"],
      "the torch alias 'half' as dtype", ["half", [2], Ext(RAW_VIEW, bytes(4))], (),
      "tensor"),
