@@ -98,7 +98,7 @@ def _ready_literal(version: str) -> bytes:
     """The frame that stands for None in a ready response of ``version``: ``b"READY"`` where
     the release sends that literal (``history/constants.toml`` ``ready_response``), else the
     empty frame."""
-    from enginewire.spec.history.compat import constants_at
+    from enginewire.spec.history.constants import constants_at
 
     form = constants_at(version, "ready_response").get("payload")
     return b"READY" if form == "READY" else b""

@@ -750,7 +750,7 @@ def _tensors_at(tensors: TensorsFile, version: str, root: Path) -> TensorsFile:
     threshold and the form of a tensor and an array, read from ``history/constants.toml``
     (``ext_codes``, ``tensor_threshold``, ``tensor_form``); unchanged where the history has
     no row for the release (a data directory without history)."""
-    from .history.compat import constants_at
+    from .history.constants import constants_at
 
     codes = constants_at(version, "ext_codes", root)
     threshold = constants_at(version, "tensor_threshold", root)

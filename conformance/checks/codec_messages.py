@@ -1274,7 +1274,7 @@ def _ready_form(spec: Any) -> str:
     ``ready_response``): ``struct`` (a msgpack EngineCoreReadyResponse), ``empty`` (one empty
     frame) or ``READY`` (the literal bytes); NOT APPLICABLE where it sends none, or only the
     handshake's READY map (``handshake``)."""
-    from enginewire.spec.history.compat import constants_at
+    from enginewire.spec.history.constants import constants_at
 
     form = str(constants_at(spec.version, "ready_response").get("payload", "struct"))
     if form == "none":

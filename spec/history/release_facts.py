@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .compat import constants_at
+from .constants import constants_at
 
 #: The keys every HELLO and READY carries in every release that has the handshake.
 BASE_KEYS = ("status", "local", "headless")
