@@ -33,7 +33,7 @@ from enginewire.conformance.framework.registry import CheckFailure, NotInRelease
 from enginewire.conformance.oracle.samples import Sampler
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode
 from enginewire.spec.schema import StructSpec
-from enginewire.spec.types import parse_type
+from enginewire.spec.types import parse_type, tensor_family
 
 OUTPUT = "EngineCoreOutput"
 #: How deep below EngineCoreOutput a carrier is looked for.
@@ -170,7 +170,7 @@ def _carriers(spec: Any, family: str) -> list[Carrier]:
             for index, fld in enumerate(item.fields):
                 expr = parse_type(fld.type).without_none()
                 step = Step(name, fld.name, index if positional else None)
-                if expr.name == family:
+                if tensor_family(expr) == family:
                     found.append(Carrier(family, (*path, step)))
                 elif isinstance(spec.structs.get(expr.name), StructSpec):
                     below.append(((*path, step), expr.name))
@@ -194,8 +194,8 @@ def _filled(spec: Any, struct: str) -> dict[str, Any]:
     empty."""
     value = dict(Sampler(spec).required(struct))
     for fld in spec.struct(struct).fields:
-        family = parse_type(fld.type).without_none().name
-        if family in ("tensor", "ndarray"):
+        family = tensor_family(parse_type(fld.type).without_none())
+        if family is not None:
             value[fld.name] = empty_value(family)
     return value
 
@@ -204,12 +204,11 @@ def empty_wire(spec: Any, family: str) -> Any:
     """The wire value of :func:`empty_value` in the release's form."""
     import numpy as np
 
-    surface = spec.surface("tensors")
     form = tensor_form(spec, family)
     if form == "pickle":
-        code = next(e.code for e in surface.ext_codes if e.name == "tensor")
-        return msgspec.msgpack.Ext(code, pickle.dumps(np.empty(0, dtype="<i8")))
-    raw_view = next(e.code for e in surface.ext_codes if e.name == "raw_view")
+        return msgspec.msgpack.Ext(spec.ext_code("tensor"),
+                                   pickle.dumps(np.empty(0, dtype="<i8")))
+    raw_view = spec.ext_code("raw_view")
     dtype = "int64" if family == "tensor" and form == "tuple" else "<i8"
     return [dtype, [0], msgspec.msgpack.Ext(raw_view, b"")]
 
@@ -221,8 +220,8 @@ def _empty_wire_struct(spec: Any, struct: str) -> Any:
     sample = Sampler(spec).required(struct)
     values: dict[str, Any] = {}
     for fld in item.fields:
-        family = parse_type(fld.type).without_none().name
-        if family in ("tensor", "ndarray"):
+        family = tensor_family(parse_type(fld.type).without_none())
+        if family is not None:
             values[fld.name] = empty_wire(spec, family)
         elif fld.name in sample:
             values[fld.name] = expected_wire(sample[fld.name], fld.type, spec).value

@@ -29,7 +29,7 @@ from enginewire.conformance.oracle.wire import (
     WireShapeError,
     parse_type,
 )
-from enginewire.spec.types import TypeVisitor, kind_of, members
+from enginewire.spec.types import TypeVisitor, kind_of, members, tensor_family
 
 
 @dataclass(frozen=True)
@@ -203,7 +203,7 @@ class _Checker(TypeVisitor[None]):
 
     def _tensor(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
         tensors = self.spec.surface("tensors")
-        form = tensors.tensor_form if expr.name == "tensor" else tensors.ndarray_form
+        form = tensors.tensor_form if tensor_family(expr) == "tensor" else tensors.ndarray_form
         if form == "pickle":  # the release's extension type wrapping a pickle stream
             codes = {e.name: e.code for e in tensors.ext_codes}
             if not (isinstance(raw, msgspec.msgpack.Ext) and raw.code == codes.get("tensor")):

@@ -40,6 +40,7 @@ from enginewire.spec.types import (
     kind_of,
     members,
     parse_type,
+    tensor_family,
 )
 
 #: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
@@ -122,9 +123,10 @@ class _ToWire(TypeVisitor[Any]):
 
     def visit_tensor(self, expr: TypeExpr, value: Any) -> Any:
         tensors = self.spec.surface("tensors")
-        form = tensors.tensor_form if expr.name == "tensor" else tensors.ndarray_form
+        form = tensors.tensor_form if tensor_family(expr) == "tensor" else tensors.ndarray_form
         if form != "tuple":
-            return _earlier_tensor(value, form, tensors, self.threshold, self.oob)
+            code = self.spec.ext_code("tensor") if form == "pickle" else RAW_VIEW_EXT
+            return _earlier_tensor(value, form, code, self.threshold, self.oob)
         return _tensor(value, expr.name, self.threshold, self.oob)
 
     visit_ndarray = visit_tensor
@@ -215,12 +217,13 @@ def _tensor(value: Any, family: str, threshold: int, oob: list[bytes]) -> list[A
     return [tv.dtype, list(tv.shape), data]
 
 
-def _earlier_tensor(value: Any, form: str, tensors: Any, threshold: int,
+def _earlier_tensor(value: Any, form: str, code: int, threshold: int,
                    oob: list[bytes]) -> Any:
     """A tensor in an earlier release's form (the tensors surface's tensor_form): ``numpy``,
     the tuple of its numpy view (numpy's dtype.str; a 0-d value inline whatever its size);
     ``pickle``, the ``tensor`` extension type wrapping a pickle stream of the numpy view (this
-    process's pickle of it: the stream's bytes are not specified, tensors.pickle-form)."""
+    process's pickle of it: the stream's bytes are not specified, tensors.pickle-form).
+    ``code``: the extension type of the pickle, or of inline bytes in the numpy form."""
     import pickle
 
     import numpy as np
@@ -228,10 +231,9 @@ def _earlier_tensor(value: Any, form: str, tensors: Any, threshold: int,
     tv = value if isinstance(value, TensorValue) else tensor_value(value)
     array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
     if form == "pickle":
-        code = next(e.code for e in tensors.ext_codes if e.name == "tensor")
         return msgspec.msgpack.Ext(code, pickle.dumps(array))
     if len(tv.data) < threshold or not tv.shape:
-        data: Any = msgspec.msgpack.Ext(RAW_VIEW_EXT, tv.data)
+        data: Any = msgspec.msgpack.Ext(code, tv.data)
     else:
         oob.append(tv.data)
         data = len(oob)
