@@ -277,7 +277,7 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
                           f"Not implemented by the target ({count}).", ""]
                 continue
             # A clause of another release (an earlier tensor form) is no clause of this one.
-            other = getattr(spec, "all_clause_ids", frozenset()) - set(spec.clauses)
+            other: set[str] = set(getattr(spec, "all_clause_ids", ())) - set(spec.clauses)
             verdicts = {c: v for c, v in _clause_verdicts(results).items() if c not in other}
             passed = sorted(c for c, v in verdicts.items() if v == PASSED)
             failed = sorted(c for c, v in verdicts.items() if v == FAILED)
