@@ -128,7 +128,7 @@ def write_vector_main(args: argparse.Namespace) -> int:
         print(f"enginewire vectors write: a frame is not hex: {exc}", file=sys.stderr)
         return 2
     spec = load()
-    threshold = args.threshold or int(spec.surface("tensors").threshold_default)
+    threshold = args.threshold or spec.inline_threshold()
     value = None
     if args.expect == "decode":
         try:

@@ -66,7 +66,6 @@ from enginewire.spec.types import TypeExpr, TypeVisitor, UnknownTypeError, kind_
 from .errors import FramingError, PayloadError, ProtocolError, TensorError
 from .structs import NdarraySlot, NestedTensorsSlot, StructSet, TensorSlot, UnionSlot, build
 from .tensors import (
-    RAW_VIEW_EXT,
     EncodeScratch,
     TensorIpcHandle,
     Vocabulary,
@@ -79,6 +78,10 @@ from .tensors import (
     encode_tensor,
     encode_wire_tensor,
     is_torch_tensor,
+    numpy_view,
+    pickle_array,
+    tensor_from_array,
+    unpickle_array,
     vocabulary,
 )
 
@@ -307,7 +310,7 @@ class _ThreadCodec(EncodeScratch):
     bound to that thread's scratch: a plain object, read without a thread-local look-up on
     every access."""
 
-    __slots__ = ("frames", "used", "encoder", "decoders", "dec_hook")
+    __slots__ = ("frames", "used", "encoder", "decoders", "dec_hook", "_codec")
 
     def __init__(self, codec: Codec) -> None:
         super().__init__()
@@ -315,12 +318,23 @@ class _ThreadCodec(EncodeScratch):
         self.used: set[int] | None = None
         # Tensors and arrays out of band are written in the hook itself; every other value
         # the hook meets goes to the codec's writer for its type.
-        self.encoder = msgspec.msgpack.Encoder(enc_hook=encode_hook(
-            self, threshold=codec.threshold, copy=codec.copy, vocab=codec._vocab,
-            other=codec._write_value))
+        if codec.tensor_form == "tuple":
+            self.encoder = msgspec.msgpack.Encoder(enc_hook=encode_hook(
+                self, threshold=codec.threshold, copy=codec.copy, vocab=codec._vocab,
+                other=codec._write_value))
+        else:
+            # An earlier release's tensor form: every value through the codec's writers.
+            self.encoder = msgspec.msgpack.Encoder(enc_hook=self._write)
+            self._codec = codec
         self.dec_hook: Callable[[Any, Any], Any] = functools.partial(Codec._dec_hook, codec, self)
         #: payload type expression -> decoder (:meth:`Codec._decoder`).
         self.decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
+
+    def _write(self, value: Any) -> Any:
+        aux = self.aux
+        if aux is None:
+            raise RuntimeError("enc_hook outside an encode call")
+        return self._codec._write_value(value, aux)
 
 
 class Codec:
@@ -328,7 +342,8 @@ class Codec:
 
     Options:
 
-    - ``threshold``: tensors and arrays of fewer bytes travel inline (default: the spec's 256);
+    - ``threshold``: tensors and arrays of fewer bytes travel inline (default: the release's
+      threshold_default, 256 from vLLM 0.8.5 on; none where the release has no inline form);
     - ``allow_insecure``: accept and produce extension types 1 (pickle) and 2 (cloudpickle),
       and a non-nil UtilityResult.type_info, like vLLM with VLLM_ALLOW_INSECURE_SERIALIZATION=1;
     - ``copy``: out-of-band frames are copies (not views of the value's memory) and decoded
@@ -355,7 +370,17 @@ class Codec:
         self.spec: Spec = load(version)
         self.structs: StructSet = build(self.spec.version)
         surface = self.spec.surface("tensors")
-        self.threshold = surface.threshold_default if threshold is None else threshold
+        self.threshold = (surface.threshold_default or 0) if threshold is None else threshold
+        #: How this release writes a tensor and an ndarray (``tuple``, ``numpy``, ``pickle``:
+        #: the tensors surface's tensor_form and ndarray_form).
+        self.tensor_form: str = surface.tensor_form
+        self.ndarray_form: str = surface.ndarray_form
+        codes = {ext.name: ext.code for ext in surface.ext_codes}
+        self._raw_view_ext = codes.get("raw_view")
+        self._tensor_ext = codes.get("tensor")
+        self._pickle_ext = codes.get("pickle", PICKLE_EXT)
+        #: None where the release has no cloudpickle code: a function is pickled.
+        self._cloudpickle_ext = codes.get("cloudpickle") if codes else CLOUDPICKLE_EXT
         if self.threshold < 0:
             raise ValueError(f"threshold must be >= 0, got {threshold}")
         self.allow_insecure = allow_insecure
@@ -837,6 +862,8 @@ class Codec:
     def _encode_ndarray(self, value: np.ndarray, aux: list[Any]) -> Any:
         if value.dtype.kind in ("O", "V") and self.allow_insecure:
             return self._pickle(value)
+        if self.ndarray_form == "pickle":  # no ndarray form of its own: the pickle fallback
+            return self._pickle(value) if self.allow_insecure else _no_wire_form(value, aux)
         return encode_ndarray(
             value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
         )
@@ -845,11 +872,26 @@ class Codec:
     # dict on every call, which costs more than the call itself.)
 
     def _encode_tensor(self, value: Any, aux: list[Any]) -> Any:
+        if self.tensor_form != "tuple":
+            return self._encode_earlier_tensor(value, aux)
         return encode_tensor(
             value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
         )
 
+    def _encode_earlier_tensor(self, value: Any, aux: list[Any]) -> Any:
+        """A tensor (or WireTensor) in the form of an earlier release: the tuple of its numpy
+        view (tensors.numpy-form) or an extension type wrapping its pickled numpy view
+        (tensors.pickle-form)."""
+        if self.tensor_form == "pickle":
+            array = numpy_view(value, "tensors.pickle-form")
+            assert self._tensor_ext is not None, "the pickle form has a tensor code"
+            return msgspec.msgpack.Ext(self._tensor_ext, pickle_array(array))
+        return encode_ndarray(numpy_view(value, "tensors.numpy-form"), aux,
+                              threshold=self.threshold, copy=self.copy, vocab=self._vocab)
+
     def _encode_wire_tensor(self, value: WireTensor, aux: list[Any]) -> Any:
+        if self.tensor_form != "tuple":
+            return self._encode_earlier_tensor(value, aux)
         return encode_wire_tensor(
             value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
         )
@@ -865,7 +907,7 @@ class Codec:
     def _pickle(self, value: Any) -> msgspec.msgpack.Ext:
         import types
 
-        if isinstance(value, types.FunctionType):
+        if isinstance(value, types.FunctionType) and self._cloudpickle_ext is not None:
             try:
                 import cloudpickle
             except ImportError:
@@ -873,14 +915,18 @@ class Codec:
                     "tensors.insecure-function-cloudpickle",
                     "sending a function needs the cloudpickle package",
                 ) from None
-            return msgspec.msgpack.Ext(CLOUDPICKLE_EXT, cloudpickle.dumps(value))
+            return msgspec.msgpack.Ext(self._cloudpickle_ext, cloudpickle.dumps(value))
         pickled = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        return msgspec.msgpack.Ext(PICKLE_EXT, pickled)
+        return msgspec.msgpack.Ext(self._pickle_ext, pickled)
 
     def _ext_hook(self, code: int, data: memoryview) -> Any:
-        if code == RAW_VIEW_EXT:
+        if code == self._raw_view_ext:
             return data
-        if code in (PICKLE_EXT, CLOUDPICKLE_EXT):
+        if code == self._tensor_ext:
+            # The pickle form: the tensor itself, in a tensor field and anywhere else.
+            return tensor_from_array(unpickle_array(data), self.tensor_mode,
+                                     "tensors.pickle-form")
+        if code == self._pickle_ext or code == self._cloudpickle_ext:
             if not self.allow_insecure:
                 raise TensorError(
                     "tensors.ext-pickle-opt-in",
@@ -892,7 +938,7 @@ class Codec:
         raise TensorError(
             "tensors.ext-codes-known",
             "unknown msgpack extension type",
-            expected=[PICKLE_EXT, CLOUDPICKLE_EXT, RAW_VIEW_EXT],
+            expected=sorted(e.code for e in self.spec.surface("tensors").ext_codes),
             got=code,
         )
 
@@ -901,6 +947,8 @@ class Codec:
             used = state.used
             if used is None:
                 raise RuntimeError("dec_hook outside a decode call")
+            if target is TensorSlot and self.tensor_form != "tuple":
+                return self._decode_earlier_tensor(state, raw)
             if target is TensorSlot or target is NdarraySlot:
                 return decode_value(
                     raw,
@@ -917,6 +965,21 @@ class Codec:
             raise
         except ProtocolError as exc:
             raise _HookError(exc) from exc
+
+    def _decode_earlier_tensor(self, state: _ThreadCodec, raw: Any) -> Any:
+        """A tensor field in the form of an earlier release: the tensor the ext hook built
+        from the pickle form's extension type, or the numpy form's tuple read as an array
+        and turned into a tensor."""
+        if self.tensor_form == "pickle":
+            if isinstance(raw, WireTensor) or is_torch_tensor(raw):
+                return raw
+            raise TensorError("tensors.pickle-form", "a tensor travels as msgpack extension "
+                              f"type {self._tensor_ext} (a pickled numpy array)",
+                              got=type(raw).__name__)
+        assert state.used is not None
+        array = decode_value(raw, "ndarray", state.frames, state.used, mode=self.tensor_mode,
+                             copy=True, vocab=self._vocab, ipc_handles=False)
+        return tensor_from_array(array, self.tensor_mode, "tensors.numpy-form")
 
     def _dec_hook_body(self, state: _ThreadCodec, target: Any, raw: Any) -> Any:
         if target is NestedTensorsSlot:

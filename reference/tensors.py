@@ -15,11 +15,18 @@ Contract:
   :class:`~enginewire.reference.errors.TensorError` carrying the clause it breaks.
 - :func:`decode_nested_tensors` does the same for a ``nested_tensors`` position (numbers, tensor
   tuples and arrays of them); :func:`check_nested_tensors` vets such a value before encoding.
+- The forms of earlier releases (the tensors surface's ``tensor_form``): :func:`numpy_view`
+  gives a tensor's numpy view for the ``numpy`` form (vLLM 0.8.4: the tuple of that view, with
+  numpy's dtype.str) and :func:`pickle_array` the payload of the ``pickle`` form's extension
+  type (vLLM 0.7.3-0.8.3); :func:`unpickle_array` reads such a payload back, resolving only
+  what rebuilds a numpy array (tensors.pickle-form), and :func:`tensor_from_array` builds the
+  tensor (or :class:`WireTensor`) over an array.
 """
 
 from __future__ import annotations
 
 import math
+import pickle
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -80,6 +87,10 @@ TORCH_TO_NUMPY: dict[str, str] = {
     "complex64": "<c8",
     "complex128": "<c16",
 }
+
+
+#: numpy's dtype.str -> the torch dtype name of the same bytes.
+NUMPY_TO_TORCH: dict[str, str] = {text: name for name, text in TORCH_TO_NUMPY.items()}
 
 
 @dataclass(frozen=True)
@@ -661,3 +672,81 @@ def _build_torch(dtype: str, shape: tuple[int, ...], buffer: memoryview, *, clon
 # tensor class is admitted by type too once torch is in use: _torch_dtypes).
 TensorSlot.admit(WireTensor, TensorIpcHandle, predicate=is_torch_tensor)
 NdarraySlot.admit(np.ndarray)
+
+
+# --- the forms of earlier releases -----------------------------------------------------------
+
+
+def numpy_view(tensor: Any, clause: str) -> np.ndarray:
+    """The numpy view of a tensor (``tensor.numpy()``, a CPU copy for one off the CPU), as
+    the ``numpy`` and ``pickle`` forms send it; a dtype numpy lacks raises ``clause``."""
+    if isinstance(tensor, WireTensor):
+        try:
+            return tensor.to_numpy()
+        except ValueError:
+            dtype: str | None = tensor.dtype
+    else:
+        dtype = (_TORCH_NAMES or _torch_dtypes()).get(tensor.dtype)
+        if dtype in TORCH_TO_NUMPY:
+            return np.asarray(tensor.detach().cpu().numpy())
+    raise TensorError(clause, "this release sends a tensor through its numpy view, and numpy "
+                      "has no such dtype", expected=sorted(TORCH_TO_NUMPY),
+                      got=dtype or str(getattr(tensor, "dtype", "")))
+
+
+def pickle_array(array: np.ndarray) -> bytes:
+    """The payload of the ``pickle`` form's extension type: one pickle stream of ``array``
+    (the default protocol, as vLLM's ``pickle.dumps``)."""
+    return pickle.dumps(array)
+
+
+#: (module, name) an array's pickle stream may name: numpy's ndarray and dtype and the
+#: functions its ``__reduce_ex__`` rebuilds an array with (numpy 1 and numpy 2 module paths).
+_ARRAY_GLOBALS = frozenset({
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    # Protocol 2 writes bytes as _codecs.encode(text, "latin1"), which only encodes a string.
+    ("_codecs", "encode"),
+})
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Resolves only the globals of :data:`_ARRAY_GLOBALS`: a stream that names anything else
+    (the way a pickle runs code) fails before any of it runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ARRAY_GLOBALS:
+            raise pickle.UnpicklingError(f"global {module}.{name} does not rebuild an array")
+        return super().find_class(module, name)
+
+
+def unpickle_array(data: memoryview | bytes) -> np.ndarray:
+    """The numpy array a ``pickle`` form payload holds (tensors.pickle-form); anything else
+    (another global, another type, a broken stream) raises :class:`TensorError`."""
+    import io
+
+    try:
+        value = _ArrayUnpickler(io.BytesIO(bytes(data))).load()
+    except Exception as exc:  # noqa: BLE001 - every failure of the stream is one rejection
+        raise TensorError("tensors.pickle-form", "the tensor extension's payload is not a "
+                          "pickle stream of a numpy array",
+                          got=f"{type(exc).__name__}: {exc}"[:200]) from None
+    if type(value) is not np.ndarray:
+        raise TensorError("tensors.pickle-form", "the tensor extension's payload is not a "
+                          "numpy array", got=type(value).__name__)
+    return value
+
+
+def tensor_from_array(array: np.ndarray, mode: TensorMode, clause: str) -> Any:
+    """The tensor (``mode`` ``torch``) or :class:`WireTensor` over ``array``'s C-order bytes
+    (a copy: the tensor owns its memory); an array whose dtype torch lacks raises ``clause``."""
+    name = NUMPY_TO_TORCH.get(array.dtype.str)
+    if name is None:
+        raise TensorError(clause, "torch has no dtype for this numpy dtype",
+                          expected=sorted(NUMPY_TO_TORCH), got=array.dtype.str)
+    # (np.ascontiguousarray would turn a 0-d array into a 1-d one.)
+    array = array if array.flags.c_contiguous else array.copy(order="C")
+    if mode == "wire":
+        return WireTensor(name, array.shape, array.tobytes())
+    return _torch().from_numpy(array.copy())

@@ -114,6 +114,9 @@ class Spec:
     surfaces: dict[str, SurfaceHeader]
     structs: dict[str, StructSpec | EnumSpec]
     clauses: dict[str, ClauseRef] = field(default_factory=dict)
+    #: Every clause ID of the spec files, this version's and those of other versions (a
+    #: clause of an earlier release's form is absent from ``clauses`` but no unknown ID).
+    all_clause_ids: frozenset[str] = frozenset()
 
     def clause(self, clause_id: str) -> Clause:
         try:
@@ -170,6 +173,15 @@ class Spec:
                 return ext.code
         known = [ext.name for ext in tensors.ext_codes]
         raise KeyError(f"no extension code {name!r} in the tensors surface (known: {known})")
+
+    def inline_threshold(self) -> int:
+        """The tensors surface's default inline threshold in bytes; ValueError for a release
+        that has none (vLLM 0.7.3-0.8.3 pickle a tensor into an extension type)."""
+        threshold = self.surface("tensors").threshold_default
+        if threshold is None:
+            raise ValueError(f"vLLM {self.version} has no inline threshold for tensors "
+                             f"(tensor_form {self.surface('tensors').tensor_form!r})")
+        return threshold
 
     def request_type_byte(self, name: str) -> bytes:
         """The one-byte frame of request type ``name`` (``ADD``, ``ABORT``, ...)."""
@@ -714,10 +726,55 @@ def _load_cached(version: str, data_dir: str) -> Spec:
         cast(FramesFile, surfaces["frames"]), cast(RequestTypesFile, surfaces["request_types"])
     )
 
+    surfaces["tensors"] = _tensors_at(cast(TensorsFile, surfaces["tensors"]), version, root)
+
     active_structs = {
         name: _restrict(s, version) for name, s in structs.items() if _in_range(s.versions, version)
     }
-    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs)
+    return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs,
+                all_clause_ids=frozenset(seen_clauses))
+
+
+def clauses_of_other_versions(spec: Spec, surface: str,
+                              data_dir: Path | str | None = None) -> list[Clause]:
+    """The clauses of surface ``surface`` whose version range leaves out ``spec``'s version
+    (those of an earlier release's form), in file order; the rendered pages list them apart."""
+    root = Path(data_dir) if data_dir else DATA_DIR
+    path = root / f"{surface}.toml"
+    parsed = _decode(path, _read_toml(path), SURFACE_SCHEMAS[surface])
+    return [c for c in parsed.clauses if not _in_range(c.versions, spec.version)]
+
+
+def _tensors_at(tensors: TensorsFile, version: str, root: Path) -> TensorsFile:
+    """The tensors surface as release ``version`` has it: its extension codes, inline
+    threshold and the form of a tensor and an array, read from ``history/constants.toml``
+    (``ext_codes``, ``tensor_threshold``, ``tensor_form``); unchanged where the history has
+    no row for the release (a data directory without history)."""
+    from .history.constants import constants_at
+
+    codes = constants_at(version, "ext_codes", root)
+    threshold = constants_at(version, "tensor_threshold", root)
+    form = constants_at(version, "tensor_form", root)
+    if not (codes or threshold or form):
+        return tensors
+    described = {ext.name: ext for ext in (*tensors.former_ext_codes, *tensors.ext_codes)}
+    ext_codes = list(tensors.ext_codes)
+    if codes:
+        ext_codes = []
+        for name, code in sorted(codes.items(), key=lambda item: item[1]):
+            known = described.get(name)
+            if known is None:
+                raise SpecError("tensors.toml", f"history/constants.toml gives vLLM {version} "
+                                f"the extension code {name!r}, which neither ext_codes nor "
+                                "former_ext_codes describes", field="former_ext_codes")
+            ext_codes.append(msgspec.structs.replace(known, code=int(code)))
+    value = threshold.get("threshold_default", tensors.threshold_default)
+    return msgspec.structs.replace(
+        tensors, ext_codes=ext_codes,
+        threshold_default=value if isinstance(value, int) else None,
+        threshold_configurable=bool(threshold.get("configurable", isinstance(value, int))),
+        tensor_form=form.get("tensor", tensors.tensor_form),
+        ndarray_form=form.get("ndarray", tensors.ndarray_form))
 
 
 @lru_cache(maxsize=4)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .formulas import FormulaError, FormulaTable
-from .loader import REFERENCE_VLLM_VERSION, Spec
+from .loader import REFERENCE_VLLM_VERSION, Spec, clauses_of_other_versions
 from .schema import (
     SURFACE_SCHEMAS,
     Channel,
@@ -47,6 +47,7 @@ from .schema import (
     TransportFile,
 )
 from .types import TypeExpr, TypeSyntaxError, TypeVisitor, parse_type
+from .versions import VersionRange, format_version
 
 #: First line of every generated page; pages without it in the output folder are not ours.
 GENERATED_MARK = (
@@ -154,6 +155,13 @@ def render_pages(spec: Spec) -> dict[str, str]:
         renderers[name](page, surface)
         _limits(page, surface)
         page.clauses(surface.clauses)
+        others = clauses_of_other_versions(spec, name)
+        if others:
+            page.clauses(others, title="Clauses of other releases",
+                         note=f"These clauses hold for releases other than vLLM "
+                              f"{spec.version} (`load(version=X)` includes them where X is "
+                              "in their range); `spec show --version X` lists a release's "
+                              "own.")
         pages[f"{name}.md"] = page.text()
     if spec.version == REFERENCE_VLLM_VERSION:
         from .history.docs import history_pages
@@ -242,8 +250,13 @@ def _anchor(anchor_id: str) -> str:
     return f'<a id="{anchor_id}"></a>'
 
 
-def _source_links(source: str) -> str:
-    """``vllm/a.py:10-20, vllm/b.py:3`` as links to those lines at the reference version."""
+def _source_links(source: str, versions: str | None = None) -> str:
+    """``vllm/a.py:10-20, vllm/b.py:3`` as links to those lines at the reference version, or
+    at the first release of ``versions`` where that range leaves the reference out (a clause
+    of an earlier release cites that release's lines)."""
+    version = REFERENCE_VLLM_VERSION
+    if versions and REFERENCE_VLLM_VERSION not in VersionRange.parse(versions):
+        version = format_version(VersionRange.parse(versions).low)
     links = []
     for part in source.split(", "):
         path, _, lines = part.partition(":")
@@ -252,7 +265,7 @@ def _source_links(source: str) -> str:
             continue
         first, _, last = lines.partition("-")
         fragment = f"L{first}" + (f"-L{last}" if last else "")
-        url = VLLM_SOURCE_URL.format(version=REFERENCE_VLLM_VERSION, path=path, fragment=fragment)
+        url = VLLM_SOURCE_URL.format(version=version, path=path, fragment=fragment)
         links.append(f"[{_code(part)}]({url})")
     return ", ".join(links)
 
@@ -332,8 +345,11 @@ class _Page:
             "",
         )
 
-    def clauses(self, clauses: Sequence[Clause]) -> None:
-        self.add("## Clauses", "")
+    def clauses(self, clauses: Sequence[Clause], title: str = "Clauses",
+                note: str = "") -> None:
+        self.add(f"## {title}", "")
+        if note:
+            self.add(note, "")
         if not clauses:
             self.add("*(none in this version of the spec)*", "")
             return
@@ -343,7 +359,7 @@ class _Page:
             if clause.versions:
                 level += f" · vLLM {clause.versions}"
             self.add(level, "", _inline(clause.text), "")
-            self.add(f"- Source: {_source_links(clause.source)}")
+            self.add(f"- Source: {_source_links(clause.source, clause.versions)}")
             if clause.rationale:
                 self.add(f"- Rationale: {' '.join(_inline(clause.rationale).split())}")
             if clause.vllm_deviation:

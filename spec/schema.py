@@ -210,16 +210,33 @@ class ExtCode(_Strict, kw_only=True):
     description: str
 
 
+#: How an encoder writes a torch tensor or a numpy array (``history/constants.toml``
+#: ``tensor_form``): ``tuple`` ([dtype, shape, data], a tensor's dtype the torch name),
+#: ``numpy`` (the tuple of the tensor's numpy view: numpy's dtype.str), ``pickle`` (an extension
+#: type wrapping a pickle stream).
+TensorForm = Literal["tuple", "numpy", "pickle"]
+
+
 class TensorsFile(SurfaceHeader, kw_only=True):
     tuple_fields: list[str]
     torch_dtypes: list[str]
     numpy_dtypes: list[str]
-    threshold_default: int
+    #: None where the release's encoder has no inline threshold (the pickle form).
+    threshold_default: int | None
     threshold_env: str
     inline_comparison: Literal["<", "<="]
     index_base: int
     ext_codes: list[ExtCode]
     clauses: list[Clause]
+    #: Extension codes of earlier releases that the newest one no longer has (``tensor``);
+    #: a loaded spec lists in ``ext_codes`` the codes of its own release.
+    former_ext_codes: list[ExtCode] = []
+    #: The form of a tensor and of an ndarray in the loaded release (the file gives the
+    #: newest; the loader sets the release's own from the history).
+    tensor_form: TensorForm = "tuple"
+    ndarray_form: TensorForm = "tuple"
+    #: False where the release's threshold is a module constant no setting changes.
+    threshold_configurable: bool = True
 
 
 # --- ring --------------------------------------------------------------------------------

@@ -320,6 +320,12 @@ def kind_of(expr: TypeExpr, structs: Mapping[str, Any] | None = None) -> str:
     return _Kind(_NoStructs() if structs is None else structs).visit(expr)
 
 
+def tensor_family(expr: TypeExpr) -> str | None:
+    """``tensor`` (a torch tensor) or ``ndarray`` (a numpy array) for those two types, which
+    travel in forms of their own; None for every other type."""
+    return expr.name if kind_of(expr) == "tensor" else None
+
+
 def scalar_type(expr: TypeExpr) -> type | None:
     """The Python type of a scalar expression (``str`` -> ``str``...); None for the rest."""
     return _SCALAR_TYPES.get(expr.name) if kind_of(expr) == "scalar" else None

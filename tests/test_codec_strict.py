@@ -514,7 +514,12 @@ def test_encoder_refuses_a_wire_tensor_of_the_wrong_length() -> None:
 
 
 def test_every_clause_the_codec_cites_is_in_the_spec() -> None:
-    spec = load()
+    """Every clause the codec cites is in the spec of some derived release (the clauses of an
+    earlier release's tensor form are not in the newest)."""
+    from enginewire.spec.history.wheels import read_releases
+    from enginewire.spec.loader import DATA_DIR
+
+    known = {c for version in read_releases(DATA_DIR) for c in load(version).clauses}
     root = Path(__file__).resolve().parents[1] / "reference"
     cited: set[str] = set()
     pattern = re.compile(r'"((?:frames|tensors|structs|request_types|identity|handshake)'
@@ -522,5 +527,5 @@ def test_every_clause_the_codec_cites_is_in_the_spec() -> None:
     for name in ("codec.py", "tensors.py", "structs.py"):
         cited |= set(pattern.findall((root / name).read_text()))
     assert len(cited) > 25
-    missing = sorted(c for c in cited if c not in spec.clauses)
+    missing = sorted(c for c in cited if c not in known)
     assert not missing, missing

@@ -139,7 +139,10 @@ class EngineSideNoOutputs(EngineSide):
 def test_engine_side_codec_role(spec: Any) -> None:
     checks = select(all_checks(), surfaces=["codec"])
     result = run(checks, Target("engine-side", codec=EngineSide()), spec, strict=True)
-    outside = [r for r in result.results if r.status == NOT_APPLICABLE]
+    # (The checks of earlier releases' tensor forms are NOT APPLICABLE at the reference
+    # release for that reason, not for the role.)
+    outside = [r for r in result.results if r.status == NOT_APPLICABLE
+               and not r.message.startswith("not in this release")]
     assert outside, "checks that encode requests lie outside an engine-side codec's role"
     assert all("(role engine)" in r.message for r in outside)
     assert any("encode:EngineCoreRequest" in r.message or "encode:add" in r.message

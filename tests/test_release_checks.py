@@ -117,7 +117,17 @@ def test_older_release_checks_pass_in_the_release_layout(version: str, pattern: 
     ("0.9.0", "codec/message/ready-response/frames",
      "vLLM 0.9.0 has no ready response of its own"),
     ("0.7.3", "codec/message/init/frames", "vLLM 0.7.3 has no EngineHandshakeMetadata"),
-    ("0.8.4", "codec/tensor/nested-tensors", "vLLM 0.8.4 has no inline threshold for tensors"),
+    ("0.8.4", "codec/tensor/nested-tensors",
+     "vLLM 0.8.4 sends a tensor as the [dtype, shape, data] tuple of its numpy view"),
+    ("0.7.3", "codec/tensor/tuple-layout",
+     "vLLM 0.7.3 sends a tensor as a msgpack extension type wrapping a pickle stream"),
+    ("0.7.3", "codec/tensor/inline-threshold-exact",
+     "vLLM 0.7.3 has no inline threshold for tensors"),
+    ("0.9.1", "codec/ndarray/dtype/le-f4", "vLLM 0.9.1 has no field that carries an ndarray"),
+    ("0.11.0", "codec/ndarray/dtype/le-i8",
+     "vLLM 0.11.0 has no field that carries an ndarray"),
+    ("0.9.1", "codec/tensor/pickle-form", "vLLM 0.9.1 sends a tensor as the [dtype, shape, "
+     "data] tuple (tensors surface, tensor_form 'tuple')"),
 ])
 def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pattern: str,
                                                                 reason: str) -> None:
@@ -182,6 +192,123 @@ def test_a_codec_writing_the_newest_forms_fails_the_release_aware_checks() -> No
 
     status, message = _status("0.9.1", "codec/message/add/frames", NewestAdd(version="0.9.1"))
     assert status == FAILED and "payload" in message, message
+
+
+def test_the_tensors_surface_follows_the_release() -> None:
+    """load(X) gives X's tensor forms, extension codes and threshold, from the history."""
+    expected = {
+        "0.7.3": ("pickle", "pickle", None, False, {"tensor": 1, "pickle": 2}),
+        "0.8.3": ("pickle", "pickle", None, False, {"tensor": 1, "pickle": 2, "cloudpickle": 3}),
+        "0.8.4": ("numpy", "tuple", 512, False, {"pickle": 1, "cloudpickle": 2, "raw_view": 3}),
+        "0.8.5": ("tuple", "tuple", 256, True, {"pickle": 1, "cloudpickle": 2, "raw_view": 3}),
+        "0.33.0": ("tuple", "tuple", 256, True, {"pickle": 1, "cloudpickle": 2, "raw_view": 3}),
+    }
+    for version, (tensor, ndarray, threshold, configurable, codes) in expected.items():
+        surface = load(version).surface("tensors")
+        assert (surface.tensor_form, surface.ndarray_form, surface.threshold_default,
+                surface.threshold_configurable) == (tensor, ndarray, threshold, configurable)
+        assert {e.name: e.code for e in surface.ext_codes} == codes, version
+    assert "tensors.pickle-form" in load("0.7.3").clauses
+    assert "tensors.torch-dtype-name" not in load("0.8.4").clauses
+    assert "tensors.pickle-form" not in load("0.8.4").clauses
+
+
+@pytest.mark.parametrize(("version", "family", "where"), [
+    ("0.7.3", "tensor", "EngineCoreOutput.new_prompt_logprobs_tensors.logprob_token_ids"),
+    ("0.9.1", "tensor", "EngineCoreOutput.new_prompt_logprobs_tensors.logprob_token_ids"),
+    ("0.9.2", "tensor", "EngineCoreOutput.pooling_output"),
+    ("0.11.1", "ndarray", "EngineCoreOutput.new_logprobs.logprob_token_ids"),
+    ("0.13.0", "ndarray", "EngineCoreOutput.new_logprobs.logprob_token_ids"),
+    ("0.14.0", "ndarray", "EngineCoreOutput.routed_experts"),
+])
+def test_the_carrier_is_a_field_the_release_has(version: str, family: str, where: str) -> None:
+    from enginewire.conformance.checks._carriers import carrier
+
+    assert carrier(load(version), family).where == where
+
+
+@pytest.mark.parametrize(("version", "pattern"), [
+    ("0.7.3", "codec/tensor/pickle-form"),
+    ("0.7.3", "codec/tensor/pickle-form-decode"),
+    ("0.7.3", "codec/tensor/dtype/float32"),
+    ("0.8.3", "codec/tensor/dtype/int64"),
+    ("0.8.4", "codec/tensor/numpy-form"),
+    ("0.8.4", "codec/tensor/dtype/float32"),
+    ("0.8.4", "codec/tensor/fixed-threshold-minus-one"),
+    ("0.8.4", "codec/tensor/fixed-threshold-exact"),
+    ("0.8.4", "codec/tensor/shape-negative-rejected"),
+    ("0.9.1", "codec/tensor/tuple-layout"),                # in new_prompt_logprobs_tensors
+    ("0.9.1", "codec/tensor/dtype/bfloat16"),
+    ("0.9.1", "codec/tensor/inline-threshold-exact"),
+    ("0.9.1", "codec/tensor/index-shared-rejected"),       # two LogprobsTensors fields
+    ("0.12.0", "codec/ndarray/dtype/le-f4"),               # in new_logprobs
+    ("0.12.0", "codec/ndarray/inline-threshold-exact"),
+    ("0.12.0", "codec/tensor/type-from-schema"),
+])
+def test_tensor_checks_run_at_older_releases(version: str, pattern: str) -> None:
+    status, message = _status(version, pattern)
+    assert status == PASSED, message
+
+
+def _newest_form_codec(version: str, form: str = "tuple") -> object:
+    """A reference codec for ``version`` that writes tensors in ``form`` (by default the
+    newest: the [dtype, shape, data] tuple with the torch name, threshold 256)."""
+    from enginewire.conformance.targets import reference as reference_module
+    from enginewire.reference.codec import Codec
+
+    class NewestForm(Codec):
+        def __init__(self, **options):  # type: ignore[no-untyped-def]
+            super().__init__(**options)
+            self.tensor_form = form
+            self._raw_view_ext = 3
+            if options.get("threshold") is None:
+                self.threshold = 256
+
+    class NewestFormCodec(reference_module.ReferenceCodec):
+        def make_codec(self, threshold, insecure):  # type: ignore[no-untyped-def]
+            return NewestForm(threshold=threshold, allow_insecure=insecure,
+                              version=self.version)
+
+    return NewestFormCodec(version=version)
+
+
+@pytest.mark.parametrize(("version", "pattern", "form"), [
+    ("0.7.3", "codec/tensor/pickle-form", "tuple"),
+    ("0.7.3", "codec/tensor/dtype/float32", "tuple"),
+    ("0.8.3", "codec/tensor/dtype/int64", "tuple"),
+    ("0.8.4", "codec/tensor/numpy-form", "tuple"),
+    ("0.8.4", "codec/tensor/dtype/float32", "tuple"),
+    ("0.8.4", "codec/tensor/fixed-threshold-minus-one", "tuple"),  # 511 bytes >= 256
+    ("0.9.1", "codec/tensor/dtype/float32", "numpy"),
+    ("0.9.1", "codec/tensor/tuple-layout", "numpy"),
+])
+def test_a_codec_writing_another_tensor_form_fails(version: str, pattern: str,
+                                                    form: str) -> None:
+    """Power: a codec built for X that writes tensors in another release's form (the newest
+    tuple at 0.7.3-0.8.4, 0.8.4's numpy view at 0.9.1, in its nested carrier) fails X's
+    tensor checks."""
+    status, message = _status(version, pattern, _newest_form_codec(version, form))
+    assert status == FAILED, message
+
+
+def test_a_pickle_form_decoder_that_runs_any_pickle_is_told_apart() -> None:
+    """The reference reads the pickle form without running code: a stream naming another
+    global is rejected with tensors.pickle-form."""
+    import pickle
+
+    import msgspec
+
+    from enginewire.conformance.checks._carriers import carrier
+    from enginewire.reference.codec import Codec
+    from enginewire.reference.errors import ProtocolError
+
+    spec = load("0.7.3")
+    wire = [None] * len(spec.struct("EngineCoreOutput").fields)
+    wire[:2] = ["r", [1]]
+    carrier(spec, "tensor").put(spec, wire, msgspec.msgpack.Ext(1, pickle.dumps(print)))
+    with pytest.raises(ProtocolError) as caught:
+        Codec(version="0.7.3").decode("EngineCoreOutput", [msgspec.msgpack.encode(wire)])
+    assert caught.value.clause == "tensors.pickle-form"
 
 
 def _derived_releases() -> list[str]:

@@ -436,6 +436,60 @@ def run(input_socket, handshake_socket, n):
             assert ready_response(source) == expected, send
 
 
+_SERIAL_PICKLE = """
+import pickle
+CUSTOM_TYPE_TENSOR = 1
+def custom_enc_hook(obj):
+    if isinstance(obj, torch.Tensor):
+        return msgpack.Ext(CUSTOM_TYPE_TENSOR, pickle.dumps(obj.numpy()))
+    return msgpack.Ext(CUSTOM_TYPE_PICKLE, pickle.dumps(obj))
+"""
+
+_SERIAL_NUMPY = """
+MIN_NOCOPY_BUF_SIZE = 512
+class MsgpackEncoder:
+    def enc_hook(self, obj):
+        if isinstance(obj, torch.Tensor):
+            return self._encode_ndarray(obj.numpy())
+        if isinstance(obj, np.ndarray) and obj.dtype.kind not in ('O', 'V'):
+            return self._encode_ndarray(obj)
+    def _encode_ndarray(self, obj):
+        if not obj.shape or obj.nbytes < MIN_NOCOPY_BUF_SIZE:
+            return 1
+"""
+
+_SERIAL_TUPLE = """
+class MsgpackEncoder:
+    def enc_hook(self, obj):
+        if isinstance(obj, torch.Tensor):
+            return self._encode_tensor(obj)
+        if isinstance(obj, np.ndarray) and obj.dtype.kind not in ('O', 'V'):
+            return self._encode_ndarray(obj)
+    def _encode_ndarray(self, obj):
+        if not obj.shape or obj.nbytes < self.size_threshold:
+            return 1
+"""
+
+
+@pytest.mark.parametrize(("source_text", "expected"), [
+    (_SERIAL_PICKLE, {"ndarray": "pickle", "tensor": "pickle"}),
+    (_SERIAL_NUMPY, {"fixed_threshold": 512, "ndarray": "tuple", "tensor": "numpy"}),
+    (_SERIAL_TUPLE, {"ndarray": "tuple", "tensor": "tuple"}),
+])
+def test_protocol_facts_read_the_tensor_form(tmp_path: Path, source_text: str,
+                                             expected: dict[str, object]) -> None:
+    """The encoder hook's branch for a tensor and for an array tells the form (pickle, the
+    numpy view's tuple, the torch tuple); a module constant compared with nbytes is a fixed
+    threshold."""
+    from enginewire.spec.history.protocol_facts import tensor_form
+
+    wheel = tmp_path / "t.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/v1/serial_utils.py", source_text)
+    with WheelSource(wheel) as source:
+        assert tensor_form(source) == expected
+
+
 def test_committed_handshake_keys_follow_the_handshake_spec() -> None:
     """The derived keys of the newest release are the keys handshake.toml specifies, and the
     history shows the change the wheels had (HELLO gained ``headless`` in 0.10.0)."""

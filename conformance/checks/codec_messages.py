@@ -2,20 +2,32 @@
 insecure serialization, and every message kind's frames (request types, handshake messages,
 outputs, ENGINE_CORE_DEAD), with malformed input for each.
 
-Tensor checks carry their tensor in ``EngineCoreOutput.pooling_output`` (a ``tensor``) and
-their array in ``EngineCoreOutput.routed_experts`` (an ``ndarray``); malformed tuples are put
-there by hand with msgspec and handed to ``decode("EngineCoreOutput", frames)``.
+Tensor checks carry their tensor (or array) in the release's carrier field
+(:mod:`._carriers`: ``EngineCoreOutput.pooling_output`` and ``routed_experts`` where the
+release has them, else a tensor field of a struct an output field reaches); malformed tuples
+are put there by hand with msgspec and handed to ``decode("EngineCoreOutput", frames)``.
+Checks of the ``[dtype, shape, data]`` tuple are NOT APPLICABLE where the release writes the
+value in another form (``tensor_form``: vLLM 0.7.3-0.8.3 pickle a tensor's numpy view into an
+extension type, 0.8.4 sends the tuple of the numpy view); those forms have checks of their
+own.
 """
 
 from __future__ import annotations
 
 import fractions
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
+from enginewire.conformance.checks._carriers import (
+    FORM_NAMES,
+    carrier,
+    carriers,
+    require_form,
+    tensor_form,
+)
 from enginewire.conformance.checks._helpers import (
     decode,
     encode,
@@ -77,14 +89,15 @@ def _output(**fields: Any) -> dict[str, Any]:
 
 def _threshold(spec: Any) -> int:
     """The inline threshold of the tensors surface; NOT APPLICABLE for a release that has
-    none (``history/constants.toml`` ``tensor_threshold``: before vLLM 0.8.5 tensors did not
-    travel in the surface's threshold form)."""
-    from enginewire.spec.history.compat import constants_at
-
-    if constants_at(spec.version, "tensor_threshold").get("threshold_default") == "none":
-        raise NotInRelease(f"vLLM {spec.version} has no inline threshold for tensors (the "
-                           "tensors surface's form starts at 0.8.5)")
-    return int(spec.surface("tensors").threshold_default)
+    none (``history/constants.toml`` ``tensor_threshold``: vLLM 0.7.3-0.8.3 send a tensor as
+    an extension type wrapping a pickle stream, with nothing inline or out of band)."""
+    threshold = spec.surface("tensors").threshold_default
+    if threshold is None:
+        form = tensor_form(spec)
+        raise NotInRelease(f"vLLM {spec.version} has no inline threshold for tensors: it "
+                           f"sends a tensor as {FORM_NAMES[form]} (tensors surface, "
+                           f"tensor_form {form!r})")
+    return int(threshold)
 
 
 def _uint8(n: int) -> Any:
@@ -99,37 +112,44 @@ def _uint8_array(n: int) -> Any:
     return (np.arange(n) % 251).astype("|u1")
 
 
-def _tuple_in(frames: list[bytes], spec: Any, field: str = "pooling_output") -> Any:
-    wire = raw_decode(frames[0])
-    try:
-        return wire[_index(spec, OUTPUT, field)]
-    except (TypeError, IndexError, KeyError) as exc:
-        raise CheckFailure(
-            f"EngineCoreOutput frame 0 is not the spec's array (no {field})",
-            Reproduction(received=frames),
-        ) from exc
+def _carry(spec: Any, family: str, value: Any) -> dict[str, Any]:
+    """A neutral EngineCoreOutput carrying ``value`` in the release's ``family`` carrier
+    (NOT APPLICABLE where the release has none)."""
+    return carrier(spec, family).output(spec, value)
+
+
+def _tuple_in(frames: list[bytes], spec: Any, family: str = "tensor") -> Any:
+    """The ``[dtype, shape, data]`` tuple in the carrier of an encoded EngineCoreOutput
+    (NOT APPLICABLE where the release writes ``family`` in another form)."""
+    require_form(spec, family, "tuple")
+    return carrier(spec, family).entry(frames)
 
 
 def _output_frames(spec: Any, data_tuple: Any, oob: list[bytes] | tuple = (),
-                   field: str = "pooling_output") -> list[bytes]:
-    """An EngineCoreOutput whose ``field`` holds ``data_tuple`` exactly as given."""
-    wire = list(expected_wire(_output(), OUTPUT, spec).value)
-    wire[_index(spec, OUTPUT, field)] = data_tuple
-    return [msgspec.msgpack.encode(wire), *oob]
+                   family: str = "tensor") -> list[bytes]:
+    """An EngineCoreOutput whose ``family`` carrier holds the tuple ``data_tuple`` exactly as
+    given (NOT APPLICABLE where the release writes ``family`` in another form)."""
+    require_form(spec, family, "tuple")
+    return carrier(spec, family).frames(spec, data_tuple, oob)
 
 
-def _decoded_tensor(codec: Any, frames: list[bytes], field: str = "pooling_output") -> Any:
+def _decoded_tensor(codec: Any, frames: list[bytes], family: str = "tensor",
+                    spec: Any = None) -> Any:
     value = decode(codec, OUTPUT, frames)
-    return neutral(field_value(value, field))
+    run_spec = spec if spec is not None else getattr(codec, "run_spec", None) or load()
+    return neutral(carrier(run_spec, family).decoded(value))
 
 
 def _expect_placement(frames: list[bytes], spec: Any, value: Any, *, inline: bool,
-                      field: str, threshold: int, rule: str) -> None:
-    entry = _tuple_in(frames, spec, field)
+                      family: str, threshold: int, rule: str) -> None:
+    """The ``family`` carrier of ``frames`` holds ``value`` inline (or out of band as index
+    1, its bytes in frame 1)."""
+    entry = _tuple_in(frames, spec, family)
     tv = tensor_value(value)
     notes = {"nbytes": len(tv.data), "threshold": threshold, "shape": list(tv.shape)}
     if not isinstance(entry, list) or len(entry) != 3:
-        raise CheckFailure(f"{field} is not a [dtype, shape, data] array: {show(entry)}",
+        raise CheckFailure(f"{carrier(spec, family).name} is not a [dtype, shape, data] "
+                           f"array: {show(entry)}",
                            Reproduction(received=frames, notes=notes))
     data = entry[2]
     if inline:
@@ -168,18 +188,18 @@ def _codec_with(codec: Any, threshold: int) -> Any:
 
 def _register_threshold_checks() -> None:
     cases = (("minus-one", -1, True), ("exact", 0, False), ("plus-one", 1, False))
-    for family, field, make, clause in (
-        ("tensor", "pooling_output", _uint8, "tensors.tensor-inline-below-threshold"),
-        ("ndarray", "routed_experts", _uint8_array, "tensors.ndarray-inline-below-threshold"),
+    for family, make, clause in (
+        ("tensor", _uint8, "tensors.tensor-inline-below-threshold"),
+        ("ndarray", _uint8_array, "tensors.ndarray-inline-below-threshold"),
     ):
         for label, delta, inline in cases:
 
             def run(codec: Any, ctx: Any, *, _delta: int = delta, _inline: bool = inline,
-                    _field: str = field, _make: Any = make, _family: str = family) -> None:
+                    _field: str = family, _make: Any = make, _family: str = family) -> None:
                 threshold = _threshold(ctx.spec)
                 value = _make(threshold + _delta)
-                frames = encode(codec, OUTPUT, _output(**{_field: value}))
-                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                frames = encode(codec, OUTPUT, _carry(ctx.spec, _field, value))
+                _expect_placement(frames, ctx.spec, value, inline=_inline, family=_field,
                                   threshold=threshold, rule="inline iff nbytes < threshold")
                 decoded = _decoded_tensor(codec, frames, _field)
                 if decoded != tensor_value(value):
@@ -199,11 +219,12 @@ def _register_threshold_checks() -> None:
                                                 (1024, 512, True, "custom-raised")):
 
             def run_custom(codec: Any, ctx: Any, *, _t: int = threshold, _n: int = size,
-                           _inline: bool = inline, _field: str = field, _make: Any = make) -> None:
+                           _inline: bool = inline, _field: str = family,
+                           _make: Any = make) -> None:
                 configured = _codec_with(codec, _t)
                 value = _make(_n)
-                frames = encode(configured, OUTPUT, _output(**{_field: value}))
-                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                frames = encode(configured, OUTPUT, _carry(ctx.spec, _field, value))
+                _expect_placement(frames, ctx.spec, value, inline=_inline, family=_field,
                                   threshold=_t, rule="inline iff nbytes < threshold")
 
             check(
@@ -237,18 +258,18 @@ def _float32_array(n: int) -> Any:
 def _register_multibyte_checks() -> None:
     """A float32 tensor of threshold/4 elements is exactly threshold bytes: out of band. A
     codec that counts elements instead of bytes keeps it inline and fails here."""
-    for family, field, make, clause in (
-        ("tensor", "pooling_output", _float32, "tensors.tensor-inline-below-threshold"),
-        ("ndarray", "routed_experts", _float32_array, "tensors.ndarray-inline-below-threshold"),
+    for family, make, clause in (
+        ("tensor", _float32, "tensors.tensor-inline-below-threshold"),
+        ("ndarray", _float32_array, "tensors.ndarray-inline-below-threshold"),
     ):
         for label, delta, inline in (("minus-one", -1, True), ("exact", 0, False)):
 
             def run(codec: Any, ctx: Any, *, _delta: int = delta, _inline: bool = inline,
-                    _field: str = field, _make: Any = make) -> None:
+                    _field: str = family, _make: Any = make) -> None:
                 threshold = _threshold(ctx.spec)
                 value = _make(threshold // 4 + _delta)
-                frames = encode(codec, OUTPUT, _output(**{_field: value}))
-                _expect_placement(frames, ctx.spec, value, inline=_inline, field=_field,
+                frames = encode(codec, OUTPUT, _carry(ctx.spec, _field, value))
+                _expect_placement(frames, ctx.spec, value, inline=_inline, family=_field,
                                   threshold=threshold,
                                   rule="inline iff nbytes < threshold, bytes not elements")
 
@@ -314,9 +335,9 @@ def _with_threshold_default(codec: Any, ctx: Any) -> None:
             f"reference codec, not the target's own {type(own).__name__}: the threshold "
             "checks would test the reference")
     values = [
-        (OUTPUT, _output(pooling_output=_float32(threshold // 4))),
-        (OUTPUT, _output(routed_experts=_float32_array(threshold // 4 - 1))),
-        (OUTPUT, _output(pooling_output=_uint8(threshold - 1))),
+        (OUTPUT, _carry(ctx.spec, "tensor", _float32(threshold // 4))),
+        (OUTPUT, _carry(ctx.spec, "ndarray", _float32_array(threshold // 4 - 1))),
+        (OUTPUT, _carry(ctx.spec, "tensor", _uint8(threshold - 1))),
         ("EngineCoreRequest", {**minimal_request("req-w"),
                                "prompt_embeds": _float32(threshold // 4).reshape(1, -1)}),
     ]
@@ -337,8 +358,8 @@ def _tensor_zero_dim(codec: CodecSurface, ctx: CheckContext) -> None:
     import torch
 
     value = torch.tensor(2.5, dtype=torch.float64)
-    frames = encode(_codec_with(codec, 4), OUTPUT, _output(pooling_output=value))
-    _expect_placement(frames, ctx.spec, value, inline=False, field="pooling_output",
+    frames = encode(_codec_with(codec, 4), OUTPUT, _carry(ctx.spec, "tensor", value))
+    _expect_placement(frames, ctx.spec, value, inline=False, family="tensor",
                       threshold=4, rule="0-d tensors are placed by size")
 
 
@@ -349,8 +370,8 @@ def _ndarray_zero_dim(codec: CodecSurface, ctx: CheckContext) -> None:
     import numpy as np
 
     value = np.array(2.5, dtype="<f8")
-    frames = encode(_codec_with(codec, 1), OUTPUT, _output(routed_experts=value))
-    _expect_placement(frames, ctx.spec, value, inline=True, field="routed_experts",
+    frames = encode(_codec_with(codec, 1), OUTPUT, _carry(ctx.spec, "ndarray", value))
+    _expect_placement(frames, ctx.spec, value, inline=True, family="ndarray",
                       threshold=1, rule="a 0-d ndarray is always inline")
 
 
@@ -363,8 +384,8 @@ def _non_cpu(codec: CodecSurface, ctx: CheckContext) -> None:
     if not torch.cuda.is_available():
         raise CheckSkip("no CUDA device: a non-CPU tensor cannot be made here")
     value = torch.arange(4, dtype=torch.float32, device="cuda")
-    frames = encode(codec, OUTPUT, _output(pooling_output=value))
-    _expect_placement(frames, ctx.spec, value.cpu(), inline=False, field="pooling_output",
+    frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
+    _expect_placement(frames, ctx.spec, value.cpu(), inline=False, family="tensor",
                       threshold=_threshold(ctx.spec), rule="non-CPU tensors go out of band")
 
 
@@ -378,7 +399,7 @@ def _tuple_layout(codec: CodecSurface, ctx: CheckContext) -> None:
     import torch
 
     value = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    frames = encode(codec, OUTPUT, _output(pooling_output=value))
+    frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
     entry = _tuple_in(frames, ctx.spec)
     expected: list[Any] = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
     if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == expected[0]
@@ -398,26 +419,68 @@ def _type_from_schema(codec: CodecSurface, ctx: CheckContext) -> None:
     tensor = torch.arange(3, dtype=torch.int16)
     array = np.arange(3, dtype="<i2")
     raw = Ext(RAW_VIEW, array.tobytes())
+    require_form(ctx.spec, "tensor", "tuple")
+    require_form(ctx.spec, "ndarray", "tuple")
+    holds_tensor, holds_array = carrier(ctx.spec, "tensor"), carrier(ctx.spec, "ndarray")
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
-    wire[_index(ctx.spec, OUTPUT, "pooling_output")] = ["int16", [3], raw]
-    wire[_index(ctx.spec, OUTPUT, "routed_experts")] = ["<i2", [3], raw]
+    holds_tensor.put(ctx.spec, wire, ["int16", [3], raw])
+    holds_array.put(ctx.spec, wire, ["<i2", [3], raw])
     wire[_index(ctx.spec, OUTPUT, "kv_transfer_params")] = {"t": ["<i2", [3], raw]}
     frames = [msgspec.msgpack.encode(wire)]
     value = decode(codec, OUTPUT, frames)
-    got_tensor = neutral(field_value(value, "pooling_output"))
-    got_array = neutral(field_value(value, "routed_experts"))
+    got_tensor = neutral(holds_tensor.decoded(value))
+    got_array = neutral(holds_array.decoded(value))
     got_any = neutral(field_value(value, "kv_transfer_params"))
     problems = []
     if not (isinstance(got_tensor, TensorValue) and got_tensor.family == "tensor"
             and got_tensor == tensor_value(tensor)):
-        problems.append(f"pooling_output: expected a torch tensor, got {got_tensor!r}")
+        problems.append(f"{holds_tensor.name}: expected a torch tensor, got {got_tensor!r}")
     if not (isinstance(got_array, TensorValue) and got_array.family == "ndarray"
             and got_array == tensor_value(array)):
-        problems.append(f"routed_experts: expected an ndarray, got {got_array!r}")
+        problems.append(f"{holds_array.name}: expected an ndarray, got {got_array!r}")
     if got_any != {"t": ["<i2", [3], array.tobytes()]}:
         problems.append(f"kv_transfer_params.t: expected the plain array, got {got_any!r}")
     if problems:
         raise CheckFailure("; ".join(problems), Reproduction(sent=frames, received=neutral(value)))
+
+
+def _numpy_twin(spec: Any, value: Any) -> str:
+    """numpy's dtype.str of a tensor's numpy view, which the numpy and pickle forms send;
+    NOT APPLICABLE for a dtype numpy lacks (such a tensor cannot travel in those forms)."""
+    try:
+        return str(value.numpy().dtype.str)
+    except TypeError:
+        raise NotInRelease(f"vLLM {spec.version} sends a tensor through its numpy view "
+                           f"({tensor_form(spec)} form), and numpy has no "
+                           f"{str(value.dtype).removeprefix('torch.')}") from None
+
+
+def _sent_dtype(frames: list[bytes], spec: Any) -> Any:
+    """The dtype a tensor carrier shows on the wire: the tuple's first element, or in the
+    pickle form the dtype.str of the array the extension's pickle stream holds."""
+    entry = carrier(spec, "tensor").entry(frames)
+    if tensor_form(spec) == "pickle":
+        return _pickled_array(entry, spec, frames).dtype.str
+    return entry[0] if isinstance(entry, list) and entry else entry
+
+
+def _pickled_array(entry: Any, spec: Any, frames: list[bytes]) -> Any:
+    """The numpy array in a pickle-form tensor entry (tensors.pickle-form): an extension of
+    the release's ``tensor`` code whose payload unpickles, resolving only numpy's array
+    rebuilders, to an ndarray."""
+    from enginewire.reference.errors import ProtocolError
+    from enginewire.reference.tensors import unpickle_array
+
+    code = spec.ext_code("tensor")
+    if not (isinstance(entry, Ext) and entry.code == code):
+        raise CheckFailure(f"a tensor of vLLM {spec.version} travels as msgpack extension "
+                           f"type {code} (a pickled numpy array), got {show(entry)}"[:300],
+                           Reproduction(received=frames))
+    try:
+        return unpickle_array(bytes(entry.data))
+    except ProtocolError as exc:
+        raise CheckFailure(f"the tensor extension's payload: {exc}",
+                           Reproduction(received=frames)) from exc
 
 
 def _dtype_bytes(itemsize: int, is_bool: bool) -> bytes:
@@ -441,12 +504,13 @@ def _register_dtype_checks() -> None:
             size = torch.empty((), dtype=dtype).element_size()
             raw = _dtype_bytes(size, dtype == torch.bool)
             value = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
-            frames = encode(codec, OUTPUT, _output(pooling_output=value))
-            entry = _tuple_in(frames, ctx.spec)
-            if not isinstance(entry, list) or not entry or entry[0] != _name:
+            want = _name if tensor_form(ctx.spec) == "tuple" else _numpy_twin(ctx.spec, value)
+            frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
+            sent = _sent_dtype(frames, ctx.spec)
+            if sent != want:
                 raise CheckFailure(
-                    f"a torch.{_name} tensor must carry dtype {_name!r}, got "
-                    f"{entry[0] if isinstance(entry, list) and entry else entry!r}",
+                    f"a torch.{_name} tensor must carry dtype {want!r} at vLLM "
+                    f"{ctx.spec.version} ({tensor_form(ctx.spec)} form), got {sent!r}",
                     Reproduction(received=frames),
                 )
             decoded = _decoded_tensor(codec, frames)
@@ -466,15 +530,15 @@ def _register_dtype_checks() -> None:
             dtype = np.dtype(_text)
             raw = _dtype_bytes(dtype.itemsize, dtype.kind == "b")
             value = np.frombuffer(raw, dtype=dtype)
-            frames = encode(codec, OUTPUT, _output(routed_experts=value))
-            entry = _tuple_in(frames, ctx.spec, "routed_experts")
+            frames = encode(codec, OUTPUT, _carry(ctx.spec, "ndarray", value))
+            entry = _tuple_in(frames, ctx.spec, "ndarray")
             if not isinstance(entry, list) or not entry or entry[0] != _text:
                 raise CheckFailure(
                     f"an ndarray of {_text} must carry dtype {_text!r}, got "
                     f"{entry[0] if isinstance(entry, list) and entry else entry!r}",
                     Reproduction(received=frames),
                 )
-            decoded = _decoded_tensor(codec, frames, "routed_experts")
+            decoded = _decoded_tensor(codec, frames, "ndarray")
             if decoded != TensorValue(_text, (2,), raw, "ndarray"):
                 raise CheckFailure(f"{_text} round trip gave {decoded!r}",
                                    Reproduction(received=frames))
@@ -489,79 +553,95 @@ _register_dtype_checks()
 
 
 def _bad_tensor(ctx: Any, entry: Any, oob: list[bytes] | tuple = (),
-                field: str = "pooling_output") -> list[bytes]:
-    return _output_frames(ctx.spec, entry, oob, field)
+                family: str = "tensor", clauses: Sequence[str] = ()) -> list[bytes]:
+    """An EngineCoreOutput whose ``family`` carrier holds the malformed tuple ``entry``. In
+    the numpy form (vLLM 0.8.4) a tensor tuple's torch dtype name becomes its numpy twin, so
+    that the tuple is malformed only where it was meant to be; checks of the torch name and
+    of IPC handles stay NOT APPLICABLE there."""
+    if (family == "tensor" and tensor_form(ctx.spec) == "numpy"
+            and not set(clauses) & _TUPLE_FORM_ONLY and isinstance(entry, list) and entry):
+        entry = [_NUMPY_TWINS.get(entry[0], entry[0]), *entry[1:]]
+        require_form(ctx.spec, family, "numpy")
+        return carrier(ctx.spec, family).frames(ctx.spec, entry, oob)
+    return _output_frames(ctx.spec, entry, oob, family)
+
+
+#: Clauses only the newest tuple form has (a torch dtype name, an IPC handle's map).
+_TUPLE_FORM_ONLY = frozenset({"tensors.torch-dtype-name",
+                              "tensors.ipc-handle-needs-side-channel"})
+#: The torch names the malformed tuples use, as numpy writes them.
+_NUMPY_TWINS = {"float32": "<f4", "uint8": "|u1"}
 
 
 _FOUR_FLOATS = bytes(16)
 
 _MALFORMED: list[tuple[str, list[str], str, Any, tuple, str]] = [
-    # id suffix, clauses, description, tuple, oob frames, field
+    # id suffix, clauses, description, tuple, oob frames, family of the carrier
     ("tensor/dtype-alias-rejected", ["tensors.torch-dtype-name"],
      "the torch alias 'half' as dtype", ["half", [2], Ext(RAW_VIEW, bytes(4))], (),
-     "pooling_output"),
+     "tensor"),
     ("tensor/dtype-prefixed-rejected", ["tensors.torch-dtype-name"],
      "the dtype 'torch.float32' (prefixed)",
-     ["torch.float32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
+     ["torch.float32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "tensor"),
     ("tensor/dtype-unknown-rejected", ["tensors.torch-dtype-name"],
      "an unknown dtype name (float33)", ["float33", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (),
-     "pooling_output"),
+     "tensor"),
     ("ndarray/dtype-spelling-rejected", ["tensors.numpy-dtype-str"],
      "the dtype spelling 'int32' (not a dtype.str)",
-     ["int32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "routed_experts"),
+     ["int32", [4], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "ndarray"),
     ("ndarray/dtype-object-rejected", ["tensors.numpy-dtype-str", "tensors.no-object-arrays"],
      "the object dtype '|O'", ["|O", [2], Ext(RAW_VIEW, bytes(16))], (),
-     "routed_experts"),
+     "ndarray"),
     ("tensor/shape-negative-rejected", ["tensors.shape-non-negative"],
-     "a shape of [-1]", ["float32", [-1], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
+     "a shape of [-1]", ["float32", [-1], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "tensor"),
     ("tensor/shape-bool-rejected", ["tensors.shape-non-negative"],
-     "a shape of [true]", ["uint8", [True], Ext(RAW_VIEW, b"\x01")], (), "pooling_output"),
+     "a shape of [true]", ["uint8", [True], Ext(RAW_VIEW, b"\x01")], (), "tensor"),
     ("tensor/shape-float-rejected", ["tensors.shape-non-negative"],
-     "a shape of [4.0]", ["float32", [4.0], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "pooling_output"),
+     "a shape of [4.0]", ["float32", [4.0], Ext(RAW_VIEW, _FOUR_FLOATS)], (), "tensor"),
     ("tensor/shape-not-array-rejected", ["tensors.shape-non-negative"],
      "a shape that is an int", ["float32", 4, Ext(RAW_VIEW, _FOUR_FLOATS)], (),
-     "pooling_output"),
+     "tensor"),
     ("tensor/bytes-short-rejected", ["tensors.byte-length-matches-shape"],
-     "12 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(12))], (), "pooling_output"),
+     "12 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(12))], (), "tensor"),
     ("tensor/bytes-long-rejected", ["tensors.byte-length-matches-shape"],
-     "20 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(20))], (), "pooling_output"),
+     "20 bytes for 4 float32", ["float32", [4], Ext(RAW_VIEW, bytes(20))], (), "tensor"),
     ("ndarray/bytes-short-rejected", ["tensors.byte-length-matches-shape"],
-     "12 bytes for 2 <i8", ["<i8", [2], Ext(RAW_VIEW, bytes(12))], (), "routed_experts"),
+     "12 bytes for 2 <i8", ["<i8", [2], Ext(RAW_VIEW, bytes(12))], (), "ndarray"),
     ("tensor/bytes-oob-short-rejected", ["tensors.byte-length-matches-shape"],
      "an out-of-band frame of 12 bytes for 4 float32", ["float32", [4], 1], (bytes(12),),
-     "pooling_output"),
+     "tensor"),
     ("tensor/data-bin-rejected", ["tensors.data-form"],
      "data as msgpack bin instead of Ext 3", ["float32", [4], _FOUR_FLOATS], (),
-     "pooling_output"),
+     "tensor"),
     ("tensor/data-bool-rejected", ["tensors.data-form"],
-     "data true (not an index)", ["float32", [4], True], (_FOUR_FLOATS,), "pooling_output"),
+     "data true (not an index)", ["float32", [4], True], (_FOUR_FLOATS,), "tensor"),
     ("tensor/data-str-rejected", ["tensors.data-form"],
-     "data as a string", ["float32", [4], "abcdabcdabcdabcd"], (), "pooling_output"),
+     "data as a string", ["float32", [4], "abcdabcdabcdabcd"], (), "tensor"),
     ("tensor/data-float-rejected", ["tensors.data-form"],
-     "data as a float", ["float32", [4], 1.0], (_FOUR_FLOATS,), "pooling_output"),
+     "data as a float", ["float32", [4], 1.0], (_FOUR_FLOATS,), "tensor"),
     ("tensor/tuple-short-rejected", ["tensors.tuple-layout"],
-     "a two-element tuple", ["float32", [4]], (), "pooling_output"),
+     "a two-element tuple", ["float32", [4]], (), "tensor"),
     ("tensor/tuple-long-rejected", ["tensors.tuple-layout"],
      "a four-element tuple", ["float32", [4], Ext(RAW_VIEW, _FOUR_FLOATS), 0], (),
-     "pooling_output"),
+     "tensor"),
     ("tensor/index-negative-rejected", ["tensors.index-in-range"],
-     "index -1", ["float32", [4], -1], (_FOUR_FLOATS,), "pooling_output"),
+     "index -1", ["float32", [4], -1], (_FOUR_FLOATS,), "tensor"),
     ("ndarray/index-negative-rejected", ["tensors.index-in-range"],
      "index -1 (the last frame, read as Python indexes a list)", ["<i8", [2], -1],
-     (_FOUR_FLOATS,), "routed_experts"),
+     (_FOUR_FLOATS,), "ndarray"),
     ("tensor/index-past-end-rejected", ["tensors.index-in-range", "frames.oob-count-matches"],
      "index 2 with one out-of-band frame", ["float32", [4], 2], (_FOUR_FLOATS,),
-     "pooling_output"),
+     "tensor"),
     ("tensor/index-missing-frame-rejected", ["frames.oob-count-matches",
                                              "tensors.index-in-range"],
-     "index 1 with no out-of-band frame", ["float32", [4], 1], (), "pooling_output"),
+     "index 1 with no out-of-band frame", ["float32", [4], 1], (), "tensor"),
     ("tensor/ipc-handle-rejected", ["tensors.ipc-handle-needs-side-channel"],
      "an IPC handle map without a side channel",
      ["float32", [4], {"sender_id": "s", "message_id": 1, "tensor_id": 0}], (),
-     "pooling_output"),
+     "tensor"),
     ("ext/pickle-rejected", ["tensors.ext-pickle-opt-in"],
      "Ext 1 (pickle) without the opt-in", ["float32", [1], Ext(PICKLE, pickle.dumps(4))], (),
-     "pooling_output"),
+     "tensor"),
 ]
 
 
@@ -570,8 +650,9 @@ def _register_malformed() -> None:
 
         def run(codec: Any, ctx: Any, *, _entry: Any = entry, _oob: tuple = oob,
                 _field: str = field, _what: str = what, _clauses: list = clauses) -> None:
-            frames = _bad_tensor(ctx, _entry, list(_oob), _field)
-            expect_rejection(codec, OUTPUT, frames, _clauses, f"{_field} with {_what}")
+            frames = _bad_tensor(ctx, _entry, list(_oob), _field, _clauses)
+            expect_rejection(codec, OUTPUT, frames, _clauses,
+                             f"{carrier(ctx.spec, _field).name} with {_what}")
 
         check(f"codec/{suffix}", clauses=clauses, surface="codec",
               description=f"a decoder rejects {what}")(run)
@@ -590,16 +671,22 @@ def _index_zero(codec: CodecSurface, ctx: CheckContext) -> None:
             break
         length = len(frames[0])
     expect_rejection(codec, OUTPUT, frames, "tensors.index-in-range",
-                     f"pooling_output with index 0 and shape [{length}] (frame 0's length)")
+                     f"{carrier(ctx.spec, 'tensor').name} with index 0 and shape [{length}] "
+                     "(frame 0's length)")
 
 
 @check("codec/tensor/index-shared-rejected", clauses=["tensors.index-used-once"],
        surface="codec")
 def _index_shared(codec: CodecSurface, ctx: CheckContext) -> None:
-    """Two values naming the same out-of-band frame are rejected."""
-    wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
-    wire[_index(ctx.spec, OUTPUT, "pooling_output")] = ["float32", [4], 1]
-    wire[_index(ctx.spec, OUTPUT, "prompt_token_id_logprobs")] = ["float32", [4], 1]
+    """Two values naming the same out-of-band frame are rejected (the release's first two
+    tensor carriers)."""
+    require_form(ctx.spec, "tensor", "tuple")
+    found = carriers(ctx.spec, "tensor")
+    if len(found) < 2:
+        raise NotInRelease(f"vLLM {ctx.spec.version} has fewer than two fields that carry a "
+                           "tensor in EngineCoreOutput")
+    wire = raw_decode(found[0].frames(ctx.spec, ["float32", [4], 1])[0])
+    found[1].put(ctx.spec, wire, ["float32", [4], 1])
     frames = [msgspec.msgpack.encode(wire), _FOUR_FLOATS]
     expect_rejection(codec, OUTPUT, frames, "tensors.index-used-once",
                      "two tensors naming out-of-band frame 1")
@@ -638,6 +725,10 @@ def _pickle_any(codec: CodecSurface, ctx: CheckContext) -> None:
        surface="codec", requires=["codec.insecure"])
 def _insecure_encoding(codec: CodecSurface, ctx: CheckContext) -> None:
     """With the opt-in, a function goes as Ext 2 and another object as Ext 1 (pickle)."""
+    codes = {e.name: e.code for e in ctx.spec.surface("tensors").ext_codes}
+    if "cloudpickle" not in codes:
+        raise NotInRelease(f"vLLM {ctx.spec.version} has no cloudpickle extension type")
+    PICKLE, CLOUDPICKLE = codes["pickle"], codes["cloudpickle"]  # noqa: N806 - the release's
     insecure = codec.with_insecure_serialization()  # type: ignore[attr-defined]
 
     def probe(x: int) -> int:
@@ -669,7 +760,7 @@ def _non_contiguous(codec: CodecSurface, ctx: CheckContext) -> None:
     import torch
 
     value = torch.arange(6, dtype=torch.int32).reshape(2, 3).t()
-    frames = encode(codec, OUTPUT, _output(pooling_output=value))
+    frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
     entry = _tuple_in(frames, ctx.spec)
     want = tensor_value(value)
     data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
@@ -689,8 +780,8 @@ def _non_contiguous_array(codec: CodecSurface, ctx: CheckContext) -> None:
     import numpy as np
 
     value = np.arange(6, dtype="<i4").reshape(2, 3).T
-    frames = encode(codec, OUTPUT, _output(routed_experts=value))
-    entry = _tuple_in(frames, ctx.spec, "routed_experts")
+    frames = encode(codec, OUTPUT, _carry(ctx.spec, "ndarray", value))
+    entry = _tuple_in(frames, ctx.spec, "ndarray")
     data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
     got = bytes(data.data) if isinstance(data, Ext) else None
     if entry[:2] != ["<i4", [3, 2]] or got != np.ascontiguousarray(value).tobytes():
@@ -704,7 +795,7 @@ def _empty(codec: CodecSurface, ctx: CheckContext) -> None:
     import torch
 
     value = torch.empty((0, 4), dtype=torch.float32)
-    frames = encode(codec, OUTPUT, _output(pooling_output=value))
+    frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
     entry = _tuple_in(frames, ctx.spec)
     data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
     carried = bytes(data.data) if isinstance(data, Ext) else (
@@ -789,6 +880,7 @@ def _nested_tensors(codec: CodecSurface, ctx: CheckContext) -> None:
     an array holding a tuple out of band and two numbers, and an empty array; it decodes with
     tensors at every depth."""
     small, big = _uint8(4), _uint8(max(_threshold(ctx.spec), 1))
+    require_form(ctx.spec, "tensor", "tuple")
     kind, value, get, put = _nested_carrier(ctx.spec, [small, [big, 2, 0.5], []])
     frames = encode(codec, kind, value)
     raw = raw_decode(frames[0])
@@ -852,7 +944,7 @@ def _object_array(codec: CodecSurface, ctx: CheckContext) -> None:
     import numpy as np
 
     value = np.array([object(), object()], dtype=object)
-    expect_encode_refused(codec, OUTPUT, _output(routed_experts=value), "an object ndarray")
+    expect_encode_refused(codec, OUTPUT, _carry(ctx.spec, "ndarray", value), "an object ndarray")
 
 
 
@@ -1554,3 +1646,110 @@ def _append_only(codec: CodecSurface, ctx: CheckContext) -> None:
     if problems:
         raise CheckFailure(f"array structs changed other than by appending: {problems[0]}",
                            Reproduction(notes={"problems": problems}))
+
+
+# --- the tensor forms of earlier releases ---------------------------------------------------
+
+
+@check("codec/tensor/pickle-form", clauses=["tensors.pickle-form"], surface="codec")
+def _pickle_form(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) A tensor travels as the release's ``tensor`` extension type whose
+    payload is a pickle stream of its numpy view (the same dtype, shape and C-order bytes),
+    and decodes back to the tensor."""
+    import torch
+
+    require_form(ctx.spec, "tensor", "pickle")
+    value = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 8
+    frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
+    array = _pickled_array(carrier(ctx.spec, "tensor").entry(frames), ctx.spec, frames)
+    want = tensor_value(value)
+    got = (array.dtype.str, tuple(array.shape), array.tobytes())
+    if got != ("<f4", want.shape, want.data) or len(frames) != 1:
+        raise CheckFailure(f"the pickled array is {got[0]} {list(got[1])} with "
+                           f"{len(got[2])} bytes in {len(frames)} frame(s); expected <f4 "
+                           f"{list(want.shape)}, the tensor's {len(want.data)} bytes, one frame",
+                           Reproduction(received=frames))
+    decoded = _decoded_tensor(codec, frames, spec=ctx.spec)
+    if decoded != want:
+        raise CheckFailure(f"the tensor decoded as {decoded!r}", Reproduction(received=frames))
+
+
+@check("codec/tensor/pickle-form-decode", clauses=["tensors.pickle-form"], surface="codec")
+def _pickle_form_decode(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) A decoder builds the tensor from a pickled numpy array in the
+    ``tensor`` extension type, whatever pickle protocol wrote it (vLLM writes the default)."""
+    import numpy as np
+
+    require_form(ctx.spec, "tensor", "pickle")
+    array = np.arange(4, dtype="<i4")
+    for protocol in (2, pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):
+        entry = Ext(ctx.spec.ext_code("tensor"), pickle.dumps(array, protocol=protocol))
+        wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
+        carrier(ctx.spec, "tensor").put(ctx.spec, wire, entry)
+        frames = [msgspec.msgpack.encode(wire)]
+        decoded = _decoded_tensor(codec, frames, spec=ctx.spec)
+        if decoded != TensorValue("int32", (4,), array.tobytes(), "tensor"):
+            raise CheckFailure(f"an int32 array pickled with protocol {protocol} decoded as "
+                               f"{decoded!r}", Reproduction(sent=frames))
+
+
+@check("codec/tensor/numpy-form", clauses=["tensors.numpy-form", "tensors.tuple-layout"],
+       surface="codec")
+def _numpy_form(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.8.4) A tensor travels as the tuple of its numpy view: numpy's dtype.str, not
+    the torch name; it decodes back to the tensor."""
+    import torch
+
+    require_form(ctx.spec, "tensor", "numpy")
+    value = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 8
+    frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
+    entry = carrier(ctx.spec, "tensor").entry(frames)
+    want = tensor_value(value)
+    if not (isinstance(entry, list) and len(entry) == 3 and entry[:2] == ["<f4", [2, 3]]
+            and isinstance(entry[2], Ext) and entry[2].code == RAW_VIEW
+            and bytes(entry[2].data) == want.data):
+        raise CheckFailure(f"expected ['<f4', [2, 3], Ext({RAW_VIEW}, <24 bytes>)], got "
+                           f"{show(entry)}"[:300], Reproduction(received=frames))
+    decoded = _decoded_tensor(codec, frames, spec=ctx.spec)
+    if decoded != want:
+        raise CheckFailure(f"the tensor decoded as {decoded!r}", Reproduction(received=frames))
+
+
+def _register_fixed_threshold_checks() -> None:
+    """(vLLM 0.8.4) A 0-d tensor goes inline whatever its size; any other inline below the
+    fixed threshold (512 bytes), out of band at it."""
+    cases = (("zero-dim", lambda t: _float64_scalar(), True),
+             ("minus-one", lambda t: _uint8(t - 1), True),
+             ("exact", lambda t: _uint8(t), False))
+    for label, make, inline in cases:
+
+        def run(codec: Any, ctx: Any, *, _make: Any = make, _inline: bool = inline) -> None:
+            require_form(ctx.spec, "tensor", "numpy")
+            threshold = _threshold(ctx.spec)
+            value = _make(threshold)
+            frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
+            entry = carrier(ctx.spec, "tensor").entry(frames)
+            data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
+            went_inline = isinstance(data, Ext) and data.code == RAW_VIEW and len(frames) == 1
+            went_oob = (type(data) is int and data == 1 and len(frames) == 2
+                        and frames[1] == tensor_value(value).data)
+            if (_inline and not went_inline) or (not _inline and not went_oob):
+                raise CheckFailure(
+                    f"a {len(tensor_value(value).data)}-byte tensor of shape "
+                    f"{list(value.shape)} with the fixed threshold {threshold} must go "
+                    f"{'inline' if _inline else 'out of band as index 1'}, got "
+                    f"{show(data)} in {len(frames)} frame(s)"[:300],
+                    Reproduction(received=frames))
+
+        check(f"codec/tensor/fixed-threshold-{label}", clauses=["tensors.fixed-threshold"],
+              surface="codec", description=f"(vLLM 0.8.4) a tensor {label} goes "
+              f"{'inline' if inline else 'out of band'} at the fixed threshold")(run)
+
+
+def _float64_scalar() -> Any:
+    import torch
+
+    return torch.tensor(2.5, dtype=torch.float64)
+
+
+_register_fixed_threshold_checks()

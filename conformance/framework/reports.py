@@ -276,7 +276,9 @@ def render_markdown(run: RunResult, spec: Any, *, command: str = "",
                 lines += [f"### {surface}", "",
                           f"Not implemented by the target ({count}).", ""]
                 continue
-            verdicts = _clause_verdicts(results)
+            # A clause of another release (an earlier tensor form) is no clause of this one.
+            other: set[str] = set(getattr(spec, "all_clause_ids", ())) - set(spec.clauses)
+            verdicts = {c: v for c, v in _clause_verdicts(results).items() if c not in other}
             passed = sorted(c for c, v in verdicts.items() if v == PASSED)
             failed = sorted(c for c, v in verdicts.items() if v == FAILED)
             undecided = sorted(c for c, v in verdicts.items() if v not in (PASSED, FAILED))
@@ -433,13 +435,17 @@ def render_terminal(run: RunResult, *, verbose: bool = False) -> str:
 
 def coverage(spec: Any, checks: Sequence[Check]) -> dict[str, Any]:
     """Which clauses have checks: uncovered clauses by level, and check clauses unknown to
-    the spec."""
+    the spec (a clause of another release, in the spec files but not in this version's spec,
+    is neither)."""
     covered: dict[str, list[str]] = {}
     unknown: dict[str, list[str]] = {}
+    other_releases: frozenset[str] = getattr(spec, "all_clause_ids", frozenset())
     for item in checks:
         for clause_id in item.clauses:
             if clause_id in spec.clauses:
                 covered.setdefault(clause_id, []).append(item.id)
+            elif clause_id in other_releases:
+                continue
             else:
                 unknown.setdefault(item.id, []).append(clause_id)
     uncovered: dict[str, list[str]] = {"MUST": [], "SHOULD": [], "MAY": []}

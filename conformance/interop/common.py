@@ -293,7 +293,7 @@ def _reference_gap(version: str) -> Callable[[str], str | None]:
     (``identity_gap``: before 0.8.4 one engine per front end); the ring cells the ring's
     chunk framing of the reference release."""
     from enginewire.spec import load
-    from enginewire.spec.history.compat import constants_at
+    from enginewire.spec.history.constants import constants_at
     from enginewire.spec.history.release_facts import conversation_gap, identity_gap
     from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 

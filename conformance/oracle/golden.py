@@ -484,7 +484,7 @@ class Case:
     kind: str
     description: str
     value: Any
-    threshold: int = load().surface("tensors").threshold_default
+    threshold: int = load().inline_threshold()
 
 
 def cases() -> list[Case]:

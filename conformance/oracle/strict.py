@@ -30,7 +30,7 @@ from enginewire.conformance.oracle.wire import (
     parse_type,
 )
 from enginewire.spec.history.release_facts import handshake_message_at
-from enginewire.spec.types import TypeVisitor, kind_of, members
+from enginewire.spec.types import TypeVisitor, kind_of, members, tensor_family
 
 
 @dataclass(frozen=True)
@@ -203,6 +203,14 @@ class _Checker(TypeVisitor[None]):
             self.bad(expr, raw, path, field)
 
     def _tensor(self, expr: TypeExpr, raw: Any, path: str, field: str) -> None:
+        tensors = self.spec.surface("tensors")
+        form = tensors.tensor_form if tensor_family(expr) == "tensor" else tensors.ndarray_form
+        if form == "pickle":  # the release's extension type wrapping a pickle stream
+            codes = {e.name: e.code for e in tensors.ext_codes}
+            if not (isinstance(raw, msgspec.msgpack.Ext) and raw.code == codes.get("tensor")):
+                self.out.append(TypeProblem(path, f"{expr.name} [ext {codes.get('tensor')}]",
+                                            msgpack_type(raw), field))
+            return
         _check_tensor(raw, expr, path, field, self.out)
 
     visit_tensor = visit_ndarray = _tensor

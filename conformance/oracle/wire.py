@@ -40,12 +40,13 @@ from enginewire.spec.types import (
     kind_of,
     members,
     parse_type,
+    tensor_family,
 )
 
 #: msgpack extension type of inline tensor bytes (tensors surface, ext_codes).
 RAW_VIEW_EXT: int = load().ext_code("raw_view")
 #: The default inline threshold in bytes (tensors surface, threshold_default).
-THRESHOLD_DEFAULT: int = load().surface("tensors").threshold_default
+THRESHOLD_DEFAULT: int = load().inline_threshold()
 
 
 class OmittableMap(dict):
@@ -121,6 +122,11 @@ class _ToWire(TypeVisitor[Any]):
         return neutral(value)
 
     def visit_tensor(self, expr: TypeExpr, value: Any) -> Any:
+        tensors = self.spec.surface("tensors")
+        form = tensors.tensor_form if tensor_family(expr) == "tensor" else tensors.ndarray_form
+        if form != "tuple":
+            code = self.spec.ext_code("tensor") if form == "pickle" else RAW_VIEW_EXT
+            return _earlier_tensor(value, form, code, self.threshold, self.oob)
         return _tensor(value, expr.name, self.threshold, self.oob)
 
     visit_ndarray = visit_tensor
@@ -209,6 +215,29 @@ def _tensor(value: Any, family: str, threshold: int, oob: list[bytes]) -> list[A
         oob.append(tv.data)
         data = len(oob)
     return [tv.dtype, list(tv.shape), data]
+
+
+def _earlier_tensor(value: Any, form: str, code: int, threshold: int,
+                   oob: list[bytes]) -> Any:
+    """A tensor in an earlier release's form (the tensors surface's tensor_form): ``numpy``,
+    the tuple of its numpy view (numpy's dtype.str; a 0-d value inline whatever its size);
+    ``pickle``, the ``tensor`` extension type wrapping a pickle stream of the numpy view (this
+    process's pickle of it: the stream's bytes are not specified, tensors.pickle-form).
+    ``code``: the extension type of the pickle, or of inline bytes in the numpy form."""
+    import pickle
+
+    import numpy as np
+
+    tv = value if isinstance(value, TensorValue) else tensor_value(value)
+    array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+    if form == "pickle":
+        return msgspec.msgpack.Ext(code, pickle.dumps(array))
+    if len(tv.data) < threshold or not tv.shape:
+        data: Any = msgspec.msgpack.Ext(code, tv.data)
+    else:
+        oob.append(tv.data)
+        data = len(oob)
+    return [array.dtype.str, list(tv.shape), data]
 
 
 def compare_wire(expected: Any, actual: Any, path: str = "$", *,

@@ -36,8 +36,7 @@ class InclusiveInlineThreshold(ReferenceCodec):
     """
 
     def __init__(self, threshold: int | None = None, insecure: bool = False) -> None:
-        self.nominal = (load().surface("tensors").threshold_default
-                        if threshold is None else threshold)
+        self.nominal = load().inline_threshold() if threshold is None else threshold
         super().__init__(self.nominal + 1, insecure)
         self.threshold = self.nominal
 

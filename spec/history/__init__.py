@@ -2,7 +2,8 @@
 
 - :mod:`.wheels`: which releases, and their wheels in a local cache (``pip download``);
 - :mod:`.extract`: the classes and constants of one wheel, read by ``ast``;
-  :mod:`.protocol_facts`: its handshake keys, ready response and ring chunk framing;
+  :mod:`.protocol_facts`: its handshake keys, ready response, ring chunk framing and tensor
+  form; :mod:`.constants`: the derived constants tables as they stand at one release;
 - :mod:`.derive`: every release's layouts merged into version ranges in ``spec/data``;
 - :mod:`.compat`: what happens when a front end of one release talks to an engine of another,
   confirmed by encoding with one release's classes (:mod:`enginewire.spec.classes`) and

@@ -36,6 +36,7 @@ import msgspec
 from ..loader import REFERENCE_VLLM_VERSION, Spec, load
 from ..schema import EnumSpec, StructSpec
 from ..types import TypeExpr, TypeVisitor, kind_of, members, parse_type, scalar_type
+from .constants import constants_at
 
 _SPECS: dict[tuple[str, str], Spec] = {}
 
@@ -275,23 +276,6 @@ def _canonical(expr: TypeExpr) -> str:
 
 def _verdict(findings: list[Finding]) -> str:
     return max((f.kind for f in findings), key=SEVERITY.__getitem__, default="identical")
-
-
-def constants_at(version: str, table: str, data_dir: Path | None = None) -> dict[str, Any]:
-    """One table of ``history/constants.toml`` (``request_types``, ``ext_codes``, ...) as it
-    stands at ``version``; {} where the file or the table is missing."""
-    import tomllib
-
-    from ..loader import DATA_DIR
-    from ..versions import VersionRange
-
-    path = (data_dir or DATA_DIR) / "history" / "constants.toml"
-    if not path.exists():
-        return {}
-    with path.open("rb") as handle:
-        rows = tomllib.load(handle).get(table, [])
-    return next((dict(r["values"]) for r in rows if version in VersionRange.parse(r["versions"])),
-                {})
 
 
 def _request_type(walker: _Walker, name: str, writer: str, reader: str) -> None:

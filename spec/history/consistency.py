@@ -160,7 +160,7 @@ def _check_handshake(data_dir: Path, releases: list[str]) -> list[str]:
 def _check_transport(data_dir: Path, releases: list[str]) -> list[str]:
     """The derived ``[[transport]]`` row of the newest release says what the transport,
     handshake and frames surfaces specify (module docstring)."""
-    from .compat import constants_at
+    from .constants import constants_at
 
     newest = releases[-1]
     row = constants_at(newest, "transport", data_dir)

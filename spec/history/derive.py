@@ -36,7 +36,13 @@ from typing import Any
 
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
-from .protocol_facts import chunk_framing, handshake_keys, init_message, ready_response
+from .protocol_facts import (
+    chunk_framing,
+    handshake_keys,
+    init_message,
+    ready_response,
+    tensor_form,
+)
 from .transport_facts import transport
 from .wheels import write_releases
 
@@ -70,6 +76,8 @@ class ReleaseFacts:
     transport: dict[str, Any] = field(default_factory=dict)
     #: How the engine reads the init message (:func:`.protocol_facts.init_message`).
     init_message: dict[str, Any] = field(default_factory=dict)
+    #: how the encoder writes a tensor and an array (:func:`.protocol_facts.tensor_form`).
+    tensor_form: dict[str, int | str] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,6 +140,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.chunk_framing = chunk_framing(source)
         facts.transport = transport(source, bool(facts.handshake), facts.ready_response)
         facts.init_message = init_message(source)
+        facts.tensor_form = tensor_form(source)
     return facts
 
 
@@ -544,6 +553,17 @@ def _toml_value(value: Any) -> str:
     return json.dumps(value)
 
 
+def _threshold_row(release: ReleaseFacts) -> dict[str, Any]:
+    """The ``tensor_threshold`` row of one release: the environment variable's default, else
+    the module constant the encoder compares with (not configurable), else none."""
+    if release.threshold is not None:
+        return {"threshold_default": release.threshold}
+    fixed = release.tensor_form.get("fixed_threshold")
+    if isinstance(fixed, int):
+        return {"threshold_default": fixed, "configurable": False}
+    return {"threshold_default": None}
+
+
 def write_history(data_dir: Path, releases: list[ReleaseFacts],
                   histories: list[StructHistory]) -> None:
     """``history/constants.toml`` and ``history/structs.toml``."""
@@ -555,8 +575,13 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
          lambda r: dict(r.request_types)),
         ("ext_codes", "msgpack extension codes in vllm/v1/serial_utils.py",
          lambda r: dict(r.ext_codes)),
-        ("tensor_threshold", f"default of {THRESHOLD_ENV} (none: no zero-copy threshold)",
-         lambda r: {"threshold_default": r.threshold}),
+        ("tensor_threshold", f"default of {THRESHOLD_ENV}, or the module constant the "
+         "encoder compares nbytes with (configurable: false) (none: no zero-copy threshold)",
+         _threshold_row),
+        ("tensor_form", "how the encoder hook writes a tensor and an ndarray (pickle: an "
+         "extension type wrapping a pickle stream; numpy: the [dtype, shape, data] tuple of "
+         "the numpy view, numpy's dtype.str; tuple: the tuple with the torch dtype name)",
+         lambda r: {k: v for k, v in r.tensor_form.items() if k != "fixed_threshold"}),
         ("ring", "shared-memory ring constants found as literals", lambda r: dict(r.ring)),
         ("chunk_framing", "how MessageQueue.enqueue lays a message into a ring chunk after the "
          "overflow byte (buffers: big-endian count and lengths of these widths; pickle: one "

@@ -19,6 +19,14 @@
   the overflow byte: ``buffers`` (a big-endian buffer count, then each buffer after a
   big-endian length; the widths are the literal byte counts of its ``to_bytes_big`` calls) or
   ``pickle`` (one pickle stream, which carries its own length).
+- :func:`tensor_form`: how ``vllm/v1/serial_utils.py``'s encoder hook writes a torch tensor
+  and a numpy array, read from the branch under ``isinstance(obj, torch.Tensor)`` /
+  ``isinstance(obj, np.ndarray)``: ``pickle`` (an extension type wrapping a pickle stream:
+  ``msgpack.Ext(CUSTOM_TYPE_TENSOR, pickle.dumps(obj.numpy()))`` for a tensor, the generic
+  pickle fallback for an array the hook has no branch for), ``numpy`` (the ``[dtype, shape,
+  data]`` tuple of ``obj.numpy()``, so numpy's ``dtype.str``) or ``tuple`` (the tuple with the
+  torch dtype name, ``_encode_tensor``); and the inline threshold where it is a module
+  constant instead of an environment variable (``obj.nbytes < MIN_NOCOPY_BUF_SIZE``).
 
 Each returns plain data for ``history/constants.toml``; an empty result means the wheel has no
 such code (the history then records ``none``).
@@ -193,3 +201,58 @@ def chunk_framing(source: WheelSource) -> dict[str, int | str]:
     if "pickle.dumps" in ast.unparse(enqueue):
         return {"framing": "pickle"}
     return {}
+
+
+SERIAL_MODULE = "vllm.v1.serial_utils"
+
+
+def _isinstance_of(test: ast.expr, suffix: str) -> bool:
+    """``test`` is (or starts with) ``isinstance(<name>, <...>.suffix)``."""
+    if isinstance(test, ast.BoolOp):
+        return any(_isinstance_of(value, suffix) for value in test.values)
+    return (isinstance(test, ast.Call) and isinstance(test.func, ast.Name)
+            and test.func.id == "isinstance" and len(test.args) == 2
+            and ast.unparse(test.args[1]).endswith(suffix))
+
+
+def _branch_form(body: list[ast.stmt]) -> str | None:
+    """The form a hook branch returns: ``pickle`` (an ``Ext`` of a pickle stream), ``numpy``
+    (``_encode_ndarray(obj.numpy())``) or ``tuple`` (``_encode_tensor`` / ``_encode_ndarray``
+    of the value itself); None where the branch returns none of these."""
+    for node in body:
+        if not isinstance(node, ast.Return) or node.value is None:
+            continue
+        text = ast.unparse(node.value)
+        if "Ext(" in text and "pickle" in text:
+            return "pickle"
+        if "_encode_ndarray" in text and ".numpy()" in text:
+            return "numpy"
+        if "_encode_tensor" in text or "_encode_ndarray" in text:
+            return "tuple"
+    return None
+
+
+def tensor_form(source: WheelSource) -> dict[str, int | str]:
+    """``{"tensor": form, "ndarray": form}`` with ``fixed_threshold`` where the inline
+    threshold is a module constant (see the module docstring); {} without a serial module."""
+    filename = source.module_file(SERIAL_MODULE)
+    if filename is None:
+        return {}
+    found: dict[str, int | str] = {}
+    for node in ast.walk(source.tree(filename)):
+        if isinstance(node, ast.If):
+            for family, suffix in (("tensor", "torch.Tensor"), ("ndarray", "np.ndarray")):
+                if family not in found and _isinstance_of(node.test, suffix):
+                    form = _branch_form(node.body)
+                    if form is not None:
+                        found[family] = form
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1
+                and isinstance(node.ops[0], ast.Lt) and ast.unparse(node.left).endswith(".nbytes")
+                and isinstance(node.comparators[0], ast.Name)):
+            value = source.module_constant(SERIAL_MODULE, node.comparators[0].id)
+            if isinstance(value, int):
+                found["fixed_threshold"] = value
+    if "tensor" in found:
+        # An array the hook has no branch for falls through to the pickle fallback.
+        found.setdefault("ndarray", "pickle")
+    return dict(sorted(found.items()))

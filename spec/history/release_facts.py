@@ -43,7 +43,7 @@ from typing import Any
 
 from ..loader import REFERENCE_VLLM_VERSION, load
 from ..schema import HandshakeMessage, MapKey
-from .compat import constants_at
+from .constants import constants_at
 
 #: The HELLO/READY keys whose values are the engine's own state (the message kind, where it
 #: runs, whether it was started headless); every other key reports a value (READY's

@@ -1,0 +1,30 @@
+"""The tables of ``spec/data/history/constants.toml`` (request types, extension codes, tensor
+threshold and form, ring constants, handshake keys, ready response) as they stand at one
+release: :func:`constants_at`.
+
+Imports nothing of the spec but :mod:`..versions`, so that the loader reads the tables
+(a release's tensors surface) without an import cycle.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from ..versions import VersionRange
+
+#: The package's spec data directory (``enginewire.spec.loader.DATA_DIR``).
+_DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+
+
+def constants_at(version: str, table: str, data_dir: Path | None = None) -> dict[str, Any]:
+    """One table of ``history/constants.toml`` (``request_types``, ``ext_codes``, ...) as it
+    stands at ``version``; {} where the file or the table is missing."""
+    path = (data_dir or _DATA_DIR) / "history" / "constants.toml"
+    if not path.exists():
+        return {}
+    with path.open("rb") as handle:
+        rows = tomllib.load(handle).get(table, [])
+    return next((dict(r["values"]) for r in rows if version in VersionRange.parse(r["versions"])),
+                {})
