@@ -309,14 +309,30 @@ def check_high_water_marks(sockets: list[tuple[str, Any]], who: str) -> None:
             Reproduction(notes={"options": seen}))
 
 
-class Background:
-    """Run ``func`` in a thread; :meth:`result` re-raises what it raised."""
+#: Seconds the clean-up of a check waits for one of its :class:`Background` calls to end (each
+#: call is bounded by a timeout of its own, at most ``ctx.wait(20.0)``).
+BACKGROUND_JOIN_S = 25.0
 
-    def __init__(self, func: Callable[[], Any], name: str) -> None:
+
+class Background:
+    """Run ``func`` in a thread; :meth:`result` re-raises what it raised.
+
+    The check's clean-up (``ctx``) joins the thread before it closes what was registered
+    earlier: a ring or socket closed under a call still blocked in it on another thread can
+    abort the process. ``func`` must be bounded by a timeout of its own."""
+
+    def __init__(self, func: Callable[[], Any], name: str, ctx: Any) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(func,), name=name, daemon=True)
         self.thread.start()
+        ctx.on_cleanup(self._join)
+
+    def _join(self) -> None:
+        self.thread.join(BACKGROUND_JOIN_S)
+        if self.thread.is_alive():
+            raise RuntimeError(f"{self.thread.name} still ran {BACKGROUND_JOIN_S:g} s after "
+                               "the check")
 
     def _run(self, func: Callable[[], Any]) -> None:
         try:
