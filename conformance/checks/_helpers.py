@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -309,9 +310,8 @@ def check_high_water_marks(sockets: list[tuple[str, Any]], who: str) -> None:
             Reproduction(notes={"options": seen}))
 
 
-#: Seconds the clean-up of a check waits for one of its :class:`Background` calls to end (each
-#: call is bounded by a timeout of its own, at most ``ctx.wait(20.0)``).
-BACKGROUND_JOIN_S = 25.0
+#: Seconds past the check's own limit that its clean-up waits for a :class:`Background` call.
+BACKGROUND_GRACE_S = 1.0
 
 
 class Background:
@@ -319,20 +319,22 @@ class Background:
 
     The check's clean-up (``ctx``) joins the thread before it closes what was registered
     earlier: a ring or socket closed under a call still blocked in it on another thread can
-    abort the process. ``func`` must be bounded by a timeout of its own."""
+    abort the process. ``func`` must be bounded by a timeout of its own, from ``ctx.wait``,
+    so it ends by the check's limit; the clean-up waits until then (and
+    ``BACKGROUND_GRACE_S``), and reports a call still running after that."""
 
     def __init__(self, func: Callable[[], Any], name: str, ctx: Any) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(func,), name=name, daemon=True)
         self.thread.start()
+        self._deadline: float = ctx.deadline
         ctx.on_cleanup(self._join)
 
     def _join(self) -> None:
-        self.thread.join(BACKGROUND_JOIN_S)
+        self.thread.join(max(0.0, self._deadline - time.monotonic()) + BACKGROUND_GRACE_S)
         if self.thread.is_alive():
-            raise RuntimeError(f"{self.thread.name} still ran {BACKGROUND_JOIN_S:g} s after "
-                               "the check")
+            raise RuntimeError(f"{self.thread.name} still ran past the check's limit")
 
     def _run(self, func: Callable[[], Any]) -> None:
         try:
