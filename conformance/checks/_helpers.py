@@ -319,16 +319,19 @@ class Background:
 
     The check's clean-up (``ctx``) joins the thread before it closes what was registered
     earlier: a ring or socket closed under a call still blocked in it on another thread can
-    abort the process. ``func`` must be bounded by a timeout of its own, from ``ctx.wait``,
-    so it ends by the check's limit; the clean-up waits until then (and
-    ``BACKGROUND_GRACE_S``), and reports a call still running after that."""
+    abort the process. ``func`` must be bounded by a timeout of its own: ``within`` seconds
+    when given, else one from ``ctx.wait`` (so it ends by the check's limit). The clean-up
+    waits until that bound (and ``BACKGROUND_GRACE_S``), and reports a call still running
+    after that."""
 
-    def __init__(self, func: Callable[[], Any], name: str, ctx: Any) -> None:
+    def __init__(self, func: Callable[[], Any], name: str, ctx: Any,
+                 within: float | None = None) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
+        self._deadline: float = (ctx.deadline if within is None
+                                 else min(ctx.deadline, time.monotonic() + within))
         self.thread = threading.Thread(target=self._run, args=(func,), name=name, daemon=True)
         self.thread.start()
-        self._deadline: float = ctx.deadline
         ctx.on_cleanup(self._join)
 
     def _join(self) -> None:

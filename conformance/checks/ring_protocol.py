@@ -828,7 +828,9 @@ def _lost_notify(ring: RingSurface, ctx: CheckContext) -> None:
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
     _ready(ctx, writer, readers)
-    waiting = Background(lambda: readers[0].dequeue(timeout=ctx.wait(20.0)), "dequeue", ctx)
+    budget = ctx.wait(20.0)
+    waiting = Background(lambda: readers[0].dequeue(timeout=budget), "dequeue", ctx,
+                         within=budget)
     time.sleep(1.5)
     writer.enqueue("silent", ctx.wait(5.0), notify=False)
     got = waiting.result(ctx.wait(20.0), "a dequeue whose notification was lost")
