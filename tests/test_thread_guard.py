@@ -27,7 +27,7 @@ def test_leaks_a_daemon_thread():
 
 
 def test_leaks_a_non_daemon_thread():
-    threading.Thread(target=time.sleep, args=(4.0,), name="leaked worker").start()
+    threading.Thread(target=time.sleep, args=(1.5,), name="leaked worker").start()
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_stops_its_thread_in_teardown(stopped_thread):
 
 
 def test_a_thread_ending_within_the_grace_period_passes():
-    threading.Thread(target=time.sleep, args=(0.3,), name="short", daemon=True).start()
+    threading.Thread(target=time.sleep, args=(0.1,), name="short", daemon=True).start()
 
 
 def test_a_daemon_thread_a_library_started_is_not_counted():
@@ -68,7 +68,11 @@ def test_uses_a_leaky_module_fixture(module_thread):
 def test_the_guard_fails_tests_that_leave_threads_and_passes_the_rest(tmp_path: Path) -> None:
     tests = tmp_path / "tests"
     tests.mkdir()
-    (tests / "conftest.py").write_text(CONFTEST.read_text())
+    # A shorter grace period than the project's 2 s, so the three leaks cost less to prove.
+    conftest = CONFTEST.read_text()
+    assert "\nTHREAD_GRACE_S = 2.0\n" in conftest
+    (tests / "conftest.py").write_text(conftest.replace("\nTHREAD_GRACE_S = 2.0\n",
+                                                        "\nTHREAD_GRACE_S = 0.5\n"))
     (tests / "test_leaky.py").write_text(LEAKY)
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA",
