@@ -233,8 +233,11 @@ def _probe(decode: Callable[[str, list[bytes]], Any], kind: str, timeout: float)
     from enginewire.fuzz.strategies import messages
     from enginewire.reference.codec import default_codec
 
+    # The smallest valid message (generate, then shrink). No explain phase: it only annotates
+    # a failing test's report, and it cost most of a probe's time.
     value = find(messages(kind), lambda _: True,
-                 settings=settings(database=None, max_examples=10, suppress_health_check=_QUIET))
+                 settings=settings(database=None, max_examples=10, suppress_health_check=_QUIET,
+                                   phases=[Phase.generate, Phase.shrink]))
     frames = [bytes(memoryview(f).cast("B")) for f in default_codec().encode(kind, value)]
     try:
         call_with_timeout(lambda: decode(kind, frames), timeout)

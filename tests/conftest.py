@@ -3,6 +3,9 @@
 - Says loudly, at the top and at the end of the run, when vLLM is not installed: the interop
   and drift tests then skip, and a green run proves much less.
 - Fails the session if it leaves shared-memory segments or enginewire ipc socket files behind.
+- Fails a test (and a module, for its module-scoped fixtures) that leaves a thread alive after
+  its teardown: a non-daemon thread, whoever started it, or any thread this repository's code
+  started (``_leftover_threads``).
 - Runs vLLM on its CPU platform (``VLLM_TARGET_DEVICE=cpu``).
 """
 
@@ -12,7 +15,9 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +25,9 @@ from pathlib import Path
 import pytest
 
 SHM_DIR = Path("/dev/shm")
+REPO = Path(__file__).resolve().parent.parent
+#: Seconds a thread gets to end after the teardown that should have stopped it.
+THREAD_GRACE_S = 2.0
 
 # vLLM resolves its platform once, the first time any of its modules asks; its engine core runs
 # on the CPU platform (conformance/targets/vllm/engine_core.py), so say so before any test
@@ -120,3 +128,58 @@ def no_leftovers() -> Iterator[None]:
         shutil.rmtree(session_tmp, ignore_errors=True)
     assert not leaked_shm, f"shared-memory segments left in /dev/shm: {leaked_shm}"
     assert not leaked_ipc, f"ipc socket files left behind: {leaked_ipc}"
+
+
+# --- threads left running ------------------------------------------------------------------
+# Every thread records where it was started (the file of Thread.start's caller), so a thread
+# the project's code started is told from one a library (vLLM, zmq, asyncio) keeps for itself.
+_thread_start = threading.Thread.start
+
+
+def _recording_start(self: threading.Thread) -> None:
+    self._enginewire_started_in = sys._getframe(1).f_code.co_filename  # type: ignore[attr-defined]
+    _thread_start(self)
+
+
+threading.Thread.start = _recording_start  # type: ignore[method-assign]
+
+
+def _started_by_project(thread: threading.Thread) -> bool:
+    started_in = getattr(thread, "_enginewire_started_in", "")
+    return started_in.startswith(str(REPO)) and not started_in.startswith(str(REPO / ".venv"))
+
+
+def _leftover_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """Threads started since ``before`` that are still alive ``THREAD_GRACE_S`` later and
+    are either non-daemon (they would hold the interpreter's exit) or started by this
+    repository's code (a peer, a check, a cell or a test that did not stop its thread)."""
+    deadline = time.monotonic() + THREAD_GRACE_S
+    suspects = [t for t in threading.enumerate()
+                if t not in before and (not t.daemon or _started_by_project(t))]
+    for thread in suspects:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in suspects if t.is_alive()]
+
+
+def _describe(threads: list[threading.Thread]) -> str:
+    return ", ".join(
+        f"{t.name!r} ({'daemon' if t.daemon else 'non-daemon'}, started in "
+        f"{getattr(t, '_enginewire_started_in', '?')})" for t in threads)
+
+
+@pytest.fixture(autouse=True)
+def no_thread_left() -> Iterator[None]:
+    """Fail a test that leaves a thread running after its teardown (see _leftover_threads)."""
+    before = set(threading.enumerate())
+    yield
+    left = _leftover_threads(before)
+    assert not left, f"threads left running after the test: {_describe(left)}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_thread_left_by_module() -> Iterator[None]:
+    """The same for a module's fixtures, after the module's last test."""
+    before = set(threading.enumerate())
+    yield
+    left = _leftover_threads(before)
+    assert not left, f"threads left running after the module: {_describe(left)}"

@@ -3,6 +3,7 @@ channel: each passes on the reference and fails on a deliberately broken in-proc
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -148,7 +149,8 @@ class _DeadIsSilent(ReferenceFrontendClient):
         try:
             return super().call_utility(method, args, engine_index, timeout)
         except ConnectionError:
-            time.sleep(max(0.0, timeout - (time.monotonic() - started)))
+            # Waits out the timeout, as a stuck call would, unless the front end stops.
+            self._stopping.wait(max(0.0, timeout - (time.monotonic() - started)))
             raise TimeoutError(f"no reply to {method}") from None
 
 
@@ -198,11 +200,7 @@ class _NoHandshakeClient(ReferenceFrontendClient):
     def __init__(self, launch: Any, codec: Any) -> None:
         from enginewire.reference.frontend import ReferenceFrontend
 
-        self.codec = codec
-        self.frontend = ReferenceFrontend(
-            launch.engine_count, handshake=False, input_address=launch.input_address,
-            output_address=launch.output_address,
-        )
+        super().__init__(launch, codec, functools.partial(ReferenceFrontend, handshake=False))
 
 
 class _NoHandshake(ReferenceFrontends):

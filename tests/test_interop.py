@@ -6,6 +6,7 @@ test at the end.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -252,10 +253,7 @@ class _NoHandshakeClient(ReferenceFrontendClient):
     ``client_addresses``: it only waits for the ready responses."""
 
     def __init__(self, launch: Any, codec: Any) -> None:
-        self.codec = codec
-        self.frontend = ReferenceFrontend(launch.engine_count, handshake=False,
-                                          input_address=launch.input_address,
-                                          output_address=launch.output_address)
+        super().__init__(launch, codec, functools.partial(ReferenceFrontend, handshake=False))
 
 
 class _NoHandshakeFrontends:

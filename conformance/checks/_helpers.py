@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -309,14 +310,34 @@ def check_high_water_marks(sockets: list[tuple[str, Any]], who: str) -> None:
             Reproduction(notes={"options": seen}))
 
 
-class Background:
-    """Run ``func`` in a thread; :meth:`result` re-raises what it raised."""
+#: Seconds past the check's own limit that its clean-up waits for a :class:`Background` call.
+BACKGROUND_GRACE_S = 1.0
 
-    def __init__(self, func: Callable[[], Any], name: str) -> None:
+
+class Background:
+    """Run ``func`` in a thread; :meth:`result` re-raises what it raised.
+
+    The check's clean-up (``ctx``) joins the thread before it closes what was registered
+    earlier: a ring or socket closed under a call still blocked in it on another thread can
+    abort the process. ``func`` must be bounded by a timeout of its own: ``within`` seconds
+    when given, else one from ``ctx.wait`` (so it ends by the check's limit). The clean-up
+    waits until that bound (and ``BACKGROUND_GRACE_S``), and reports a call still running
+    after that."""
+
+    def __init__(self, func: Callable[[], Any], name: str, ctx: Any,
+                 within: float | None = None) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
+        self._deadline: float = (ctx.deadline if within is None
+                                 else min(ctx.deadline, time.monotonic() + within))
         self.thread = threading.Thread(target=self._run, args=(func,), name=name, daemon=True)
         self.thread.start()
+        ctx.on_cleanup(self._join)
+
+    def _join(self) -> None:
+        self.thread.join(max(0.0, self._deadline - time.monotonic()) + BACKGROUND_GRACE_S)
+        if self.thread.is_alive():
+            raise RuntimeError(f"{self.thread.name} still ran past the check's limit")
 
     def _run(self, func: Callable[[], Any]) -> None:
         try:

@@ -15,6 +15,7 @@ pipe); the checks of what the release lacks are NOT APPLICABLE with that reason.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -56,16 +57,31 @@ PEER_TIMEOUT = 25.0
 ACT_S = 3.0
 
 
+def _on_thread(ctx: Any, client: Any, target: Any, name: str) -> Any:
+    """Start ``target`` (a call into ``client``) on a thread that the check's clean-up ends:
+    it stops the front end (so the call returns) and joins the thread, before the sockets
+    and directories registered earlier go. Returns the started thread."""
+    thread = threading.Thread(target=target, daemon=True, name=name)
+    thread.start()
+
+    def stop_and_join() -> None:
+        client.stop(3.0)
+        thread.join(5.0)
+        if thread.is_alive():
+            raise RuntimeError(f"{name} still ran 5 s after the front end stopped")
+
+    ctx.on_cleanup(stop_and_join)
+    return thread
+
+
 class _Waiter:
-    """``client.wait_ready`` on a thread, so the suite's engines can answer meanwhile."""
+    """``client.wait_ready`` on a thread, so the suite's engines can answer meanwhile; the
+    check's clean-up stops the front end and joins it (:func:`_on_thread`)."""
 
-    def __init__(self, client: Any, timeout: float) -> None:
-        import threading
-
+    def __init__(self, client: Any, timeout: float, ctx: Any) -> None:
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(client, timeout), daemon=True,
-                                       name="frontend wait_ready")
-        self.thread.start()
+        self.thread = _on_thread(ctx, client, lambda: self._run(client, timeout),
+                                 "frontend wait_ready")
 
     def _run(self, client: Any, timeout: float) -> None:
         try:
@@ -130,7 +146,7 @@ def _running(frontend: Any, ctx: Any, engine_count: int = 1,
     """A front end whose start-up with ``engine_count`` suite engines completed (the
     handshake, or for a front end without a handshake channel, the ready responses)."""
     client, launch = _start(frontend, ctx, engine_count)
-    waiter = _Waiter(client, ctx.wait(10.0))
+    waiter = _Waiter(client, ctx.wait(10.0), ctx)
     engines = []
     for rank in range(engine_count):
         engine = _engine(ctx, launch, rank, **engine_options)
@@ -171,7 +187,7 @@ def _init(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """HELLO gets one init frame: EngineHandshakeMetadata with one input and one output."""
     require_handshake(ctx.spec)
     client, launch = _start(frontend, ctx)
-    waiter = _Waiter(client, ctx.wait(10.0))
+    waiter = _Waiter(client, ctx.wait(10.0), ctx)
     engine = _engine(ctx, launch)
     engine.hello()
     frames = engine.recv_init(ctx.wait(8.0))
@@ -199,7 +215,7 @@ def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """Without coordinated DP, init's parallel_config is an empty map."""
     require_handshake(ctx.spec)
     client, launch = _start(frontend, ctx)
-    _Waiter(client, ctx.wait(10.0))
+    _Waiter(client, ctx.wait(10.0), ctx)
     engine = _engine(ctx, launch)
     engine.hello()
     init = decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec)
@@ -214,7 +230,7 @@ def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """The front end is not ready (and sends nothing) until the ready response arrives."""
     require_wire_ready(ctx.spec)
     client, launch = _start(frontend, ctx)
-    waiter = _Waiter(client, ctx.wait(12.0))
+    waiter = _Waiter(client, ctx.wait(12.0), ctx)
     engine = _engine(ctx, launch)
     _connected(engine, launch, ctx)
     time.sleep(0.6)
@@ -238,7 +254,7 @@ def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
                            "and its front end takes no other (history/constants.toml "
                            "[[ready_response]])")
     client, launch = _start(frontend, ctx)
-    waiter = _Waiter(client, ctx.wait(10.0))
+    waiter = _Waiter(client, ctx.wait(10.0), ctx)
     engine = _engine(ctx, launch)
     _connected(engine, launch, ctx)
     engine.send_ready_response(raw=b"")
@@ -253,7 +269,7 @@ def _every_engine(frontend: FrontendSurface, ctx: CheckContext) -> None:
     require_wire_ready(ctx.spec)
     require_identity(ctx.spec)
     client, launch = _start(frontend, ctx, engine_count=2)
-    waiter = _Waiter(client, ctx.wait(12.0))
+    waiter = _Waiter(client, ctx.wait(12.0), ctx)
     first = _engine(ctx, launch, 0)
     _connected(first, launch, ctx)
     first.send_ready_response()
@@ -274,7 +290,7 @@ def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
     def _run(frontend: FrontendSurface, ctx: CheckContext) -> None:
         require_handshake(ctx.spec)
         client, launch = _start(frontend, ctx)
-        _Waiter(client, ctx.wait(5.0))
+        _Waiter(client, ctx.wait(5.0), ctx)
         engine = _engine(ctx, launch, rank)
         send(engine)
         _no_init(engine, what)
@@ -351,7 +367,7 @@ def _second_hello(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A second HELLO (the engine is already CONNECTED) gets no second init."""
     require_handshake(ctx.spec)
     client, launch = _start(frontend, ctx)
-    _Waiter(client, ctx.wait(5.0))
+    _Waiter(client, ctx.wait(5.0), ctx)
     engine = _engine(ctx, launch)
     engine.hello()
     engine.recv_init(ctx.wait(8.0))
@@ -430,7 +446,6 @@ def _empty_abort(frontend: FrontendSurface, ctx: CheckContext) -> None:
 
 def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list[Any],
              *, result: Any = None, failure: str | None = None) -> tuple[Any, list[bytes]]:
-    import threading
 
     outcome: dict[str, Any] = {}
 
@@ -440,8 +455,7 @@ def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list
         except BaseException as exc:  # noqa: BLE001
             outcome["error"] = exc
 
-    caller = threading.Thread(target=call, daemon=True)
-    caller.start()
+    caller = _on_thread(ctx, client, call, f"call_utility({method!r})")
     frames = _request(engine, ctx, f"call_utility({method!r})")
     payload = msgspec.msgpack.decode(frames[1]) if len(frames) > 1 else None
     if frames[0] != TYPE_BYTES["utility"] or not isinstance(payload, list) or len(payload) != 4:
@@ -613,7 +627,6 @@ def _dead_fails_call(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A utility call waiting when ENGINE_CORE_DEAD arrives fails at once.
 
     It must not be left waiting for a reply that cannot come."""
-    import threading
 
     client, (engine,) = _running(frontend, ctx)
     outcome: dict[str, Any] = {}
@@ -625,8 +638,7 @@ def _dead_fails_call(frontend: FrontendSurface, ctx: CheckContext) -> None:
         except BaseException as exc:  # noqa: BLE001
             outcome["error"] = exc
 
-    caller = threading.Thread(target=call, daemon=True, name="pending utility call")
-    caller.start()
+    caller = _on_thread(ctx, client, call, "pending utility call")
     _request(engine, ctx, "call_utility('never_answered')")
     sent = engine.push_raw([ENGINE_CORE_DEAD])
     caller.join(ctx.wait(ACT_S))
@@ -773,7 +785,7 @@ def _coordinated(frontend: Any, ctx: Any, config_hash: str) -> tuple[_Waiter, Su
     )
     client = frontend.start_frontend(launch)
     ctx.on_cleanup(lambda: client.stop(3.0))
-    waiter = _Waiter(client, ctx.wait(8.0))
+    waiter = _Waiter(client, ctx.wait(8.0), ctx)
     engine = _engine(ctx, launch, 0)
     engine.hello()
     engine.connect(decode(engine.recv_init(ctx.wait(6.0)), "EngineHandshakeMetadata", ctx.spec))

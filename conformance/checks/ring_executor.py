@@ -68,8 +68,9 @@ class _Workers:
             ctx.on_cleanup(reader.close)
             self.responses.append(reader)
         budget = ctx.wait(8.0)
-        waits = [Background(lambda: self.broadcast.wait_until_ready(budget), "broadcast ready")]
-        waits += [Background(lambda r=r: r.wait_until_ready(budget), f"response {i} ready")  # type: ignore[misc]
+        waits = [Background(lambda: self.broadcast.wait_until_ready(budget), "broadcast ready",
+                            ctx)]
+        waits += [Background(lambda r=r: r.wait_until_ready(budget), f"response {i} ready", ctx)  # type: ignore[misc]
                   for i, r in enumerate(self.responses)]
         for wait in waits:
             wait.result(budget + 1.0, "the rings' wait_until_ready")
@@ -216,18 +217,19 @@ class _Executor:
             self.workers.append(worker)
         budget = ctx.wait(8.0)
         responses = [w.response_handle for w in self.workers]
-        waits = [Background(lambda: self.executor.connect(responses, budget), "executor ready")]
+        waits = [Background(lambda: self.executor.connect(responses, budget), "executor ready",
+                            ctx)]
         for worker in self.workers:
             waits.append(Background(lambda w=worker: w.requests.wait_until_ready(budget),  # type: ignore[misc]
-                                    "broadcast reader ready"))
+                                    "broadcast reader ready", ctx))
             waits.append(Background(lambda w=worker: w.responses.wait_until_ready(budget),  # type: ignore[misc]
-                                    "response writer ready"))
+                                    "response writer ready", ctx))
         for wait in waits:
             wait.result(budget + 1.0, "the rings' wait_until_ready")
 
     def call(self, method: Any, **options: Any) -> Background:
         return Background(lambda: self.executor.collective_rpc(method, **options),
-                          "collective_rpc")
+                          "collective_rpc", self.ctx)
 
     def request(self, rank: int, what: str) -> tuple[list[bytes], Any]:
         try:
@@ -381,8 +383,8 @@ def _reader_carries(ring: RingSurface, ctx: CheckContext) -> None:
     reader = ring.attach_reader(writer.handle, 0)
     ctx.on_cleanup(reader.close)
     budget = ctx.wait(8.0)
-    waits = [Background(lambda: writer.wait_until_ready(budget), "writer ready"),
-             Background(lambda: reader.wait_until_ready(budget), "reader ready")]
+    waits = [Background(lambda: writer.wait_until_ready(budget), "writer ready", ctx),
+             Background(lambda: reader.wait_until_ready(budget), "reader ready", ctx)]
     for wait in waits:
         wait.result(budget + 1.0, "wait_until_ready")
     for request in _REQUESTS:
@@ -401,8 +403,8 @@ def _writer_carries(ring: RingSurface, ctx: CheckContext) -> None:
     reader = SuiteRingReader(writer.handle, 0)
     ctx.on_cleanup(reader.close)
     budget = ctx.wait(8.0)
-    waits = [Background(lambda: writer.wait_until_ready(budget), "writer ready"),
-             Background(lambda: reader.wait_until_ready(budget), "reader ready")]
+    waits = [Background(lambda: writer.wait_until_ready(budget), "writer ready", ctx),
+             Background(lambda: reader.wait_until_ready(budget), "reader ready", ctx)]
     for wait in waits:
         wait.result(budget + 1.0, "wait_until_ready")
     for request in _REQUESTS:

@@ -82,8 +82,8 @@ def _target_readers(ring: Any, ctx: Any, handle: Any, ranks: list[int]) -> list[
 def _ready(ctx: Any, writer: Any, readers: list[Any]) -> None:
     """The collective start: the writer waits for every subscription, readers for READY."""
     budget = ctx.wait(8.0)
-    waits = [Background(lambda w=writer: w.wait_until_ready(budget), "writer ready")]  # type: ignore[misc]
-    waits += [Background(lambda r=r: r.wait_until_ready(budget), "reader ready")  # type: ignore[misc]
+    waits = [Background(lambda w=writer: w.wait_until_ready(budget), "writer ready", ctx)]  # type: ignore[misc]
+    waits += [Background(lambda r=r: r.wait_until_ready(budget), "reader ready", ctx)  # type: ignore[misc]
               for r in readers]
     for index, wait in enumerate(waits):
         wait.result(budget + 1.0, "the writer's wait_until_ready" if index == 0
@@ -161,7 +161,7 @@ def _ready_subscriptions(ring: RingSurface, ctx: CheckContext) -> None:
     """With 2 readers, the writer publishes READY only once both have subscribed."""
     writer = _target_writer(ring, ctx, 2)
     first = _suite_readers(ctx, writer.handle, [0])[0]
-    waiting = Background(lambda: writer.wait_until_ready(ctx.wait(8.0)), "writer ready")
+    waiting = Background(lambda: writer.wait_until_ready(ctx.wait(8.0)), "writer ready", ctx)
     time.sleep(0.6)
     if waiting.done():
         waiting.result(0, "the writer's wait_until_ready")
@@ -388,8 +388,8 @@ def _stream_through(writer: Any, readers: list[Any], ctx: Any, messages: list[An
     """Enqueue ``messages`` while every reader reads them, each in its own thread; check FIFO
     order, no loss, no duplicate."""
     sender = Background(lambda: [writer.enqueue(m, timeout=ctx.wait(8.0)) for m in messages],
-                         "writer")
-    results = [Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}")  # type: ignore[misc]
+                         "writer", ctx)
+    results = [Background(lambda r=r, i=i: _read_all(r, len(messages), ctx, i), f"reader {i}", ctx)  # type: ignore[misc]
                for i, r in enumerate(readers)]
     for rank, background in enumerate(results):
         background.thread.join(ctx.wait(20.0))
@@ -644,7 +644,7 @@ def _reader_ready(ring: RingSurface, ctx: CheckContext) -> None:
     """A reader's wait_until_ready subscribes, and returns only once READY is published."""
     writer = _suite_writer(ctx, 1)
     (reader,) = _target_readers(ring, ctx, writer.handle, [0])
-    waiting = Background(lambda: reader.wait_until_ready(ctx.wait(8.0)), "reader ready")
+    waiting = Background(lambda: reader.wait_until_ready(ctx.wait(8.0)), "reader ready", ctx)
     message = writer.xpub.recv_multipart() if writer.xpub.poll(
         int(ctx.wait(5.0) * 1000)) else None
     subscribe = bytes.fromhex(ctx.spec.surface("ring").constants["subscribe_message_hex"])
@@ -828,7 +828,9 @@ def _lost_notify(ring: RingSurface, ctx: CheckContext) -> None:
     writer = _suite_writer(ctx, 1)
     readers = _target_readers(ring, ctx, writer.handle, [0])
     _ready(ctx, writer, readers)
-    waiting = Background(lambda: readers[0].dequeue(timeout=ctx.wait(20.0)), "dequeue")
+    budget = ctx.wait(20.0)
+    waiting = Background(lambda: readers[0].dequeue(timeout=budget), "dequeue", ctx,
+                         within=budget)
     time.sleep(1.5)
     writer.enqueue("silent", ctx.wait(5.0), notify=False)
     got = waiting.result(ctx.wait(20.0), "a dequeue whose notification was lost")
@@ -1122,7 +1124,7 @@ def _notify_latency(ring: Any, ctx: Any) -> None:
         reader.read_buffers(1.0)
         return arrived
 
-    waiting = Background(blocked_reader, "the blocked reader")
+    waiting = Background(blocked_reader, "the blocked reader", ctx)
     time.sleep(0.3)
     started = time.monotonic()
     writer.enqueue("lone", ctx.wait(5.0))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +25,10 @@ from enginewire.conformance.framework.registry import NotInRelease
 from enginewire.conformance.oracle.values import build
 from enginewire.conformance.targets.contract import RingHandle, Target
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
+
+#: Seconds one poll of the reference front end lasts while a check's call waits on it: how
+#: soon ``ReferenceFrontendClient.stop`` can close its sockets.
+WAIT_SLICE_S = 0.05
 
 
 def _optional(module: str) -> Any:
@@ -411,9 +417,35 @@ class ReferenceFrontendClient:
         )
         # ReferenceFrontend has no parameter for it; its session checks READY's hash.
         self.frontend.session.config_hash = launch.parallel_config_hash
+        # A check may wait (wait_ready, call_utility, next_outputs) on a thread of its own
+        # while its clean-up stops the front end: a zmq socket closed under a poll on another
+        # thread aborts the process. So each wait polls in slices, holding ``_busy``, and
+        # gives up once ``_stopping`` is set; stop() closes the sockets only after that.
+        self._busy = threading.Lock()
+        self._stopping = threading.Event()
+
+    def _until(self, timeout: float, attempt: Callable[[float], Any]) -> Any:
+        """``attempt(seconds)`` in slices of at most ``WAIT_SLICE_S`` until it returns,
+        ``timeout`` s pass (its last ProtocolTimeout propagates) or stop() is called."""
+        from enginewire.reference.errors import ProtocolTimeout
+
+        deadline = time.monotonic() + timeout
+        with self._busy:
+            while True:
+                if self._stopping.is_set():
+                    raise ConnectionError("the front end was stopped while a call waited")
+                remaining = deadline - time.monotonic()
+                try:
+                    return attempt(max(0.0, min(WAIT_SLICE_S, remaining)))
+                except ProtocolTimeout as exc:
+                    if remaining <= WAIT_SLICE_S:
+                        # The whole wait timed out: say so, not the last slice's length.
+                        raise ProtocolTimeout(
+                            exc.clause, exc.message.replace(f"{WAIT_SLICE_S} s", f"{timeout} s"),
+                            expected=exc.expected, got=exc.got) from None
 
     def wait_ready(self, timeout: float) -> None:
-        self.frontend.wait_ready(timeout)
+        self._until(timeout, self.frontend.wait_ready)
 
     def add_request(self, request: dict[str, Any], engine_index: int = 0) -> None:
         spec = self.codec.spec
@@ -430,13 +462,34 @@ class ReferenceFrontendClient:
 
     def call_utility(self, method: str, args: list[Any], engine_index: int = 0,
                      timeout: float = 5.0) -> Any:
-        return self.frontend.call_utility(method, args, engine_index, timeout)
+        from enginewire.reference.errors import ProtocolTimeout
+
+        future = self.frontend.call_utility_async(method, *args, engine_index=engine_index)
+
+        def pump(seconds: float) -> Any:
+            if not future.done():
+                self.frontend.pump(seconds)
+            if not future.done():
+                raise ProtocolTimeout("frames.utility-reply", f"no reply to utility call "
+                                      f"{method!r} within {timeout} s")
+            return future.result()
+
+        return self._until(timeout, pump)
 
     def next_outputs(self, timeout: float) -> Any:
-        return self.frontend.get_output(timeout)
+        return self._until(timeout, self.frontend.get_output)
 
     def stop(self, timeout: float = 5.0) -> None:
-        self.frontend.close()
+        """Close the front end once no call waits on its sockets (a waiting call ends within
+        ``WAIT_SLICE_S``); raises, leaving the sockets open, when one still waits after
+        ``timeout``."""
+        self._stopping.set()
+        if not self._busy.acquire(timeout=timeout):
+            raise RuntimeError(f"a call still waited on the front end {timeout:g} s after stop")
+        try:
+            self.frontend.close()
+        finally:
+            self._busy.release()
 
     def alive(self) -> bool:
         return self.frontend.alive()
