@@ -346,7 +346,7 @@ def _ready_missing_key(frontend: FrontendSurface, ctx: CheckContext) -> None:
         raise NotInRelease(f"vLLM {ctx.spec.version}'s READY requires no key beyond "
                            f"{', '.join(STATE_KEYS)} (history/constants.toml [[handshake]])")
     client, launch = _start(frontend, ctx)
-    waiter = _Waiter(client, ctx.wait(5.0))
+    waiter = _Waiter(client, ctx.wait(5.0), ctx)
     engine = _engine(ctx, launch)
     engine.hello()
     engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
