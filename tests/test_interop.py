@@ -353,12 +353,13 @@ def test_engine_cells_at_a_release_without_the_handshake_run_on_its_channels(
     assert cell.status == "passed", cell.exchanges
 
 
-def test_a_front_end_without_the_handshake_fails_with_an_engine_of_the_newest() -> None:
-    """A 0.8.5 front end waits for b"READY" on its input ROUTER; an engine of 0.33.0 waits
-    for a handshake that never comes, so the cell fails at start-up."""
+def test_an_engine_without_the_handshake_fails_with_a_front_end_of_the_newest() -> None:
+    """A 0.8.5 engine connects its input DEALER and sends b"READY"; a 0.33.0 front end waits
+    for HELLO on its handshake socket, which never comes, so the cell fails at start-up."""
     old = reference_implementation(version="0.8.5")
-    cell = run_engine_cell(old, reference_implementation(), "ipc", 2.0)
+    cell = run_engine_cell(reference_implementation(), old, "ipc", 2.0)
     assert cell.status == "failed"
+    assert cell.first_failure is not None and cell.first_failure.name == "handshake"
 
 
 def test_interop_at_an_unknown_release_is_a_usage_error(capsys: Any) -> None:
