@@ -44,7 +44,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from enginewire.spec.loader import Spec
+from enginewire.spec.history.release_facts import ready_response_at
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 
 from .codec import Codec, Frame, default_codec
 from .errors import FramingError, HandshakeError
@@ -180,6 +181,8 @@ class EngineConnection:
     ``handshake``: False when the addresses come from elsewhere: call :meth:`use_addresses`
     and, after sending the ready responses, :meth:`begin_serving` (no HELLO, no READY).
     :attr:`identity` is the routing identity to set on the handshake and input DEALERs.
+    ``input_address``: where the release holds the handshake on the input socket (0.9.0), the
+    address of that socket (its init map names only the output).
     """
 
     def __init__(
@@ -191,11 +194,12 @@ class EngineConnection:
         handshake: bool = True,
         codec: Codec | None = None,
         spec: Spec | None = None,
+        input_address: str | None = None,
     ) -> None:
         self.codec = codec or default_codec()
         self.session = EngineSession(
             rank, local=local, headless=headless, handshake=handshake,
-            spec=spec or self.codec.spec,
+            spec=spec or self.codec.spec, input_address=input_address,
         )
         self.rank = rank
         self.identity: bytes = self.codec.encode_identity(rank)
@@ -321,6 +325,11 @@ class FrontendConnection:
         )
         #: Engines that sent HELLO and have not been sent the init message yet.
         self._init_due: set[int] = set()
+        version = self.session.spec.version
+        #: READY is the engine's ready response (0.9.0 holds the handshake on the input
+        #: socket: history/constants.toml [[ready_response]] ``handshake``).
+        self._ready_is_response = version != REFERENCE_VLLM_VERSION \
+            and ready_response_at(version) == "handshake"
 
     @property
     def dead(self) -> bool:
@@ -348,6 +357,9 @@ class FrontendConnection:
             if action.name == "send_init":
                 self._init_due.add(rank)
                 return [HelloReceived(rank, message)]
+            if self._ready_is_response:
+                self.session.receive_ready_response(rank, None)
+                return [ReadyReceived(rank, message), ReadyResponse(rank, None)]
             return [ReadyReceived(rank, message)]
         response = self.codec.decode("ready_response", frames[1:])
         self.session.receive_ready_response(rank, response)

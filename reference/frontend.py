@@ -33,7 +33,11 @@ from typing import Any
 
 import zmq
 
-from enginewire.spec.history.release_facts import transport_at
+from enginewire.spec.history.release_facts import (
+    handshake_on_input,
+    init_message_value,
+    transport_at,
+)
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 from . import structs
@@ -105,6 +109,8 @@ class ReferenceFrontend:
         self._routed = release is None or release.identity
         #: Engines count as ready once connected (the release's ready signal has no wire form).
         self._ready_on_connect = release is not None and release.readiness == "pipe"
+        #: The handshake runs on the input ROUTER (0.9.0): no handshake socket of its own.
+        self._on_input = version is not None and handshake_on_input(version)
         if not self._routed and engine_count != 1:
             raise ValueError(f"vLLM {version}'s input channel carries no engine identity: "
                              "one engine per front end")
@@ -122,7 +128,7 @@ class ReferenceFrontend:
         self._outputs: deque[Any] = deque()
         self._calls: dict[int, tuple[str, Future[Any]]] = {}
         try:
-            if handshake:
+            if handshake and not self._on_input:
                 self._handshake = self._open("handshake", handshake_address or ipc_address())
             self._input = self._open("input", input_address or ipc_address())
             self._output = self._open("output", output_address or ipc_address())
@@ -144,6 +150,10 @@ class ReferenceFrontend:
 
     @property
     def handshake_address(self) -> str | None:
+        """Where engines send HELLO: the handshake ROUTER, the input ROUTER where the release
+        holds the handshake there (0.9.0), None without a handshake."""
+        if self._on_input:
+            return self._input.address
         return self._handshake.address if self._handshake is not None else None
 
     @property
@@ -192,19 +202,24 @@ class ReferenceFrontend:
     def _run_handshake(self, deadline: float) -> None:
         """HELLO, init and READY with every engine."""
         make = self.structs.make
-        metadata = make(
-            "EngineHandshakeMetadata",
-            addresses=make(
-                "EngineZmqAddresses", inputs=[self.input_address], outputs=[self.output_address]
-            ),
-            parallel_config={},
-        )
+        metadata: Any
+        if self._on_input:  # the release's plain init map (history [[init_message]])
+            metadata = init_message_value(self.version or "", inputs=[self.input_address],
+                                          outputs=[self.output_address])
+        else:
+            metadata = make(
+                "EngineHandshakeMetadata",
+                addresses=make("EngineZmqAddresses", inputs=[self.input_address],
+                               outputs=[self.output_address]),
+                parallel_config={},
+            )
+        sock = self._input if self._on_input else self._handshake
         while self.session.awaiting_handshake():
-            assert self._handshake is not None
-            frames = self._recv(self._handshake, deadline, "HELLO/READY from every engine")
+            assert sock is not None
+            frames = self._recv(sock, deadline, "HELLO/READY from every engine")
             for event in self.connection.receive("handshake", frames):
                 if isinstance(event, HelloReceived):
-                    self._handshake.socket.send_multipart(
+                    sock.socket.send_multipart(
                         self.connection.send("init", metadata, rank=event.rank)
                     )
 

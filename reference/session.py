@@ -36,6 +36,8 @@ from enginewire.spec.history.release_facts import (
     STATE_KEYS,
     engine_handshake_map,
     handshake_message_at,
+    init_addresses,
+    init_message_at,
 )
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import HandshakeMessage, StateMachine, Transition
@@ -574,9 +576,14 @@ class EngineSession:
         headless: bool = False,
         handshake: bool = True,
         spec: Spec | None = None,
+        input_address: str | None = None,
     ) -> None:
         self.spec = spec or load()
         self.rank = rank
+        #: The address of the input socket the handshake runs on, where the release holds it
+        #: there and its init map names only the output (0.9.0).
+        self.input_address = input_address
+        self._init_map = init_message_at(self.spec.version).get("form") == "map"
         self.local = local
         self.headless = headless
         self.handshake = handshake
@@ -651,7 +658,8 @@ class EngineSession:
         self._require_mode(True, "init")
         if not self.machine.can("init"):
             self.machine.fire("init", what="init message")
-        addresses = get_field(metadata, "addresses")
+        addresses = init_addresses(metadata, self.input_address) if self._init_map \
+            else get_field(metadata, "addresses")
         self._check_addresses(addresses)
         parallel_config = get_field(metadata, "parallel_config")
         if not isinstance(parallel_config, Mapping):

@@ -196,6 +196,47 @@ def init_message_at(version: str) -> dict[str, Any]:
     return dict(constants_at(version, "init_message")) or {"form": "none"}
 
 
+def handshake_on_input(version: str) -> bool:
+    """Whether the release's handshake runs on the input socket (0.9.0: the engine's input
+    DEALER sends HELLO, reads the init map and sends READY, its ready response; the front end
+    answers on its input ROUTER; history/constants.toml [[transport]] readiness
+    ``handshake-on-input``)."""
+    transport = transport_at(version)
+    return transport is not None and transport.readiness == "handshake-on-input"
+
+
+#: The init map's keys that name the engine's channels (the ``map`` form of
+#: [[init_message]]); every other key is read as the ``parallel_config`` map.
+INIT_MAP_OUTPUT_KEY = "output_socket_address"
+
+
+def init_message_value(version: str, *, inputs: list[str], outputs: list[str],
+                       parallel_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The init message a front end of ``version`` sends, as a plain value: the
+    EngineHandshakeMetadata fields (``addresses`` of ``inputs`` and ``outputs``,
+    ``parallel_config``) where the release decodes that struct, or the release's plain map
+    (0.9.0: the first output address and ``parallel_config``; the input is the socket the
+    handshake runs on)."""
+    config = dict(parallel_config or {})
+    init = init_message_at(version)
+    if init.get("form") != "map":
+        return {"addresses": {"inputs": list(inputs), "outputs": list(outputs)},
+                "parallel_config": config}
+    keys = list(init.get("keys", []))
+    if INIT_MAP_OUTPUT_KEY not in keys or not outputs:
+        raise ValueError(f"vLLM {version}'s init map has keys {keys}: no output address in "
+                         f"{INIT_MAP_OUTPUT_KEY!r} (history/constants.toml [[init_message]])")
+    values = {INIT_MAP_OUTPUT_KEY: outputs[0], "parallel_config": config}
+    return {key: values[key] for key in keys}
+
+
+def init_addresses(init: Mapping[str, Any], input_address: str | None) -> dict[str, list[Any]]:
+    """The input and output addresses an engine reads from an init message of the ``map`` form
+    (0.9.0): the socket the handshake ran on (``input_address``) and the map's output
+    address."""
+    return {"inputs": [input_address], "outputs": [init.get(INIT_MAP_OUTPUT_KEY)]}
+
+
 def conversation_gap(spec: Any) -> str | None:
     """Why a start-up conversation in the terms of ``spec``'s release is not possible, or
     None. ``spec``: a loaded spec (``load(version)``)."""
@@ -203,6 +244,8 @@ def conversation_gap(spec: Any) -> str | None:
     if handshake_keys_at(version, "HELLO") is None:
         return _direct_gap(version)
     init = init_message_at(version)
+    if handshake_on_input(version) and init.get("form") == "map":
+        return None  # 0.9.0: HELLO, the init map and READY on the input socket
     if "EngineHandshakeMetadata" not in spec.structs or init.get("form") != "struct":
         read = (f" (its init message is a plain map of {', '.join(init.get('keys', []))}, "
                 "history/constants.toml [[init_message]])" if init.get("form") == "map" else "")
