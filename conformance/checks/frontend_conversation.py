@@ -46,6 +46,7 @@ from enginewire.spec.history.release_facts import (
     STATE_KEYS,
     handshake_gap,
     handshake_message_at,
+    handshake_on_input,
     ready_response_at,
 )
 
@@ -107,7 +108,9 @@ def _has_handshake(ctx: Any) -> bool:
 
 
 def _engine(ctx: Any, launch: FrontendLaunch, rank: int = 0, **options: Any) -> SuiteEngine:
-    address = launch.handshake_address if _has_handshake(ctx) else None
+    # Where the release holds the handshake on the input socket (0.9.0), HELLO goes there.
+    address = None if not _has_handshake(ctx) else launch.input_address \
+        if handshake_on_input(ctx.spec.version) else launch.handshake_address
     engine = SuiteEngine(ctx.spec, str(ctx.tmpdir), address, rank, **options)
     ctx.on_cleanup(engine.close)
     return engine
@@ -121,7 +124,7 @@ def _connected(engine: SuiteEngine, launch: FrontendLaunch, ctx: Any) -> None:
         engine.connect_direct(launch.input_address, launch.output_address)
         return
     engine.hello()
-    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.connect(engine.read_init(engine.recv_init(ctx.wait(8.0))))
     engine.ready()
 
 
@@ -179,9 +182,9 @@ def _init(frontend: FrontendSurface, ctx: CheckContext) -> None:
         raise CheckFailure(f"init arrived as {len(frames)} frames at the DEALER, expected 1",
                            Reproduction(received=frames))
     try:
-        init = decode(frames, "EngineHandshakeMetadata", ctx.spec)
+        init = engine.read_init(frames)
     except Exception as exc:  # noqa: BLE001
-        raise CheckFailure(f"init is not EngineHandshakeMetadata: {exc}",
+        raise CheckFailure(f"init is not vLLM {ctx.spec.version}'s init message: {exc}",
                            Reproduction(received=frames)) from exc
     addresses = init["addresses"]
     if len(addresses["inputs"]) != 1 or len(addresses["outputs"]) != 1:
@@ -202,7 +205,7 @@ def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
     _Waiter(client, ctx.wait(10.0))
     engine = _engine(ctx, launch)
     engine.hello()
-    init = decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec)
+    init = engine.read_init(engine.recv_init(ctx.wait(8.0)))
     if init["parallel_config"] != {}:
         raise CheckFailure(f"parallel_config is {init['parallel_config']!r}, expected {{}}")
 
@@ -333,7 +336,7 @@ def _ready_missing_key(frontend: FrontendSurface, ctx: CheckContext) -> None:
     waiter = _Waiter(client, ctx.wait(5.0))
     engine = _engine(ctx, launch)
     engine.hello()
-    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.connect(engine.read_init(engine.recv_init(ctx.wait(8.0))))
     engine.send_ready_response()
     ready = engine.handshake_value("READY")
     del ready[reported[-1]]
@@ -776,7 +779,7 @@ def _coordinated(frontend: Any, ctx: Any, config_hash: str) -> tuple[_Waiter, Su
     waiter = _Waiter(client, ctx.wait(8.0))
     engine = _engine(ctx, launch, 0)
     engine.hello()
-    engine.connect(decode(engine.recv_init(ctx.wait(6.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.connect(engine.read_init(engine.recv_init(ctx.wait(6.0))))
     engine.send_ready_response()
     return waiter, engine
 
