@@ -39,7 +39,7 @@ from enginewire.conformance.peers.zmq_peers import (
     require_handshake,
     require_identity,
     require_ready_key,
-    require_wire_ready,
+    require_ready_response,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
 from enginewire.spec.history.release_facts import (
@@ -215,7 +215,7 @@ def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
        surface="frontend", timeout=PEER_TIMEOUT)
 def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """The front end is not ready (and sends nothing) until the ready response arrives."""
-    require_wire_ready(ctx.spec)
+    require_ready_response(ctx.spec)
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(12.0))
     engine = _engine(ctx, launch)
@@ -235,7 +235,7 @@ def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
        timeout=PEER_TIMEOUT)
 def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """An empty ready-response frame counts as ready."""
-    require_wire_ready(ctx.spec)
+    require_ready_response(ctx.spec)
     if ready_response_at(ctx.spec.version) == "READY":
         raise NotInRelease(f'vLLM {ctx.spec.version}\'s ready message is the literal b"READY" '
                            "and its front end takes no other (history/constants.toml "
@@ -253,7 +253,7 @@ def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
        timeout=PEER_TIMEOUT)
 def _every_engine(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """With two engines, the front end is ready only once both sent their ready response."""
-    require_wire_ready(ctx.spec)
+    require_ready_response(ctx.spec)
     require_identity(ctx.spec)
     client, launch = _start(frontend, ctx, engine_count=2)
     waiter = _Waiter(client, ctx.wait(12.0))

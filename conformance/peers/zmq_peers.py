@@ -63,6 +63,7 @@ from enginewire.spec.history.release_facts import (
     ready_response_at,
     request_types_at,
     transport_at,
+    ready_response_gap,
     wire_ready_gap,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
@@ -137,6 +138,12 @@ def require_handshake(spec: Any) -> None:
 def require_wire_ready(spec: Any) -> None:
     """NOT APPLICABLE where ``spec``'s release's engine sends no ready message on the wire."""
     _require(wire_ready_gap(spec.version))
+
+
+def require_ready_response(spec: Any) -> None:
+    """NOT APPLICABLE where ``spec``'s release's engine sends no ready response of its own
+    (a pipe; READY on the input socket at 0.9.0)."""
+    _require(ready_response_gap(spec.version))
 
 
 def require_identity(spec: Any) -> None:

@@ -25,10 +25,14 @@ handshake keys and the form of the ready response live in ``history/constants.to
   ``EngineHandshakeMetadata`` (0.9.0's plain map, :func:`init_message_at`), or a ready
   response that is neither a struct nor an empty frame;
 - :func:`init_message_at`: how the release's engine reads the init message;
-- :func:`handshake_gap`, :func:`wire_ready_gap`, :func:`identity_gap`, :func:`clients_gap`:
-  why a check of the handshake, of the ready message on the wire, of the engine identity on
+- :func:`handshake_gap`, :func:`wire_ready_gap`, :func:`ready_response_gap`,
+  :func:`identity_gap`, :func:`clients_gap`: why a check of the handshake, of the ready
+  message on the wire, of a ready response of its own (not READY), of the engine identity on
   the input channel or of several clients per engine does not apply at a release (None: it
-  does), from its ``[[transport]]`` row.
+  does), from its ``[[transport]]`` and ``[[ready_response]]`` rows;
+- :func:`handshake_on_input`, :func:`init_message_value`, :func:`init_addresses`: a release
+  that holds the handshake on its input socket (0.9.0: HELLO, a plain init map naming the
+  output, READY as the ready response) and its init message in the release's form.
 
 At the reference release (:data:`~enginewire.spec.loader.REFERENCE_VLLM_VERSION`) the
 handshake and transport surfaces (``spec/data/handshake.toml``, ``transport.toml``) are
@@ -301,6 +305,19 @@ def wire_ready_gap(version: str) -> str | None:
                 "readiness to its parent process over a pipe (history/constants.toml "
                 "[[transport]])")
     return None
+
+
+def ready_response_gap(version: str) -> str | None:
+    """Why a check of the engine's ready response as a message of its own (after READY, or
+    without the handshake its ready message) does not apply at ``version`` (None: it does):
+    no ready message on the wire (a pipe), or READY on the input socket is the ready response
+    (0.9.0)."""
+    gap = wire_ready_gap(version)
+    if gap is None and ready_response_at(version) == "handshake":
+        return (f"vLLM {version}'s engine sends no ready response of its own: its READY map on "
+                "the input socket is its ready message (history/constants.toml "
+                "[[ready_response]]: handshake)")
+    return gap
 
 
 def identity_gap(version: str) -> str | None:
