@@ -43,8 +43,8 @@ from enginewire.conformance.peers.zmq_peers import (
     require_handshake,
     require_identity,
     require_ready_key,
-    require_request_type,
     require_ready_response,
+    require_request_type,
     require_wire_ready,
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface

@@ -56,14 +56,14 @@ from enginewire.spec.history.release_facts import (
     handshake_keys_at,
     handshake_message_at,
     handshake_on_input,
+    identity_gap,
     init_addresses,
     init_message_at,
     init_message_value,
-    identity_gap,
     ready_response_at,
+    ready_response_gap,
     request_types_at,
     transport_at,
-    ready_response_gap,
     wire_ready_gap,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
