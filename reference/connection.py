@@ -44,7 +44,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from enginewire.spec.history.release_facts import ready_response_at
+from enginewire.spec.history.release_facts import ready_response_at, utility_fields
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 
 from .codec import Codec, Frame, default_codec
@@ -399,8 +399,9 @@ class FrontendConnection:
         in the session.
 
         ``init``: the EngineHandshakeMetadata, once after the engine's HELLO; ``add``: an
-        EngineCoreRequest; ``abort``: a list of request ids; ``utility``:
-        ``(client_index, call_id, method, args)`` with a fresh call_id
+        EngineCoreRequest; ``abort``: a list of request ids; ``utility``: the release's
+        payload (:func:`~enginewire.spec.history.release_facts.utility_value`: ``(client_index,
+        call_id, method, args)``, without client_index up to 0.9.0) with a fresh call_id
         (:meth:`free_call_id`).
         """
         link = self.session.link(rank)
@@ -420,5 +421,7 @@ class FrontendConnection:
         elif kind == "abort":
             self.session.send_abort(rank, value)
         else:
-            self.session.send_utility(rank, value[1])
+            fields = utility_fields(self.session.spec.version, list(value))
+            assert fields is not None  # the codec encoded it in the release's form
+            self.session.send_utility(rank, fields["call_id"])
         return frames

@@ -37,6 +37,7 @@ from enginewire.spec.history.release_facts import (
     handshake_on_input,
     init_message_value,
     transport_at,
+    utility_value,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
@@ -283,7 +284,9 @@ class ReferenceFrontend:
         """Send a UTILITY call; the future resolves while outputs are read (see :meth:`pump`)
         with the result, a :class:`UtilityCallError`, or an :class:`EngineDeadError`."""
         call_id = self.connection.free_call_id()
-        self._send(engine_index, "utility", (self.client_index, call_id, method, tuple(args)))
+        self._send(engine_index, "utility", utility_value(
+            self.connection.session.spec.version, client_index=self.client_index,
+            call_id=call_id, method=method, args=tuple(args)))
         future: Future[Any] = Future()
         self._calls[call_id] = (method, future)
         return future

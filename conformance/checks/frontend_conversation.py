@@ -48,6 +48,8 @@ from enginewire.spec.history.release_facts import (
     handshake_message_at,
     handshake_on_input,
     ready_response_at,
+    utility_fields,
+    utility_payload_at,
 )
 
 PEER_TIMEOUT = 25.0
@@ -447,10 +449,13 @@ def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list
     caller.start()
     frames = _request(engine, ctx, f"call_utility({method!r})")
     payload = msgspec.msgpack.decode(frames[1]) if len(frames) > 1 else None
-    if frames[0] != TYPE_BYTES["utility"] or not isinstance(payload, list) or len(payload) != 4:
-        raise CheckFailure("a utility call must be [03, [client_index, call_id, method, args]]",
+    fields = utility_fields(ctx.spec.version, payload)
+    if frames[0] != TYPE_BYTES["utility"] or fields is None:
+        raise CheckFailure(f"a utility call of vLLM {ctx.spec.version} must be [03, "
+                           f"[{', '.join(utility_payload_at(ctx.spec.version))}]] "
+                           "(history/constants.toml [[utility_payload]])",
                            Reproduction(received=frames))
-    engine.reply(payload[1], result=result, failure=failure)
+    engine.reply(fields["call_id"], result=result, failure=failure)
     caller.join(ctx.wait(ACT_S))
     if caller.is_alive():
         raise CheckFailure(f"call_utility({method!r}) did not return after the reply",
@@ -483,10 +488,13 @@ def _call_survives(client: Any, engine: SuiteEngine, ctx: Any, after: str,
                                                    "structs.utility-result.pair"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _call(frontend: FrontendSurface, ctx: CheckContext) -> None:
-    """call_utility sends [0, call_id, method, args] and returns the reply's result."""
+    """call_utility sends [0, call_id, method, args] ([call_id, method, args] up to 0.9.0)
+    and returns the reply's result."""
     client, (engine,) = _running(frontend, ctx)
     outcome, frames = _utility(client, engine, ctx, "sum_them", [1, 2], result=42)
-    _, call_id, method, args = msgspec.msgpack.decode(frames[1])
+    fields = utility_fields(ctx.spec.version, msgspec.msgpack.decode(frames[1]))
+    assert fields is not None  # _utility checked the release's items
+    call_id, method, args = fields["call_id"], fields["method"], fields["args"]
     if method != "sum_them" or args != [1, 2] or not (
             isinstance(call_id, int) and 0 <= call_id < 2**64):
         raise CheckFailure(f"payload is {msgspec.msgpack.decode(frames[1])!r}",

@@ -64,6 +64,7 @@ from enginewire.spec.history.release_facts import (
     ready_response_gap,
     request_types_at,
     transport_at,
+    utility_value,
     wire_ready_gap,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
@@ -475,7 +476,8 @@ class SuiteFrontend:
 
     def utility(self, identity: bytes, call_id: int, method: str, args: list[Any],
                 client: int = 0) -> None:
-        payload = msgspec.msgpack.encode([client, call_id, method, args])
+        payload = msgspec.msgpack.encode(utility_value(
+            self.spec.version, client_index=client, call_id=call_id, method=method, args=args))
         self.send_input(identity, [TYPE_BYTES["utility"], payload], client)
 
     def recv_output_frames(self, timeout: float, client: int = 0) -> list[bytes]:

@@ -36,7 +36,13 @@ from typing import Any
 
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
-from .protocol_facts import chunk_framing, handshake_keys, init_message, ready_response
+from .protocol_facts import (
+    chunk_framing,
+    handshake_keys,
+    init_message,
+    ready_response,
+    utility_payload,
+)
 from .transport_facts import transport
 from .wheels import write_releases
 
@@ -70,6 +76,8 @@ class ReleaseFacts:
     transport: dict[str, Any] = field(default_factory=dict)
     #: How the engine reads the init message (:func:`.protocol_facts.init_message`).
     init_message: dict[str, Any] = field(default_factory=dict)
+    #: The UTILITY payload's items (:func:`.protocol_facts.utility_payload`).
+    utility_payload: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -132,6 +140,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.chunk_framing = chunk_framing(source)
         facts.transport = transport(source, bool(facts.handshake), facts.ready_response)
         facts.init_message = init_message(source)
+        facts.utility_payload = utility_payload(source)
     return facts
 
 
@@ -578,6 +587,9 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
         ("init_message", "how the engine reads the front end's init message (struct: decoded "
          "as that struct; map: a plain msgpack map read by these keys; none: no such message)",
          lambda r: dict(r.init_message) or {"form": "none"}),
+        ("utility_payload", "the UTILITY request's payload items in order, as the engine "
+         "unpacks them (none: no UTILITY request)",
+         lambda r: {"items": list(r.utility_payload) or "none"}),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")

@@ -30,6 +30,8 @@ handshake keys and the form of the ready response live in ``history/constants.to
   message on the wire, of a ready response of its own (not READY), of the engine identity on
   the input channel or of several clients per engine does not apply at a release (None: it
   does), from its ``[[transport]]`` and ``[[ready_response]]`` rows;
+- :func:`utility_payload_at`, :func:`utility_value`, :func:`utility_fields`: the UTILITY
+  payload's items at a release (no client index up to 0.9.0) and a payload in that form;
 - :func:`handshake_on_input`, :func:`init_message_value`, :func:`init_addresses`: a release
   that holds the handshake on its input socket (0.9.0: HELLO, a plain init map naming the
   output, READY as the ready response) and its init message in the release's form.
@@ -239,6 +241,43 @@ def init_addresses(init: Mapping[str, Any], input_address: str | None) -> dict[s
     (0.9.0): the socket the handshake ran on (``input_address``) and the map's output
     address."""
     return {"inputs": [input_address], "outputs": [init.get(INIT_MAP_OUTPUT_KEY)]}
+
+
+#: The UTILITY payload's items at the reference release (the frames surface's utility).
+UTILITY_ITEMS = ("client_index", "call_id", "method", "args")
+#: The type of each UTILITY payload item.
+UTILITY_ITEM_TYPES = {"client_index": "int", "call_id": "int", "method": "str",
+                      "args": "tuple[any, ...]"}
+
+
+def utility_payload_at(version: str) -> list[str]:
+    """The UTILITY payload's items in order at ``version`` (history/constants.toml
+    [[utility_payload]]): ``call_id, method, args`` up to 0.9.0, ``client_index`` first from
+    0.9.1 (the reference release's where the history has no row)."""
+    items = constants_at(version, "utility_payload").get("items")
+    return [str(i) for i in items] if isinstance(items, list) else list(UTILITY_ITEMS)
+
+
+def utility_payload_type(version: str) -> str:
+    """The UTILITY payload's type expression at ``version`` (a tuple of its items' types)."""
+    return f"tuple[{', '.join(UTILITY_ITEM_TYPES[i] for i in utility_payload_at(version))}]"
+
+
+def utility_value(version: str, *, client_index: int, call_id: int, method: str,
+                  args: Any) -> list[Any]:
+    """The UTILITY payload a front end of ``version`` sends (its items, in its order)."""
+    values = {"client_index": client_index, "call_id": call_id, "method": method,
+              "args": args}
+    return [values[item] for item in utility_payload_at(version)]
+
+
+def utility_fields(version: str, payload: Any) -> dict[str, Any] | None:
+    """A UTILITY payload of ``version`` by item name (``client_index`` 0 where the release
+    sends none), or None where ``payload`` is no sequence of the release's item count."""
+    items = utility_payload_at(version)
+    if not isinstance(payload, list | tuple) or len(payload) != len(items):
+        return None
+    return {"client_index": 0, **dict(zip(items, payload, strict=True))}
 
 
 def conversation_gap(spec: Any) -> str | None:
