@@ -51,7 +51,7 @@ import pickle
 import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, NoReturn
 
 import msgspec
@@ -62,7 +62,6 @@ from enginewire.spec.history.release_facts import (
     INIT_MAP_OUTPUT_KEY,
     handshake_message_at,
     init_message_at,
-    utility_payload_type,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
@@ -379,12 +378,8 @@ class Codec:
             if self.spec.version != REFERENCE_VLLM_VERSION else {"form": "struct"}
         self._init_map_keys: tuple[str, ...] | None = None
         if init.get("form") == "map" and "init" in self._layouts:
+            # The loaded spec types its payload a map (enginewire.spec.load).
             self._init_map_keys = tuple(init.get("keys", ()))
-            self._layouts["init"] = replace(self._layouts["init"], payload="dict[str, any]")
-        if self.spec.version != REFERENCE_VLLM_VERSION and "utility" in self._layouts:
-            # The release's UTILITY items (no client_index up to 0.9.0).
-            self._layouts["utility"] = replace(
-                self._layouts["utility"], payload=utility_payload_type(self.spec.version))
         identity = self.spec.surface("identity")
         self._identity_width: int = identity.width
         self._identity_order: Literal["little", "big"] = identity.byteorder

@@ -259,7 +259,8 @@ def utility_payload_at(version: str) -> list[str]:
 
 
 def utility_payload_type(version: str) -> str:
-    """The UTILITY payload's type expression at ``version`` (a tuple of its items' types)."""
+    """The UTILITY payload's type expression at ``version`` (a tuple of its items' types; the
+    loaded spec's frames surface carries it: :func:`enginewire.spec.load`)."""
     return f"tuple[{', '.join(UTILITY_ITEM_TYPES[i] for i in utility_payload_at(version))}]"
 
 
