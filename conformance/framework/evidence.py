@@ -118,8 +118,11 @@ def for_release(value: Any, kind: str, spec: Any) -> tuple[Any, list[str]]:
     if (kind == "init" and isinstance(value, dict) and "addresses" in value
             and init_message_at(spec.version).get("form") == "map"):
         addresses = value["addresses"]
-        return init_message_value(spec.version, inputs=addresses["inputs"],
-                                  outputs=addresses["outputs"],
+        if not (isinstance(addresses, dict) and addresses.get("outputs")):
+            # Nothing the release's map can carry: the value needs the struct it lacks.
+            return value, ["EngineHandshakeMetadata"]
+        return init_message_value(spec.version, inputs=list(addresses.get("inputs") or []),
+                                  outputs=list(addresses["outputs"]),
                                   parallel_config=value.get("parallel_config")), []
     payload = kind if kind in spec.structs else None
     for message in spec.surface("frames").messages:
