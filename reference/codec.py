@@ -19,7 +19,10 @@ API
   just the payload, the msgpack frame followed by its out-of-band frames.
 
 Values: struct kinds take the classes of :mod:`enginewire.reference.structs`; ``abort`` a list
-of request ids; ``utility`` ``(client_index, call_id, method, args)``; ``start_dp_wave``
+of request ids; ``utility`` ``(client_index, call_id, method, args)`` (``(call_id, method,
+args)`` up to 0.9.0: the spec loaded for the release carries its payload type); ``init`` the
+EngineHandshakeMetadata, or at 0.9.0 a plain map of ``output_socket_address`` and
+``parallel_config``; ``start_dp_wave``
 ``(new_wave, exclude_engine_index)``; ``hello``/``ready`` a dict; literal-only kinds
 (``engine_core_dead``, subscriptions and unsubscriptions, ``coordinator_ready``) ``None``;
 ``ready_response`` ``None`` for the empty frame older engines send (vLLM 0.8.4 and 0.8.5

@@ -8,7 +8,10 @@ ready response first on every input DEALER. Built for a release without the hand
 release's sockets on them (history/constants.toml ``[[transport]]``: a PULL input without
 identity before 0.8.4, binding its output PUSH before 0.8.3 and its input at 0.8.3), sending
 ``b"READY"`` on its input at 0.8.4 and 0.8.5 and nothing before (those releases told their
-parent over a process pipe). It has no model: it answers each ADD with a
+parent over a process pipe). Built for 0.9.0 (the handshake on the input socket:
+``release_facts.handshake_on_input``) its handshake DEALER is its input: HELLO, the init map
+naming the output address, then its output PUSH and READY, its ready response, on the input.
+It has no model: it answers each ADD with a
 deterministic token stream (:func:`scripted_tokens`), one token per request per step, and
 finishes with LENGTH when ``sampling_params.max_tokens`` ran out (STOP after ``tokens`` tokens
 when the request sets no max_tokens).

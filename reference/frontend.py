@@ -78,7 +78,9 @@ class ReferenceFrontend:
     :attr:`output_address`). ``handshake=False`` skips the handshake channel (the engines are
     given the input/output addresses directly, as with vLLM's ``client_addresses``); a
     ``version`` without the handshake (before 0.9.0) always does, opening that release's
-    input and output sockets (a connecting one at the address its engine binds).
+    input and output sockets (a connecting one at the address its engine binds); at 0.9.0
+    the handshake runs on the input ROUTER (:attr:`handshake_address` is its address, the init
+    message the release's plain map, READY the ready response).
     ``local`` and ``remote_headless`` are what the engines' HELLO/READY must say.
     ``version``: the vLLM release whose struct layouts it sends and reads (its codec is built
     for that release; None: the spec's reference release).

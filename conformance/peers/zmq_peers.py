@@ -19,7 +19,16 @@ input carries one, and no handshake ROUTER: the engine is given the input and ou
 (:meth:`SuiteFrontend.launch_addresses`) and counts as ready once connected (a release that
 signals readiness over a process pipe) or on its ``b"READY"`` (0.8.4, 0.8.5). Checks of what
 such a release lacks raise :class:`NotInRelease` through :func:`require_handshake`,
-:func:`require_wire_ready`, :func:`require_identity` and :func:`require_clients`.
+:func:`require_wire_ready`, :func:`require_ready_response`, :func:`require_identity` and
+:func:`require_clients`.
+
+At a release that holds the handshake on the input socket (0.9.0, readiness
+``handshake-on-input``: :func:`~enginewire.spec.history.release_facts.handshake_on_input`)
+there is no handshake ROUTER: the engine is launched with the input ROUTER's address as its
+handshake address, its input DEALER sends HELLO, reads the init message in the release's form
+(a plain map naming the output address: :meth:`SuiteEngine.read_init`) and sends READY, which
+is its ready response. The UTILITY payload has the release's items (no client_index up to
+0.9.0: ``release_facts.utility_value``).
 
 Every receive takes a timeout and raises ``TimeoutError``; every socket and ipc file is
 released by ``close`` (registered with the check's context).
