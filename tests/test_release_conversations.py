@@ -138,16 +138,21 @@ def test_channel_ends_follow_the_release() -> None:
     assert channel_end("input", "engine", "0.8.5").identity is not None
 
 
-def test_command_line_frontend_spawns_engines_of_a_release_without_the_handshake() -> None:
+@pytest.mark.parametrize(("version", "address"), [("0.8.2", "input address"),
+                                                  ("0.9.0", "handshake address")])
+def test_command_line_frontend_spawns_engines_of_a_release_without_the_handshake(
+        version: str, address: str) -> None:
+    """0.8.2's engines get the input and output addresses; 0.9.0's connect to the input
+    ROUTER, the handshake address there."""
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "enginewire", "frontend", "--version", "0.8.2", "--spawn",
+        [sys.executable, "-m", "enginewire", "frontend", "--version", version, "--spawn",
          "--timeout", "10", "utility", "echo", "7"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "input address: ipc://" in done.stderr
+    assert f"{address}: ipc://" in done.stderr
     assert done.stdout.strip() == '{"engine": 0, "method": "echo", "result": [7]}'
 
 
