@@ -745,3 +745,23 @@ def _handle_client_request(self, request_type, request):
     assert utility_payload_at("0.7.3") == ["call_id", "method", "args"]
     assert utility_payload_at("0.9.1") == ["client_index", "call_id", "method", "args"]
     assert utility_payload_at("0.33.0") == ["client_index", "call_id", "method", "args"]
+
+
+def test_consistency_fails_when_the_utility_items_leave_the_frames_spec(tmp_path: Path) -> None:
+    """The newest [[utility_payload]] row must type as frames.toml's utility payload; a row
+    that drops client_index at 0.33.0 is reported, and the loader gives older releases their
+    own payload."""
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "history" / "constants.toml"
+    text = path.read_text()
+    head, tail = text.split("[[utility_payload]]", 1)
+    path.write_text(head + "[[utility_payload]]" + tail.replace(
+        '["client_index", "call_id", "method", "args"]', '["call_id", "method", "args"]', 1))
+    found = consistency.problems(data)
+    assert any("UTILITY items ['call_id', 'method', 'args'] at 0.33.0" in p for p in found), \
+        found
+    old = load("0.9.0").surface("frames")
+    [payload] = [f.payload for m in old.messages if m.kind == "utility"
+                 for f in m.frames if f.content == "msgpack"]
+    assert payload == "tuple[int, str, tuple[any, ...]]"
