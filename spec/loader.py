@@ -576,6 +576,12 @@ def _check_struct_rules(file: str, spec: StructSpec | EnumSpec,
             raise SpecError(file, f"tags name unknown structs {missing}", field=where + ".tags")
 
 
+#: The type of each UTILITY payload item (history/constants.toml [[utility_payload]] names
+#: the items of a release, in order).
+UTILITY_ITEM_TYPES = {"client_index": "int", "call_id": "int", "method": "str",
+                      "args": "tuple[any, ...]"}
+
+
 def _release_payloads(frames: FramesFile, version: str, root: Path) -> FramesFile:
     """``frames`` with the payloads the history records for release ``version`` where they
     differ from the reference release's: the UTILITY payload's items (history/constants.toml
@@ -584,14 +590,20 @@ def _release_payloads(frames: FramesFile, version: str, root: Path) -> FramesFil
     reference release, and without a history row, ``frames`` as it is."""
     if version == REFERENCE_VLLM_VERSION:
         return frames
-    from .history.compat import constants_at
-    from .history.release_facts import UTILITY_ITEM_TYPES
+    path = root / "history" / "constants.toml"
+    if not path.exists():
+        return frames
+    tables = _read_toml(path)
+
+    def row(table: str) -> dict[str, Any]:
+        return next((dict(r["values"]) for r in tables.get(table, [])
+                     if version in VersionRange.parse(r["versions"])), {})
 
     payloads: dict[str, str] = {}
-    items = constants_at(version, "utility_payload", root).get("items")
+    items = row("utility_payload").get("items")
     if isinstance(items, list):
         payloads["utility"] = f"tuple[{', '.join(UTILITY_ITEM_TYPES[str(i)] for i in items)}]"
-    if constants_at(version, "init_message", root).get("form") == "map":
+    if row("init_message").get("form") == "map":
         payloads["init"] = "dict[str, any]"
     messages = []
     for message in frames.messages:

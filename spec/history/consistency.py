@@ -26,7 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..loader import DATA_DIR, Spec, SpecError, load
+from ..loader import DATA_DIR, UTILITY_ITEM_TYPES, Spec, SpecError, load
 from ..schema import StructSpec
 from ..versions import VersionError, VersionRange, parse_version
 from .wheels import read_releases
@@ -164,7 +164,6 @@ def _check_utility_payload(data_dir: Path, releases: list[str]) -> list[str]:
     """The ``[[utility_payload]]`` items of the newest release, typed, are the frames
     surface's utility payload (the reference release's, which the loader keeps)."""
     from .compat import constants_at
-    from .release_facts import UTILITY_ITEM_TYPES
 
     newest = releases[-1]
     items = constants_at(newest, "utility_payload", data_dir).get("items")

@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..loader import REFERENCE_VLLM_VERSION, load
+from ..loader import REFERENCE_VLLM_VERSION, UTILITY_ITEM_TYPES, load
 from ..schema import HandshakeMessage, MapKey
 from .compat import constants_at
 
@@ -245,9 +245,6 @@ def init_addresses(init: Mapping[str, Any], input_address: str | None) -> dict[s
 
 #: The UTILITY payload's items at the reference release (the frames surface's utility).
 UTILITY_ITEMS = ("client_index", "call_id", "method", "args")
-#: The type of each UTILITY payload item.
-UTILITY_ITEM_TYPES = {"client_index": "int", "call_id": "int", "method": "str",
-                      "args": "tuple[any, ...]"}
 
 
 def utility_payload_at(version: str) -> list[str]:
