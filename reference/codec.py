@@ -19,7 +19,10 @@ API
   just the payload, the msgpack frame followed by its out-of-band frames.
 
 Values: struct kinds take the classes of :mod:`enginewire.reference.structs`; ``abort`` a list
-of request ids; ``utility`` ``(client_index, call_id, method, args)``; ``start_dp_wave``
+of request ids; ``utility`` ``(client_index, call_id, method, args)`` (``(call_id, method,
+args)`` up to 0.9.0: the spec loaded for the release carries its payload type); ``init`` the
+EngineHandshakeMetadata, or at 0.9.0 a plain map of ``output_socket_address`` and
+``parallel_config``; ``start_dp_wave``
 ``(new_wave, exclude_engine_index)``; ``hello``/``ready`` a dict; literal-only kinds
 (``engine_core_dead``, subscriptions and unsubscriptions, ``coordinator_ready``) ``None``;
 ``ready_response`` ``None`` for the empty frame older engines send (vLLM 0.8.4 and 0.8.5
@@ -58,7 +61,11 @@ import msgspec
 import numpy as np
 
 from enginewire.spec import load
-from enginewire.spec.history.release_facts import handshake_message_at
+from enginewire.spec.history.release_facts import (
+    INIT_MAP_OUTPUT_KEY,
+    handshake_message_at,
+    init_message_at,
+)
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 from enginewire.spec.schema import EnumSpec, StructConstraint, StructSpec
 from enginewire.spec.types import TypeExpr, TypeVisitor, UnknownTypeError, kind_of, parse_type
@@ -393,6 +400,14 @@ class Codec:
         self.ipc_handles = ipc_handles
         self._vocab: Vocabulary = vocabulary(self.spec.version)
         self._layouts = _layouts(self.spec)
+        #: The keys of the init message where the release reads it as a plain map (0.9.0;
+        #: history/constants.toml [[init_message]]); None: the EngineHandshakeMetadata struct.
+        init = init_message_at(self.spec.version) \
+            if self.spec.version != REFERENCE_VLLM_VERSION else {"form": "struct"}
+        self._init_map_keys: tuple[str, ...] | None = None
+        if init.get("form") == "map" and "init" in self._layouts:
+            # The loaded spec types its payload a map (enginewire.spec.load).
+            self._init_map_keys = tuple(init.get("keys", ()))
         identity = self.spec.surface("identity")
         self._identity_width: int = identity.width
         self._identity_order: Literal["little", "big"] = identity.byteorder
@@ -1121,6 +1136,8 @@ class Codec:
             ("utility_reply", "coordinator_outputs", "EngineCoreOutputs"),
             self._validate_outputs))
         found["outputs"] = self._validate_request_outputs
+        if self._init_map_keys is not None:
+            found["init"] = self._validate_init_map
         found["MultiModalFeatureSpec"] = lambda _kind, value: self._validate_mm_item(value.data)
         found["MultiModalFieldElem"] = lambda _kind, value: self._validate_mm_element("", value)
         found["UtilityOutput"] = lambda _kind, value: self._validate_utility_result(value.result)
@@ -1225,6 +1242,27 @@ class Codec:
             )
         if element.data is not None:
             check_nested_tensors(element.data)
+
+    def _validate_init_map(self, kind: str, value: Any) -> None:
+        """The init map of a release that reads it by key (0.9.0): every key of
+        [[init_message]], a str output address and a map parallel_config."""
+        keys = self._init_map_keys or ()
+        if not isinstance(value, dict) or any(k not in value for k in keys):
+            raise PayloadError(
+                "handshake.init-addresses",
+                f"vLLM {self.spec.version}'s init message is a map of {', '.join(keys)}",
+                expected=list(keys), got=sorted(value) if isinstance(value, dict) else value,
+            )
+        if INIT_MAP_OUTPUT_KEY in keys and not isinstance(value[INIT_MAP_OUTPUT_KEY], str):
+            raise PayloadError(
+                "handshake.init-addresses", f"{INIT_MAP_OUTPUT_KEY} is an address string",
+                expected="str", got=value[INIT_MAP_OUTPUT_KEY],
+            )
+        if "parallel_config" in keys and not isinstance(value["parallel_config"], dict):
+            raise PayloadError(
+                "handshake.init-parallel-config", "parallel_config is a map",
+                expected="map", got=type(value["parallel_config"]).__name__,
+            )
 
     def _validate_handshake_map(self, kind: str, value: Any) -> None:
         if not isinstance(value, dict):

@@ -44,7 +44,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from enginewire.spec.loader import Spec
+from enginewire.spec.history.release_facts import ready_response_at, utility_fields
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 
 from .codec import Codec, Frame, default_codec
 from .errors import FramingError, HandshakeError
@@ -180,6 +181,8 @@ class EngineConnection:
     ``handshake``: False when the addresses come from elsewhere: call :meth:`use_addresses`
     and, after sending the ready responses, :meth:`begin_serving` (no HELLO, no READY).
     :attr:`identity` is the routing identity to set on the handshake and input DEALERs.
+    ``input_address``: where the release holds the handshake on the input socket (0.9.0), the
+    address of that socket (its init map names only the output).
     """
 
     def __init__(
@@ -191,11 +194,12 @@ class EngineConnection:
         handshake: bool = True,
         codec: Codec | None = None,
         spec: Spec | None = None,
+        input_address: str | None = None,
     ) -> None:
         self.codec = codec or default_codec()
         self.session = EngineSession(
             rank, local=local, headless=headless, handshake=handshake,
-            spec=spec or self.codec.spec,
+            spec=spec or self.codec.spec, input_address=input_address,
         )
         self.rank = rank
         self.identity: bytes = self.codec.encode_identity(rank)
@@ -321,6 +325,11 @@ class FrontendConnection:
         )
         #: Engines that sent HELLO and have not been sent the init message yet.
         self._init_due: set[int] = set()
+        version = self.session.spec.version
+        #: READY is the engine's ready response (0.9.0 holds the handshake on the input
+        #: socket: history/constants.toml [[ready_response]] ``handshake``).
+        self._ready_is_response = version != REFERENCE_VLLM_VERSION \
+            and ready_response_at(version) == "handshake"
 
     @property
     def dead(self) -> bool:
@@ -348,6 +357,9 @@ class FrontendConnection:
             if action.name == "send_init":
                 self._init_due.add(rank)
                 return [HelloReceived(rank, message)]
+            if self._ready_is_response:
+                self.session.receive_ready_response(rank, None)
+                return [ReadyReceived(rank, message), ReadyResponse(rank, None)]
             return [ReadyReceived(rank, message)]
         response = self.codec.decode("ready_response", frames[1:])
         self.session.receive_ready_response(rank, response)
@@ -387,8 +399,9 @@ class FrontendConnection:
         in the session.
 
         ``init``: the EngineHandshakeMetadata, once after the engine's HELLO; ``add``: an
-        EngineCoreRequest; ``abort``: a list of request ids; ``utility``:
-        ``(client_index, call_id, method, args)`` with a fresh call_id
+        EngineCoreRequest; ``abort``: a list of request ids; ``utility``: the release's
+        payload (:func:`~enginewire.spec.history.release_facts.utility_value`: ``(client_index,
+        call_id, method, args)``, without client_index up to 0.9.0) with a fresh call_id
         (:meth:`free_call_id`).
         """
         link = self.session.link(rank)
@@ -408,5 +421,7 @@ class FrontendConnection:
         elif kind == "abort":
             self.session.send_abort(rank, value)
         else:
-            self.session.send_utility(rank, value[1])
+            fields = utility_fields(self.session.spec.version, list(value))
+            assert fields is not None  # the codec encoded it in the release's form
+            self.session.send_utility(rank, fields["call_id"])
         return frames

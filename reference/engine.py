@@ -8,7 +8,10 @@ ready response first on every input DEALER. Built for a release without the hand
 release's sockets on them (history/constants.toml ``[[transport]]``: a PULL input without
 identity before 0.8.4, binding its output PUSH before 0.8.3 and its input at 0.8.3), sending
 ``b"READY"`` on its input at 0.8.4 and 0.8.5 and nothing before (those releases told their
-parent over a process pipe). It has no model: it answers each ADD with a
+parent over a process pipe). Built for 0.9.0 (the handshake on the input socket:
+``release_facts.handshake_on_input``) its handshake DEALER is its input: HELLO, the init map
+naming the output address, then its output PUSH and READY, its ready response, on the input.
+It has no model: it answers each ADD with a
 deterministic token stream (:func:`scripted_tokens`), one token per request per step, and
 finishes with LENGTH when ``sampling_params.max_tokens`` ran out (STOP after ``tokens`` tokens
 when the request sets no max_tokens).
@@ -63,6 +66,7 @@ import zmq
 
 from enginewire.spec.history.release_facts import (
     STATE_KEYS,
+    handshake_on_input,
     ready_response_at,
     transport_at,
 )
@@ -308,19 +312,23 @@ class ReferenceEngine:
         codec = default_codec(version=release) if release is not None else None
         self.connection = EngineConnection(
             options.rank, local=options.local, headless=options.headless, handshake=handshake,
-            codec=codec,
+            codec=codec, input_address=options.handshake_address,
         )
         self.structs = structs.ReleaseStructs(codec)
         self._ready_form = "struct" if release is None else ready_response_at(release)
         #: The release's input/output sockets (None: the transport surface's).
         self._transport = transport_at(release) if release is not None else None
         direct = self._transport is not None and not self._transport.handshake
+        #: The release holds the handshake on the input socket, READY its ready response
+        #: (0.9.0): the handshake DEALER stays open as the input.
+        self._on_input = release is not None and handshake_on_input(release)
         if direct and handshake:
             raise ValueError(f"vLLM {release} has no HELLO/READY handshake: give the engine "
                              "its input and output addresses")
         # Forms of the ready signal it speaks: a struct or an empty frame after the handshake;
         # without one, b"READY" on each input (0.8.4, 0.8.5) or none on the wire (a pipe).
-        forms = ("struct", "empty", "READY", "none") if direct else ("struct", "empty")
+        forms = ("struct", "empty", "READY", "none") if direct else \
+            ("handshake",) if self._on_input else ("struct", "empty")
         if self._ready_form not in forms:
             raise NotImplementedError(
                 f"vLLM {release}'s engine sends no ready response frame "
@@ -437,7 +445,12 @@ class ReferenceEngine:
                     )
             [init] = self.connection.receive("handshake", handshake.socket.recv_multipart())
             assert isinstance(init, InitReceived)
-            self._connect(init.addresses)
+            if self._on_input:
+                # The handshake DEALER is the input; the init map names the output only.
+                self._inputs.append(handshake)
+                self._connect({"inputs": [], "outputs": get_field(init.addresses, "outputs")})
+            else:
+                self._connect(init.addresses)
             self._send_ready_responses()
             extra = self._release_ready_keys()
             extra.update(opts.ready_extra)
@@ -447,7 +460,8 @@ class ReferenceEngine:
             handshake.socket.send_multipart(self.connection.send("ready", extra or None))
             return init.addresses
         finally:
-            handshake.close()
+            if handshake not in self._inputs:
+                handshake.close()
 
     def _connect(self, addresses: Any) -> None:
         """Open the input and output sockets the release has (their types, binds and the
@@ -482,7 +496,7 @@ class ReferenceEngine:
     def _ready_response(self) -> Any:
         """The ready response: the release's EngineCoreReadyResponse, or None (an empty
         frame, or the literal b"READY" of 0.8.4 and 0.8.5: the codec writes the release's)."""
-        if self._ready_form in ("empty", "READY", "none"):
+        if self._ready_form in ("empty", "READY", "none", "handshake"):
             return None
         opts = self.options
         return self.structs.make("EngineCoreReadyResponse",
@@ -507,7 +521,8 @@ class ReferenceEngine:
 
     def _send_ready_responses(self) -> None:
         frames = self.connection.send("ready_response", self._ready_response())
-        if self._ready_form == "none":
+        if self._ready_form in ("none", "handshake"):
+            # "handshake": READY on the input socket is the ready response (0.9.0).
             # The release signals readiness to its parent over a pipe: nothing on the wire
             # (the session still records that the engine is ready).
             return

@@ -33,7 +33,12 @@ from typing import Any
 
 import zmq
 
-from enginewire.spec.history.release_facts import transport_at
+from enginewire.spec.history.release_facts import (
+    handshake_on_input,
+    init_message_value,
+    transport_at,
+    utility_value,
+)
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 from . import structs
@@ -73,7 +78,9 @@ class ReferenceFrontend:
     :attr:`output_address`). ``handshake=False`` skips the handshake channel (the engines are
     given the input/output addresses directly, as with vLLM's ``client_addresses``); a
     ``version`` without the handshake (before 0.9.0) always does, opening that release's
-    input and output sockets (a connecting one at the address its engine binds).
+    input and output sockets (a connecting one at the address its engine binds); at 0.9.0
+    the handshake runs on the input ROUTER (:attr:`handshake_address` is its address, the init
+    message the release's plain map, READY the ready response).
     ``local`` and ``remote_headless`` are what the engines' HELLO/READY must say.
     ``version``: the vLLM release whose struct layouts it sends and reads (its codec is built
     for that release; None: the spec's reference release).
@@ -105,6 +112,8 @@ class ReferenceFrontend:
         self._routed = release is None or release.identity
         #: Engines count as ready once connected (the release's ready signal has no wire form).
         self._ready_on_connect = release is not None and release.readiness == "pipe"
+        #: The handshake runs on the input ROUTER (0.9.0): no handshake socket of its own.
+        self._on_input = version is not None and handshake_on_input(version)
         if not self._routed and engine_count != 1:
             raise ValueError(f"vLLM {version}'s input channel carries no engine identity: "
                              "one engine per front end")
@@ -122,7 +131,7 @@ class ReferenceFrontend:
         self._outputs: deque[Any] = deque()
         self._calls: dict[int, tuple[str, Future[Any]]] = {}
         try:
-            if handshake:
+            if handshake and not self._on_input:
                 self._handshake = self._open("handshake", handshake_address or ipc_address())
             self._input = self._open("input", input_address or ipc_address())
             self._output = self._open("output", output_address or ipc_address())
@@ -144,6 +153,10 @@ class ReferenceFrontend:
 
     @property
     def handshake_address(self) -> str | None:
+        """Where engines send HELLO: the handshake ROUTER, the input ROUTER where the release
+        holds the handshake there (0.9.0), None without a handshake."""
+        if self._on_input:
+            return self._input.address
         return self._handshake.address if self._handshake is not None else None
 
     @property
@@ -192,19 +205,24 @@ class ReferenceFrontend:
     def _run_handshake(self, deadline: float) -> None:
         """HELLO, init and READY with every engine."""
         make = self.structs.make
-        metadata = make(
-            "EngineHandshakeMetadata",
-            addresses=make(
-                "EngineZmqAddresses", inputs=[self.input_address], outputs=[self.output_address]
-            ),
-            parallel_config={},
-        )
+        metadata: Any
+        if self._on_input:  # the release's plain init map (history [[init_message]])
+            metadata = init_message_value(self.version or "", inputs=[self.input_address],
+                                          outputs=[self.output_address])
+        else:
+            metadata = make(
+                "EngineHandshakeMetadata",
+                addresses=make("EngineZmqAddresses", inputs=[self.input_address],
+                               outputs=[self.output_address]),
+                parallel_config={},
+            )
+        sock = self._input if self._on_input else self._handshake
         while self.session.awaiting_handshake():
-            assert self._handshake is not None
-            frames = self._recv(self._handshake, deadline, "HELLO/READY from every engine")
+            assert sock is not None
+            frames = self._recv(sock, deadline, "HELLO/READY from every engine")
             for event in self.connection.receive("handshake", frames):
                 if isinstance(event, HelloReceived):
-                    self._handshake.socket.send_multipart(
+                    sock.socket.send_multipart(
                         self.connection.send("init", metadata, rank=event.rank)
                     )
 
@@ -268,7 +286,9 @@ class ReferenceFrontend:
         """Send a UTILITY call; the future resolves while outputs are read (see :meth:`pump`)
         with the result, a :class:`UtilityCallError`, or an :class:`EngineDeadError`."""
         call_id = self.connection.free_call_id()
-        self._send(engine_index, "utility", (self.client_index, call_id, method, tuple(args)))
+        self._send(engine_index, "utility", utility_value(
+            self.connection.session.spec.version, client_index=self.client_index,
+            call_id=call_id, method=method, args=tuple(args)))
         future: Future[Any] = Future()
         self._calls[call_id] = (method, future)
         return future

@@ -36,6 +36,10 @@ from enginewire.spec.history.release_facts import (
     STATE_KEYS,
     engine_handshake_map,
     handshake_message_at,
+    init_addresses,
+    init_message_at,
+    utility_fields,
+    utility_payload_type,
 )
 from enginewire.spec.loader import Spec
 from enginewire.spec.schema import HandshakeMessage, StateMachine, Transition
@@ -574,9 +578,14 @@ class EngineSession:
         headless: bool = False,
         handshake: bool = True,
         spec: Spec | None = None,
+        input_address: str | None = None,
     ) -> None:
         self.spec = spec or load()
         self.rank = rank
+        #: The address of the input socket the handshake runs on, where the release holds it
+        #: there and its init map names only the output (0.9.0).
+        self.input_address = input_address
+        self._init_map = init_message_at(self.spec.version).get("form") == "map"
         self.local = local
         self.headless = headless
         self.handshake = handshake
@@ -651,7 +660,8 @@ class EngineSession:
         self._require_mode(True, "init")
         if not self.machine.can("init"):
             self.machine.fire("init", what="init message")
-        addresses = get_field(metadata, "addresses")
+        addresses = init_addresses(metadata, self.input_address) if self._init_map \
+            else get_field(metadata, "addresses")
         self._check_addresses(addresses)
         parallel_config = get_field(metadata, "parallel_config")
         if not isinstance(parallel_config, Mapping):
@@ -782,19 +792,22 @@ class EngineSession:
             self.requests.difference_update(ids)
             return _action(transition, self.rank, ids)
         if event == "utility":
-            shape_ok = (
-                isinstance(payload, Sequence) and len(payload) == 4
-                and all(isinstance(v, int) and not isinstance(v, bool) for v in payload[:2])
-                and isinstance(payload[2], str) and isinstance(payload[3], Sequence)
-                and not isinstance(payload[3], str | bytes)
+            # The release's items (no client_index up to 0.9.0: history [[utility_payload]]).
+            fields = utility_fields(self.spec.version, payload)
+            shape_ok = fields is not None and (
+                all(isinstance(fields[k], int) and not isinstance(fields[k], bool)
+                    for k in ("client_index", "call_id"))
+                and isinstance(fields["method"], str) and isinstance(fields["args"], Sequence)
+                and not isinstance(fields["args"], str | bytes)
             )
-            if not shape_ok:
+            if fields is None or not shape_ok:
                 raise PayloadError(
                     "frames.utility-payload",
-                    "the UTILITY payload is [client_index, call_id, method, args]",
-                    expected="tuple[int, int, str, tuple]", got=payload,
+                    f"the UTILITY payload of vLLM {self.spec.version} is "
+                    f"{utility_payload_type(self.spec.version)}",
+                    expected=utility_payload_type(self.spec.version), got=payload,
                 )
-            client_index, call_id = payload[0], payload[1]
+            client_index, call_id = fields["client_index"], fields["call_id"]
             clients = len(get_field(self.addresses, "outputs") or ())
             if not 0 <= client_index < clients:
                 # Checked before the call is recorded: it could never be answered.
@@ -811,7 +824,8 @@ class EngineSession:
                 )
             transition = self.machine.fire(event)
             self.pending_calls.add((client_index, call_id))
-            return _action(transition, self.rank, tuple(payload))
+            return _action(transition, self.rank,
+                           (client_index, call_id, fields["method"], fields["args"]))
         def is_int(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 

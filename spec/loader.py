@@ -588,6 +588,38 @@ def _check_struct_rules(file: str, spec: StructSpec | EnumSpec,
             raise SpecError(file, f"tags name unknown structs {missing}", field=where + ".tags")
 
 
+#: The type of each UTILITY payload item (history/constants.toml [[utility_payload]] names
+#: the items of a release, in order).
+UTILITY_ITEM_TYPES = {"client_index": "int", "call_id": "int", "method": "str",
+                      "args": "tuple[any, ...]"}
+
+
+def _release_payloads(frames: FramesFile, version: str, root: Path) -> FramesFile:
+    """``frames`` with the payloads the history records for release ``version`` where they
+    differ from the reference release's: the UTILITY payload's items (history/constants.toml
+    ``[[utility_payload]]``: no client_index up to 0.9.0) and the init message's form (a
+    plain map where the release reads it by key, ``[[init_message]]``: 0.9.0). At the
+    reference release, and without a history row, ``frames`` as it is."""
+    from .history.constants import constants_at
+
+    if version == REFERENCE_VLLM_VERSION:
+        return frames
+    payloads: dict[str, str] = {}
+    items = constants_at(version, "utility_payload", root).get("items")
+    if isinstance(items, list):
+        payloads["utility"] = f"tuple[{', '.join(UTILITY_ITEM_TYPES[str(i)] for i in items)}]"
+    if constants_at(version, "init_message", root).get("form") == "map":
+        payloads["init"] = "dict[str, any]"
+    messages = []
+    for message in frames.messages:
+        if message.kind in payloads:
+            message = msgspec.structs.replace(message, frames=[
+                msgspec.structs.replace(f, payload=payloads[message.kind])
+                if f.content == "msgpack" else f for f in message.frames])
+        messages.append(message)
+    return msgspec.structs.replace(frames, messages=messages)
+
+
 def _fill_type_bytes(frames: FramesFile, request_types: RequestTypesFile) -> FramesFile:
     """``frames`` with each ``type_byte`` frame's ``literal_hex`` read from the request type
     table, the one place a type byte is written."""
@@ -722,9 +754,9 @@ def _load_cached(version: str, data_dir: str) -> Spec:
         _check_surface_refs(f"{header.surface}.toml", header, all_ids)
     for name, parsed in structs.items():
         _check_struct_rules(f"structs/{name}.toml", parsed, structs, all_ids)
-    surfaces["frames"] = _fill_type_bytes(
+    surfaces["frames"] = _release_payloads(_fill_type_bytes(
         cast(FramesFile, surfaces["frames"]), cast(RequestTypesFile, surfaces["request_types"])
-    )
+    ), version, root)
 
     surfaces["tensors"] = _tensors_at(cast(TensorsFile, surfaces["tensors"]), version, root)
 

@@ -353,6 +353,18 @@ def test_engine_cells_at_a_release_without_the_handshake_run_on_its_channels(
     assert cell.status == "passed", cell.exchanges
 
 
+def test_engine_cells_at_0_9_0_hold_the_handshake_on_the_input_socket() -> None:
+    """At 0.9.0 the engine cell's engine is launched by the input address: HELLO, the init
+    map and READY on the input socket; a 0.9.1 engine (a handshake socket of its own) fails
+    with a 0.9.0 front end."""
+    with interop.implementations(["reference"], version="0.9.0") as (impls, _):
+        [cell] = interop.run_matrix(impls, transports=["ipc"], ring=False, timeout=TIMEOUT)
+    assert cell.status == "passed", cell.exchanges
+    old = reference_implementation(version="0.9.0")
+    cell = run_engine_cell(old, reference_implementation(version="0.9.1"), "ipc", 2.0)
+    assert cell.status == "failed"
+
+
 def test_an_engine_without_the_handshake_fails_with_a_front_end_of_the_newest() -> None:
     """A 0.8.5 engine connects its input DEALER and sends b"READY"; a 0.33.0 front end waits
     for HELLO on its handshake socket, which never comes, so the cell fails at start-up."""

@@ -24,6 +24,7 @@ from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, NO
 from enginewire.conformance.framework.registry import all_checks, select
 from enginewire.conformance.framework.runner import run_check
 from enginewire.conformance.targets.reference import (
+    ReferenceCodec,
     ReferenceEngines,
     ReferenceFrontends,
     reference_target,
@@ -36,6 +37,7 @@ from enginewire.reference.engine import (
     expected_generation,
     generation_request,
 )
+from enginewire.reference.errors import ProtocolError
 from enginewire.reference.frontend import ReferenceFrontend
 from enginewire.reference.transport import open_socket
 from enginewire.spec import load
@@ -76,8 +78,7 @@ def test_every_conversation_check_passes_at_0_22_0() -> None:
 
 
 def test_a_release_without_the_handshake_is_not_applicable_with_the_reason() -> None:
-    for version, reason in (("0.7.3", "vLLM 0.7.3 has no HELLO/READY handshake"),
-                            ("0.9.0", "vLLM 0.9.0 has no EngineHandshakeMetadata")):
+    for version, reason in (("0.7.3", "vLLM 0.7.3 has no HELLO/READY handshake"),):
         results = _run(version, ["engine/handshake/hello-first",
                                  "frontend/handshake/init-answers-hello"])
         assert [r.status for r in results] == [NOT_APPLICABLE] * 2
@@ -137,16 +138,21 @@ def test_channel_ends_follow_the_release() -> None:
     assert channel_end("input", "engine", "0.8.5").identity is not None
 
 
-def test_command_line_frontend_spawns_engines_of_a_release_without_the_handshake() -> None:
+@pytest.mark.parametrize(("version", "address"), [("0.8.2", "input address"),
+                                                  ("0.9.0", "handshake address")])
+def test_command_line_frontend_spawns_engines_of_a_release_without_the_handshake(
+        version: str, address: str) -> None:
+    """0.8.2's engines get the input and output addresses; 0.9.0's connect to the input
+    ROUTER, the handshake address there."""
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "enginewire", "frontend", "--version", "0.8.2", "--spawn",
+        [sys.executable, "-m", "enginewire", "frontend", "--version", version, "--spawn",
          "--timeout", "10", "utility", "echo", "7"],
         capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "input address: ipc://" in done.stderr
+    assert f"{address}: ipc://" in done.stderr
     assert done.stdout.strip() == '{"engine": 0, "method": "echo", "result": [7]}'
 
 
@@ -222,13 +228,15 @@ def test_an_engine_that_sends_the_newest_layout_fails_at_an_older_release() -> N
         == [PASSED]
 
 
-@pytest.mark.parametrize("version", ["0.7.3", "0.8.3", "0.8.5", "0.9.1", "0.11.2", "0.27.1"])
+@pytest.mark.parametrize("version", ["0.7.3", "0.8.3", "0.8.5", "0.9.0", "0.9.1", "0.11.2",
+                                     "0.27.1"])
 def test_reference_front_end_and_engine_of_one_release_talk(version: str) -> None:
     """A front end at X with an engine at X: the handshake with X's keys (no headless at
     0.9.1), X's ready response (an empty frame at 0.9.1 and 0.11.2), a generation and a
     utility call; before 0.9.0 no handshake, X's sockets on the addresses the engine is given
     (0.7.3: the engine binds its output; 0.8.3: its input; 0.8.5: a DEALER input that sends
-    b"READY")."""
+    b"READY"); at 0.9.0 the handshake on the input socket (the init a plain map, READY the
+    ready response)."""
     with ReferenceFrontend(1, version=version) as frontend:
         direct = {} if frontend.handshake_address is not None else {
             "input_addresses": [frontend.input_address],
@@ -241,7 +249,7 @@ def test_reference_front_end_and_engine_of_one_release_talk(version: str) -> Non
         try:
             frontend.wait_ready(10.0)
             response = frontend.ready_responses[0]
-            if ready_response_at(version) in ("empty", "READY", "none"):
+            if ready_response_at(version) in ("empty", "READY", "none", "handshake"):
                 assert response is None
             else:
                 assert type(response) is frontend.connection.codec.structs.classes[
@@ -319,6 +327,61 @@ def test_conversations_pass_or_are_not_applicable_at_the_last_release_of_each_li
         for result in results:
             if result.status == NOT_APPLICABLE:
                 assert f"vLLM {version}" in result.message, result.message
+
+
+# --- 0.9.0: HELLO, the init map and READY on the input socket ---------------------------
+
+
+def test_0_9_0_holds_its_conversations_on_the_input_socket() -> None:
+    """0.9.0 has a conversation (the history's readiness handshake-on-input, its init a map);
+    its HELLO/READY, init and serving checks pass, and a check of a ready response of its own
+    is NOT APPLICABLE naming READY on the input socket."""
+    assert conversation_gap(load("0.9.0")) is None
+    by_id = {r.check.id: r for r in _run("0.9.0", [
+        "engine/handshake/hello-first", "engine/handshake/ready-keys",
+        "engine/handshake/ready-after-connect", "engine/utility/call-ids-echoed",
+        "engine/handshake/ready-response-map", "frontend/handshake/init-answers-hello",
+        "frontend/requests/add-frames", "frontend/handshake/waits-for-ready-response"])}
+    not_applicable = {"engine/handshake/ready-response-map",
+                      "frontend/handshake/waits-for-ready-response"}
+    for check_id, result in by_id.items():
+        want = NOT_APPLICABLE if check_id in not_applicable else PASSED
+        assert result.status == want, (check_id, result.message)
+    for check_id in not_applicable:
+        assert "vLLM 0.9.0's engine sends no ready response of its own: its READY map on " \
+            "the input socket" in by_id[check_id].message
+
+
+def test_the_0_9_0_init_is_the_release_map() -> None:
+    """The 0.9.0 codec reads init as the map of [[init_message]] and refuses 0.9.1's struct."""
+    codec = default_codec(version="0.9.0")
+    value = {"output_socket_address": "ipc:///tmp/out", "parallel_config": {}}
+    assert codec.decode("init", codec.encode("init", value)) == value
+    newer = default_codec(version="0.9.1")
+    struct_init = newer.encode("init", newer.structs.classes["EngineHandshakeMetadata"](
+        addresses=newer.structs.classes["EngineZmqAddresses"](inputs=["a"], outputs=["b"]),
+        parallel_config={}))
+    with pytest.raises(ProtocolError, match="handshake.init-addresses"):
+        codec.decode("init", struct_init)
+
+
+@pytest.mark.parametrize(("peers", "at"), [("0.9.1", "0.9.0"), ("0.9.0", "0.9.1")])
+def test_peers_of_the_other_0_9_handshake_fail(peers: str, at: str) -> None:
+    """An engine or front end built for 0.9.1 (a handshake socket of its own,
+    EngineHandshakeMetadata, an empty ready response) fails at 0.9.0, and one built for 0.9.0
+    (the handshake on the input socket, a plain init map) fails at 0.9.1; each passes at its
+    own release."""
+    engine_checks = ["engine/serve/add-generates", "engine/utility/call-ids-echoed"]
+    target = reference_target(at)
+    target.engine = ReferenceEngines(version=peers)
+    results = _run(at, engine_checks, target)
+    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    frontend_checks = ["frontend/requests/add-frames", "frontend/utility/call-and-reply"]
+    target = reference_target(at)
+    target.frontend = ReferenceFrontends(ReferenceCodec(version=peers))
+    results = _run(at, frontend_checks, target)
+    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    assert [r.status for r in _run(peers, engine_checks + frontend_checks)] == [PASSED] * 4
 
 
 # --- 0.9.x: HELLO/READY without headless, READY with num_gpu_blocks ---------------------

@@ -771,3 +771,51 @@ def startup_handshake(sock, elastic):
     assert init_message_at("0.9.0") == expected[0]
     assert init_message_at("0.9.1") == expected[1]
     assert init_message_at("0.8.5") == {"form": "none"}
+
+
+def test_utility_payload_items_are_read_from_the_engine_unpacking(tmp_path: Path) -> None:
+    """Up to 0.9.0 the engine unpacks ``call_id, method_name, args = request``; from 0.9.1
+    ``client_idx, call_id, method_name, args``; the history names them the spec's way."""
+    from enginewire.spec.history.protocol_facts import utility_payload
+    from enginewire.spec.history.release_facts import utility_payload_at
+
+    template = '''
+def _handle_client_request(self, request_type, request):
+    if request_type == EngineCoreRequestType.ADD:
+        self.add_request(request)
+    elif request_type == EngineCoreRequestType.UTILITY:
+        {names} = request
+'''
+    cases = {"call_id, method_name, args": ["call_id", "method", "args"],
+             "client_idx, call_id, method_name, args":
+                 ["client_index", "call_id", "method", "args"]}
+    for names, want in cases.items():
+        wheel = tmp_path / f"{len(want)}.whl"
+        with zipfile.ZipFile(wheel, "w") as archive:
+            archive.writestr("vllm/v1/engine/core.py", template.format(names=names))
+        with WheelSource(wheel) as source:
+            assert utility_payload(source) == want, names
+    assert utility_payload_at("0.9.0") == ["call_id", "method", "args"]
+    assert utility_payload_at("0.7.3") == ["call_id", "method", "args"]
+    assert utility_payload_at("0.9.1") == ["client_index", "call_id", "method", "args"]
+    assert utility_payload_at("0.33.0") == ["client_index", "call_id", "method", "args"]
+
+
+def test_consistency_fails_when_the_utility_items_leave_the_frames_spec(tmp_path: Path) -> None:
+    """The newest [[utility_payload]] row must type as frames.toml's utility payload; a row
+    that drops client_index at 0.33.0 is reported, and the loader gives older releases their
+    own payload."""
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "history" / "constants.toml"
+    text = path.read_text()
+    head, tail = text.split("[[utility_payload]]", 1)
+    path.write_text(head + "[[utility_payload]]" + tail.replace(
+        '["client_index", "call_id", "method", "args"]', '["call_id", "method", "args"]', 1))
+    found = consistency.problems(data)
+    assert any("UTILITY items ['call_id', 'method', 'args'] at 0.33.0" in p for p in found), \
+        found
+    old = load("0.9.0").surface("frames")
+    [payload] = [f.payload for m in old.messages if m.kind == "utility"
+                 for f in m.frames if f.content == "msgpack"]
+    assert payload == "tuple[int, str, tuple[any, ...]]"

@@ -54,7 +54,11 @@ from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
 from enginewire.conformance.peers.zmq_peers import READY_KEY_VALUES
 from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
-from enginewire.spec.history.release_facts import engine_handshake_map, handshake_message_at
+from enginewire.spec.history.release_facts import (
+    engine_handshake_map,
+    handshake_message_at,
+    utility_fields,
+)
 
 Ext = msgspec.msgpack.Ext
 #: The extension type codes (tensors surface, ext_codes).
@@ -734,9 +738,10 @@ def _insecure_encoding(codec: CodecSurface, ctx: CheckContext) -> None:
     def probe(x: int) -> int:
         return x
 
-    frames = encode(insecure, "utility", [0, 1, "m", [probe, fractions.Fraction(1, 3)]])
-    payload = raw_decode(frames[1])
-    args = payload[3] if isinstance(payload, list) and len(payload) == 4 else None
+    frames = encode(insecure, "utility", in_release(
+        [0, 1, "m", [probe, fractions.Fraction(1, 3)]], "utility", ctx.spec))
+    fields = utility_fields(ctx.spec.version, raw_decode(frames[1]))
+    args = fields["args"] if fields is not None else None
     if not (isinstance(args, list) and len(args) == 2 and isinstance(args[0], Ext)
             and isinstance(args[1], Ext)):
         raise CheckFailure(f"expected two extension values in args, got {show(args)}",
@@ -1151,7 +1156,9 @@ def _utility_type_info(codec: CodecSurface, ctx: CheckContext) -> None:
 @check("codec/no-implicit-pickle", clauses=["structs.no-implicit-pickle"], surface="codec")
 def _no_pickle(codec: CodecSurface, ctx: CheckContext) -> None:
     """An encoder fails on a value the spec does not describe (a Fraction in utility args)."""
-    expect_encode_refused(codec, "utility", [0, 1, "m", [fractions.Fraction(1, 3)]],
+    expect_encode_refused(codec, "utility",
+                          in_release([0, 1, "m", [fractions.Fraction(1, 3)]], "utility",
+                                     ctx.spec),
                            "a fractions.Fraction in utility args")
 
 
@@ -1450,7 +1457,8 @@ def _unsubscribe_told_apart(codec: CodecSurface, ctx: CheckContext) -> None:
 def _untyped_oob(codec: CodecSurface, ctx: CheckContext) -> None:
     """A utility call whose args hold a large tensor is refused, not sent with a buffer."""
     try:
-        frames = codec.encode("utility", [0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]])
+        frames = codec.encode("utility", in_release(
+            [0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]], "utility", ctx.spec))
     except Exception as exc:  # noqa: BLE001 - refusing is conformant
         require_rejection(exc, "encode('utility') with a large tensor argument", codec=codec,
                           kind="utility", spec=ctx.spec, operation="encode")

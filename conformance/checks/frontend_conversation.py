@@ -40,14 +40,17 @@ from enginewire.conformance.peers.zmq_peers import (
     require_handshake,
     require_identity,
     require_ready_key,
-    require_wire_ready,
+    require_ready_response,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
 from enginewire.spec.history.release_facts import (
     STATE_KEYS,
     handshake_gap,
     handshake_message_at,
+    handshake_on_input,
     ready_response_at,
+    utility_fields,
+    utility_payload_at,
 )
 
 PEER_TIMEOUT = 25.0
@@ -123,7 +126,9 @@ def _has_handshake(ctx: Any) -> bool:
 
 
 def _engine(ctx: Any, launch: FrontendLaunch, rank: int = 0, **options: Any) -> SuiteEngine:
-    address = launch.handshake_address if _has_handshake(ctx) else None
+    # Where the release holds the handshake on the input socket (0.9.0), HELLO goes there.
+    address = None if not _has_handshake(ctx) else launch.input_address \
+        if handshake_on_input(ctx.spec.version) else launch.handshake_address
     engine = SuiteEngine(ctx.spec, str(ctx.tmpdir), address, rank, **options)
     ctx.on_cleanup(engine.close)
     return engine
@@ -137,7 +142,7 @@ def _connected(engine: SuiteEngine, launch: FrontendLaunch, ctx: Any) -> None:
         engine.connect_direct(launch.input_address, launch.output_address)
         return
     engine.hello()
-    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.connect(engine.read_init(engine.recv_init(ctx.wait(8.0))))
     engine.ready()
 
 
@@ -195,9 +200,9 @@ def _init(frontend: FrontendSurface, ctx: CheckContext) -> None:
         raise CheckFailure(f"init arrived as {len(frames)} frames at the DEALER, expected 1",
                            Reproduction(received=frames))
     try:
-        init = decode(frames, "EngineHandshakeMetadata", ctx.spec)
+        init = engine.read_init(frames)
     except Exception as exc:  # noqa: BLE001
-        raise CheckFailure(f"init is not EngineHandshakeMetadata: {exc}",
+        raise CheckFailure(f"init is not vLLM {ctx.spec.version}'s init message: {exc}",
                            Reproduction(received=frames)) from exc
     addresses = init["addresses"]
     if len(addresses["inputs"]) != 1 or len(addresses["outputs"]) != 1:
@@ -218,7 +223,7 @@ def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
     _Waiter(client, ctx.wait(10.0), ctx)
     engine = _engine(ctx, launch)
     engine.hello()
-    init = decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec)
+    init = engine.read_init(engine.recv_init(ctx.wait(8.0)))
     if init["parallel_config"] != {}:
         raise CheckFailure(f"parallel_config is {init['parallel_config']!r}, expected {{}}")
 
@@ -228,7 +233,7 @@ def _parallel_config(frontend: FrontendSurface, ctx: CheckContext) -> None:
        surface="frontend", timeout=PEER_TIMEOUT)
 def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """The front end is not ready (and sends nothing) until the ready response arrives."""
-    require_wire_ready(ctx.spec)
+    require_ready_response(ctx.spec)
     client, launch = _start(frontend, ctx)
     waiter = _Waiter(client, ctx.wait(12.0), ctx)
     engine = _engine(ctx, launch)
@@ -248,7 +253,7 @@ def _waits_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
        timeout=PEER_TIMEOUT)
 def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """An empty ready-response frame counts as ready."""
-    require_wire_ready(ctx.spec)
+    require_ready_response(ctx.spec)
     if ready_response_at(ctx.spec.version) == "READY":
         raise NotInRelease(f'vLLM {ctx.spec.version}\'s ready message is the literal b"READY" '
                            "and its front end takes no other (history/constants.toml "
@@ -266,7 +271,7 @@ def _empty_ready_response(frontend: FrontendSurface, ctx: CheckContext) -> None:
        timeout=PEER_TIMEOUT)
 def _every_engine(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """With two engines, the front end is ready only once both sent their ready response."""
-    require_wire_ready(ctx.spec)
+    require_ready_response(ctx.spec)
     require_identity(ctx.spec)
     client, launch = _start(frontend, ctx, engine_count=2)
     waiter = _Waiter(client, ctx.wait(12.0), ctx)
@@ -349,7 +354,7 @@ def _ready_missing_key(frontend: FrontendSurface, ctx: CheckContext) -> None:
     waiter = _Waiter(client, ctx.wait(5.0), ctx)
     engine = _engine(ctx, launch)
     engine.hello()
-    engine.connect(decode(engine.recv_init(ctx.wait(8.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.connect(engine.read_init(engine.recv_init(ctx.wait(8.0))))
     engine.send_ready_response()
     ready = engine.handshake_value("READY")
     del ready[reported[-1]]
@@ -458,10 +463,13 @@ def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list
     caller = _on_thread(ctx, client, call, f"call_utility({method!r})")
     frames = _request(engine, ctx, f"call_utility({method!r})")
     payload = msgspec.msgpack.decode(frames[1]) if len(frames) > 1 else None
-    if frames[0] != TYPE_BYTES["utility"] or not isinstance(payload, list) or len(payload) != 4:
-        raise CheckFailure("a utility call must be [03, [client_index, call_id, method, args]]",
+    fields = utility_fields(ctx.spec.version, payload)
+    if frames[0] != TYPE_BYTES["utility"] or fields is None:
+        raise CheckFailure(f"a utility call of vLLM {ctx.spec.version} must be [03, "
+                           f"[{', '.join(utility_payload_at(ctx.spec.version))}]] "
+                           "(history/constants.toml [[utility_payload]])",
                            Reproduction(received=frames))
-    engine.reply(payload[1], result=result, failure=failure)
+    engine.reply(fields["call_id"], result=result, failure=failure)
     caller.join(ctx.wait(ACT_S))
     if caller.is_alive():
         raise CheckFailure(f"call_utility({method!r}) did not return after the reply",
@@ -494,10 +502,13 @@ def _call_survives(client: Any, engine: SuiteEngine, ctx: Any, after: str,
                                                    "structs.utility-result.pair"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _call(frontend: FrontendSurface, ctx: CheckContext) -> None:
-    """call_utility sends [0, call_id, method, args] and returns the reply's result."""
+    """call_utility sends [0, call_id, method, args] ([call_id, method, args] up to 0.9.0)
+    and returns the reply's result."""
     client, (engine,) = _running(frontend, ctx)
     outcome, frames = _utility(client, engine, ctx, "sum_them", [1, 2], result=42)
-    _, call_id, method, args = msgspec.msgpack.decode(frames[1])
+    fields = utility_fields(ctx.spec.version, msgspec.msgpack.decode(frames[1]))
+    assert fields is not None  # _utility checked the release's items
+    call_id, method, args = fields["call_id"], fields["method"], fields["args"]
     if method != "sum_them" or args != [1, 2] or not (
             isinstance(call_id, int) and 0 <= call_id < 2**64):
         raise CheckFailure(f"payload is {msgspec.msgpack.decode(frames[1])!r}",
@@ -788,7 +799,7 @@ def _coordinated(frontend: Any, ctx: Any, config_hash: str) -> tuple[_Waiter, Su
     waiter = _Waiter(client, ctx.wait(8.0), ctx)
     engine = _engine(ctx, launch, 0)
     engine.hello()
-    engine.connect(decode(engine.recv_init(ctx.wait(6.0)), "EngineHandshakeMetadata", ctx.spec))
+    engine.connect(engine.read_init(engine.recv_init(ctx.wait(6.0))))
     engine.send_ready_response()
     return waiter, engine
 

@@ -104,7 +104,26 @@ def for_release(value: Any, kind: str, spec: Any) -> tuple[Any, list[str]]:
     they carry nothing (:func:`_filler`: a template's filler), and listed as
     ``Struct.field`` where they carry a value (then what the check exercises does not exist
     in the release). A field only the release has, required and nullable there, is set to
-    nil."""
+    nil. A UTILITY payload takes the release's items (no client_index up to 0.9.0) and an
+    init message its form (0.9.0's plain map: history/constants.toml)."""
+    from enginewire.spec.history.release_facts import (
+        UTILITY_ITEMS,
+        init_message_at,
+        init_message_value,
+        utility_value,
+    )
+
+    if kind == "utility" and isinstance(value, list | tuple) and len(value) == len(UTILITY_ITEMS):
+        return utility_value(spec.version, **dict(zip(UTILITY_ITEMS, value, strict=True))), []
+    if (kind == "init" and isinstance(value, dict) and "addresses" in value
+            and init_message_at(spec.version).get("form") == "map"):
+        addresses = value["addresses"]
+        if not (isinstance(addresses, dict) and addresses.get("outputs")):
+            # Nothing the release's map can carry: the value needs the struct it lacks.
+            return value, ["EngineHandshakeMetadata"]
+        return init_message_value(spec.version, inputs=list(addresses.get("inputs") or []),
+                                  outputs=list(addresses["outputs"]),
+                                  parallel_config=value.get("parallel_config")), []
     payload = kind if kind in spec.structs else None
     for message in spec.surface("frames").messages:
         if message.kind == kind:

@@ -115,11 +115,14 @@ def engine_launch(engine_impl: Implementation, addresses: tuple[str, str, str],
     """The launch of a cell's engine (``launch``: more :class:`EngineLaunch` fields): by the
     handshake address, or, in a release without the HELLO/READY handshake
     (history/constants.toml [[transport]]), with the input and output addresses given
-    directly."""
+    directly; where the release holds the handshake on the input socket (0.9.0), by the
+    input address."""
     from enginewire.conformance.targets.contract import EngineLaunch
-    from enginewire.spec.history.release_facts import handshake_gap
+    from enginewire.spec.history.release_facts import handshake_gap, handshake_on_input
 
     handshake_address, input_address, output_address = addresses
+    if engine_impl.version is not None and handshake_on_input(engine_impl.version):
+        return EngineLaunch(input_address, init_timeout=timeout, **launch)
     if engine_impl.version is not None and handshake_gap(engine_impl.version) is not None:
         return EngineLaunch(None, init_timeout=timeout, input_addresses=(input_address,),
                             output_addresses=(output_address,), **launch)

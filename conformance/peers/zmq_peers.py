@@ -19,7 +19,16 @@ input carries one, and no handshake ROUTER: the engine is given the input and ou
 (:meth:`SuiteFrontend.launch_addresses`) and counts as ready once connected (a release that
 signals readiness over a process pipe) or on its ``b"READY"`` (0.8.4, 0.8.5). Checks of what
 such a release lacks raise :class:`NotInRelease` through :func:`require_handshake`,
-:func:`require_wire_ready`, :func:`require_identity` and :func:`require_clients`.
+:func:`require_wire_ready`, :func:`require_ready_response`, :func:`require_identity` and
+:func:`require_clients`.
+
+At a release that holds the handshake on the input socket (0.9.0, readiness
+``handshake-on-input``: :func:`~enginewire.spec.history.release_facts.handshake_on_input`)
+there is no handshake ROUTER: the engine is launched with the input ROUTER's address as its
+handshake address, its input DEALER sends HELLO, reads the init message in the release's form
+(a plain map naming the output address: :meth:`SuiteEngine.read_init`) and sends READY, which
+is its ready response. The UTILITY payload has the release's items (no client_index up to
+0.9.0: ``release_facts.utility_value``).
 
 Every receive takes a timeout and raises ``TimeoutError``; every socket and ipc file is
 released by ``close`` (registered with the check's context).
@@ -55,10 +64,16 @@ from enginewire.spec.history.release_facts import (
     handshake_gap,
     handshake_keys_at,
     handshake_message_at,
+    handshake_on_input,
     identity_gap,
+    init_addresses,
+    init_message_at,
+    init_message_value,
     ready_response_at,
+    ready_response_gap,
     request_types_at,
     transport_at,
+    utility_value,
     wire_ready_gap,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
@@ -135,6 +150,12 @@ def require_wire_ready(spec: Any) -> None:
     _require(wire_ready_gap(spec.version))
 
 
+def require_ready_response(spec: Any) -> None:
+    """NOT APPLICABLE where ``spec``'s release's engine sends no ready response of its own
+    (a pipe; READY on the input socket at 0.9.0)."""
+    _require(ready_response_gap(spec.version))
+
+
 def require_identity(spec: Any) -> None:
     """NOT APPLICABLE where ``spec``'s release's input channel carries no engine identity."""
     _require(identity_gap(spec.version))
@@ -179,7 +200,7 @@ def ready_response_payload(spec: Any, value: dict[str, Any]) -> bytes | None:
             return b""
         if form == "READY":
             return b"READY"
-        if form == "none":
+        if form in ("none", "handshake"):
             return None
         names = {f.name for f in spec.structs["EngineCoreReadyResponse"].fields}
         value = {k: v for k, v in value.items() if k in names}
@@ -316,8 +337,10 @@ class SuiteFrontend:
         self.net = _Net(directory)
         self.handshake_socket: zmq.Socket | None = None
         self.handshake_address: str | None = None
+        #: The release holds the handshake on the input ROUTER (0.9.0): no handshake socket.
+        self.on_input = handshake_on_input(spec.version)
         try:
-            if self.transport.handshake:
+            if self.transport.handshake and not self.on_input:
                 self.handshake_socket = self.net.socket(zmq.ROUTER)
                 self.handshake_address = self.net.bind(
                     self.handshake_socket, self.net.address("handshake", transport))
@@ -345,6 +368,8 @@ class SuiteFrontend:
     def launch_addresses(self) -> dict[str, Any]:
         """The addresses an engine launch names: the handshake ROUTER, or without a handshake
         the input and output addresses (``EngineLaunch`` fields)."""
+        if self.on_input:  # HELLO goes to the input ROUTER
+            return {"handshake_address": self.input_addresses[0]}
         if self.handshake_address is not None:
             return {"handshake_address": self.handshake_address}
         return {"handshake_address": None, "input_addresses": tuple(self.input_addresses),
@@ -357,7 +382,11 @@ class SuiteFrontend:
 
     @property
     def router(self) -> zmq.Socket:
-        """The handshake ROUTER; only a release with the HELLO/READY handshake has one."""
+        """The ROUTER the handshake runs on: the handshake ROUTER, or the input ROUTER where
+        the release holds the handshake there (0.9.0); only a release with the HELLO/READY
+        handshake has one."""
+        if self.on_input:
+            return self.input_sockets[0]
         assert self.handshake_socket is not None, "a release without the handshake"
         return self.handshake_socket
 
@@ -365,14 +394,17 @@ class SuiteFrontend:
         return recv(self.router, timeout, "a handshake message")
 
     def init_value(self, **overrides: Any) -> dict[str, Any]:
-        value = {"addresses": {"inputs": list(self.input_addresses),
-                               "outputs": list(self.output_addresses)},
-                 "parallel_config": {}}
+        """The release's init message (EngineHandshakeMetadata, or 0.9.0's plain map) for
+        this front end's addresses, then ``overrides``."""
+        value = init_message_value(self.spec.version, inputs=list(self.input_addresses),
+                                   outputs=list(self.output_addresses))
         value.update(overrides)
         return value
 
     def send_init(self, identity: bytes, value: dict[str, Any] | None = None) -> None:
-        payload = encode(value or self.init_value(), "EngineHandshakeMetadata", self.spec)
+        value = value or self.init_value()
+        payload = [msgspec.msgpack.encode(value)] if self.on_input \
+            else encode(value, "EngineHandshakeMetadata", self.spec)
         self.router.send_multipart([identity, *payload])
 
     def handshake(self, timeout: float, *, expect: bytes | None = None) -> Handshake:
@@ -392,14 +424,18 @@ class SuiteFrontend:
         hello = _map(payload, "HELLO", frames, self.spec)
         self.send_init(identity)
         responses = []
-        for client, sock in enumerate(self.input_sockets):
-            got = recv(sock, deadline - time.monotonic(), f"the ready response on input {client}")
-            responses.append(got)
+        if not self.on_input:  # on the input socket READY is the ready response (0.9.0)
+            for client, sock in enumerate(self.input_sockets):
+                got = recv(sock, deadline - time.monotonic(),
+                           f"the ready response on input {client}")
+                responses.append(got)
         ready_frames = recv(self.router, deadline - time.monotonic(), "READY")
         if len(ready_frames) != 2 or ready_frames[0] != identity:
             raise HandshakeProblem("READY must be [identity, payload] from the same identity",
                                    ready_frames)
         ready = _map(ready_frames[1], "READY", ready_frames, self.spec)
+        if self.on_input:
+            responses.append(ready_frames)
         return Handshake(identity, hello, ready, responses)
 
     def await_ready(self, timeout: float, *, expect: bytes | None = None) -> Handshake:
@@ -449,7 +485,8 @@ class SuiteFrontend:
 
     def utility(self, identity: bytes, call_id: int, method: str, args: list[Any],
                 client: int = 0) -> None:
-        payload = msgspec.msgpack.encode([client, call_id, method, args])
+        payload = msgspec.msgpack.encode(utility_value(
+            self.spec.version, client_index=client, call_id=call_id, method=method, args=args))
         self.send_input(identity, [TYPE_BYTES["utility"], payload], client)
 
     def recv_output_frames(self, timeout: float, client: int = 0) -> list[bytes]:
@@ -530,6 +567,10 @@ class SuiteEngine:
         self.headless = headless
         self.input_rcvhwm = input_rcvhwm
         self.net = _Net(directory)
+        self.handshake_address = handshake_address
+        #: The release holds the handshake on the input socket (0.9.0): the handshake DEALER
+        #: is the input, the init map names the output only.
+        self.on_input = handshake_on_input(spec.version)
         self.handshake_socket: zmq.Socket | None = None
         if handshake_address is not None:
             self.handshake_socket = self.net.socket(zmq.DEALER, self.identity)
@@ -560,12 +601,37 @@ class SuiteEngine:
     def recv_init(self, timeout: float) -> list[bytes]:
         return recv(self.handshake_socket, timeout, "init after HELLO")  # type: ignore[arg-type]
 
+    def read_init(self, frames: Sequence[bytes]) -> dict[str, Any]:
+        """The init message as the release's engine reads it (the EngineHandshakeMetadata
+        struct, or 0.9.0's plain map of history/constants.toml [[init_message]]: its keys
+        required, the output address a str, parallel_config a map), with ``addresses`` and
+        ``parallel_config`` added for the map form (the input: the handshake socket). A
+        value the release's engine would not read raises ``ValueError``."""
+        if init_message_at(self.spec.version).get("form") != "map":
+            return decode(frames, "EngineHandshakeMetadata", self.spec)
+        value = raw_decode(frames[0])
+        keys = list(init_message_at(self.spec.version).get("keys", []))
+        if not isinstance(value, dict) or any(k not in value for k in keys):
+            raise ValueError(f"vLLM {self.spec.version}'s init message is a map of "
+                             f"{', '.join(keys)}, got {value!r}")
+        addresses = init_addresses(value, self.handshake_address)
+        if not all(isinstance(a, str) for a in addresses["outputs"]) or not isinstance(
+                value.get("parallel_config", {}), dict):
+            raise ValueError(f"vLLM {self.spec.version}'s init map needs a str output address "
+                             f"and a map parallel_config, got {value!r}")
+        return {**value, "addresses": addresses,
+                "parallel_config": value.get("parallel_config", {})}
+
     def connect(self, init: dict[str, Any]) -> None:
-        """Open the input and output sockets on the addresses ``init`` names, with the
-        release's socket types, binds and input identity."""
+        """Open the input and output sockets on the addresses ``init`` (:meth:`read_init`)
+        names, with the release's socket types, binds and input identity; where the release
+        holds the handshake on the input socket (0.9.0), that socket is the input."""
         ends = self.transport.input
         identity = self.identity if self.transport.identity else None
-        for address in init["addresses"]["inputs"]:
+        if self.on_input:
+            assert self.handshake_socket is not None
+            self.inputs.append(self.handshake_socket)
+        for address in [] if self.on_input else init["addresses"]["inputs"]:
             sock = self.net.socket(getattr(zmq, ends.engine), identity)
             if self.input_rcvhwm:
                 sock.setsockopt(zmq.RCVHWM, self.input_rcvhwm)
@@ -585,7 +651,7 @@ class SuiteEngine:
                             raw: bytes | None = None) -> None:
         payload = raw if raw is not None else ready_response_payload(
             self.spec, value or ready_response_value(self.rank))
-        if payload is None:  # readiness over a process pipe: nothing on the wire
+        if payload is None:  # a pipe, or READY on the input (0.9.0): no ready response frame
             return
         for sock in self.inputs:
             sock.send(payload)
@@ -593,8 +659,7 @@ class SuiteEngine:
     def start(self, timeout: float) -> dict[str, Any]:
         """The whole engine side of the handshake; returns the init value."""
         self.hello()
-        frames = self.recv_init(timeout)
-        init = decode(frames, "EngineHandshakeMetadata", self.spec)
+        init = self.read_init(self.recv_init(timeout))
         self.connect(init)
         self.send_ready_response()
         self.ready()

@@ -12,6 +12,8 @@
   frames surfaces: each end's socket type and bind of the input and output channels, the
   engine identity on the input channel, a handshake channel with HELLO and READY, the ready
   response as the first input message, one socket pair per client;
+- the UTILITY payload's items derived for the newest release (``[[utility_payload]]``) type
+  as the frames surface's utility payload;
 - every default fits its field's type with the structs of each release it holds for;
 - ``history/changes.toml`` lists exactly the struct changes the struct files show between
   consecutive releases (so an array struct that changes other than by appending defaulted
@@ -24,7 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..loader import DATA_DIR, Spec, SpecError, load
+from ..loader import DATA_DIR, UTILITY_ITEM_TYPES, Spec, SpecError, load
 from ..schema import StructSpec
 from ..versions import VersionError, VersionRange, parse_version
 from .wheels import read_releases
@@ -45,6 +47,7 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
     found.extend(_check_constants(data_dir, releases))
     found.extend(_check_handshake(data_dir, releases))
     found.extend(_check_transport(data_dir, releases))
+    found.extend(_check_utility_payload(data_dir, releases))
     specs = {}
     for version in releases:
         try:
@@ -155,6 +158,28 @@ def _check_handshake(data_dir: Path, releases: list[str]) -> list[str]:
                            f"are {sorted(keys.get(kind, []))}, handshake.toml says "
                            f"{wanted[kind]}")
     return out
+
+
+def _check_utility_payload(data_dir: Path, releases: list[str]) -> list[str]:
+    """The ``[[utility_payload]]`` items of the newest release, typed, are the frames
+    surface's utility payload (the reference release's, which the loader keeps)."""
+    from .compat import constants_at
+
+    newest = releases[-1]
+    items = constants_at(newest, "utility_payload", data_dir).get("items")
+    if not isinstance(items, list):
+        return [f"history/constants.toml: no [[utility_payload]] row covers {newest}"]
+    unknown = [i for i in items if i not in UTILITY_ITEM_TYPES]
+    if unknown:
+        return [f"history/constants.toml: UTILITY items {unknown} at {newest} have no type"]
+    derived = f"tuple[{', '.join(UTILITY_ITEM_TYPES[str(i)] for i in items)}]"
+    spec = load(newest, data_dir)
+    payload = next((f.payload for m in spec.surface("frames").messages if m.kind == "utility"
+                    for f in m.frames if f.content == "msgpack"), None)
+    if payload != derived:
+        return [f"history/constants.toml: UTILITY items {items} at {newest} type as "
+                f"{derived}, frames.toml says {payload}"]
+    return []
 
 
 def _check_transport(data_dir: Path, releases: list[str]) -> list[str]:

@@ -42,6 +42,7 @@ from .protocol_facts import (
     init_message,
     ready_response,
     tensor_form,
+    utility_payload,
 )
 from .transport_facts import transport
 from .wheels import write_releases
@@ -78,6 +79,8 @@ class ReleaseFacts:
     init_message: dict[str, Any] = field(default_factory=dict)
     #: how the encoder writes a tensor and an array (:func:`.protocol_facts.tensor_form`).
     tensor_form: dict[str, int | str] = field(default_factory=dict)
+    #: The UTILITY payload's items (:func:`.protocol_facts.utility_payload`).
+    utility_payload: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -141,6 +144,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.transport = transport(source, bool(facts.handshake), facts.ready_response)
         facts.init_message = init_message(source)
         facts.tensor_form = tensor_form(source)
+        facts.utility_payload = utility_payload(source)
     return facts
 
 
@@ -603,6 +607,9 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
         ("init_message", "how the engine reads the front end's init message (struct: decoded "
          "as that struct; map: a plain msgpack map read by these keys; none: no such message)",
          lambda r: dict(r.init_message) or {"form": "none"}),
+        ("utility_payload", "the UTILITY request's payload items in order, as the engine "
+         "unpacks them (none: no UTILITY request)",
+         lambda r: {"items": list(r.utility_payload) or "none"}),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")

@@ -15,6 +15,11 @@
   with ``type=EngineHandshakeMetadata``, 0.9.1 on) or ``{"form": "map", "keys": [...]}`` (a
   plain msgpack map read with ``init_message["key"]``: 0.9.0's output_socket_address and
   parallel_config); ``{}`` where the wheel has no ``startup_handshake``.
+- :func:`utility_payload`: the items of the UTILITY request's payload in order, as the
+  engine's branch for ``EngineCoreRequestType.UTILITY`` unpacks ``request``: ``["call_id",
+  "method", "args"]`` before the front end sent its client index (0.9.0 and earlier), then
+  ``["client_index", "call_id", "method", "args"]`` (vLLM's names ``client_idx`` and
+  ``method_name`` read as these).
 - :func:`chunk_framing`: how ``MessageQueue.enqueue`` lays a message into a ring chunk after
   the overflow byte: ``buffers`` (a big-endian buffer count, then each buffer after a
   big-endian length; the widths are the literal byte counts of its ``to_bytes_big`` calls) or
@@ -173,6 +178,31 @@ def init_message(source: WheelSource) -> dict[str, Any]:
             if keys:
                 return {"form": "map", "keys": sorted(keys)}
     return {}
+
+
+#: vLLM's names of the UTILITY payload's items -> the spec's.
+UTILITY_ITEM_NAMES = {"client_idx": "client_index", "method_name": "method"}
+
+
+def utility_payload(source: WheelSource) -> list[str]:
+    """The UTILITY payload's items (see the module docstring); ``[]`` where the wheel
+    unpacks none."""
+    for filename in _files(source):
+        if "EngineCoreRequestType.UTILITY" not in source.text(filename):
+            continue
+        for branch in ast.walk(source.tree(filename)):
+            if not (isinstance(branch, ast.If)
+                    and ast.unparse(branch.test).endswith("EngineCoreRequestType.UTILITY")):
+                continue
+            for statement in branch.body:
+                if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                        and isinstance(statement.targets[0], ast.Tuple)
+                        and isinstance(statement.value, ast.Name)):
+                    continue
+                names = [e.id for e in statement.targets[0].elts if isinstance(e, ast.Name)]
+                if "call_id" in names:
+                    return [UTILITY_ITEM_NAMES.get(name, name) for name in names]
+    return []
 
 
 def chunk_framing(source: WheelSource) -> dict[str, int | str]:

@@ -25,10 +25,16 @@ handshake keys and the form of the ready response live in ``history/constants.to
   ``EngineHandshakeMetadata`` (0.9.0's plain map, :func:`init_message_at`), or a ready
   response that is neither a struct nor an empty frame;
 - :func:`init_message_at`: how the release's engine reads the init message;
-- :func:`handshake_gap`, :func:`wire_ready_gap`, :func:`identity_gap`, :func:`clients_gap`:
-  why a check of the handshake, of the ready message on the wire, of the engine identity on
+- :func:`handshake_gap`, :func:`wire_ready_gap`, :func:`ready_response_gap`,
+  :func:`identity_gap`, :func:`clients_gap`: why a check of the handshake, of the ready
+  message on the wire, of a ready response of its own (not READY), of the engine identity on
   the input channel or of several clients per engine does not apply at a release (None: it
-  does), from its ``[[transport]]`` row.
+  does), from its ``[[transport]]`` and ``[[ready_response]]`` rows;
+- :func:`utility_payload_at`, :func:`utility_value`, :func:`utility_fields`: the UTILITY
+  payload's items at a release (no client index up to 0.9.0) and a payload in that form;
+- :func:`handshake_on_input`, :func:`init_message_value`, :func:`init_addresses`: a release
+  that holds the handshake on its input socket (0.9.0: HELLO, a plain init map naming the
+  output, READY as the ready response) and its init message in the release's form.
 
 At the reference release (:data:`~enginewire.spec.loader.REFERENCE_VLLM_VERSION`) the
 handshake and transport surfaces (``spec/data/handshake.toml``, ``transport.toml``) are
@@ -41,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..loader import REFERENCE_VLLM_VERSION, load
+from ..loader import REFERENCE_VLLM_VERSION, UTILITY_ITEM_TYPES, load
 from ..schema import HandshakeMessage, MapKey
 from .constants import constants_at
 
@@ -196,6 +202,82 @@ def init_message_at(version: str) -> dict[str, Any]:
     return dict(constants_at(version, "init_message")) or {"form": "none"}
 
 
+def handshake_on_input(version: str) -> bool:
+    """Whether the release's handshake runs on the input socket (0.9.0: the engine's input
+    DEALER sends HELLO, reads the init map and sends READY, its ready response; the front end
+    answers on its input ROUTER; history/constants.toml [[transport]] readiness
+    ``handshake-on-input``)."""
+    transport = transport_at(version)
+    return transport is not None and transport.readiness == "handshake-on-input"
+
+
+#: The init map's keys that name the engine's channels (the ``map`` form of
+#: [[init_message]]); every other key is read as the ``parallel_config`` map.
+INIT_MAP_OUTPUT_KEY = "output_socket_address"
+
+
+def init_message_value(version: str, *, inputs: list[str], outputs: list[str],
+                       parallel_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The init message a front end of ``version`` sends, as a plain value: the
+    EngineHandshakeMetadata fields (``addresses`` of ``inputs`` and ``outputs``,
+    ``parallel_config``) where the release decodes that struct, or the release's plain map
+    (0.9.0: the first output address and ``parallel_config``; the input is the socket the
+    handshake runs on)."""
+    config = dict(parallel_config or {})
+    init = init_message_at(version)
+    if init.get("form") != "map":
+        return {"addresses": {"inputs": list(inputs), "outputs": list(outputs)},
+                "parallel_config": config}
+    keys = list(init.get("keys", []))
+    if INIT_MAP_OUTPUT_KEY not in keys or not outputs:
+        raise ValueError(f"vLLM {version}'s init map has keys {keys}: no output address in "
+                         f"{INIT_MAP_OUTPUT_KEY!r} (history/constants.toml [[init_message]])")
+    values = {INIT_MAP_OUTPUT_KEY: outputs[0], "parallel_config": config}
+    return {key: values[key] for key in keys}
+
+
+def init_addresses(init: Mapping[str, Any], input_address: str | None) -> dict[str, list[Any]]:
+    """The input and output addresses an engine reads from an init message of the ``map`` form
+    (0.9.0): the socket the handshake ran on (``input_address``) and the map's output
+    address."""
+    return {"inputs": [input_address], "outputs": [init.get(INIT_MAP_OUTPUT_KEY)]}
+
+
+#: The UTILITY payload's items at the reference release (the frames surface's utility).
+UTILITY_ITEMS = ("client_index", "call_id", "method", "args")
+
+
+def utility_payload_at(version: str) -> list[str]:
+    """The UTILITY payload's items in order at ``version`` (history/constants.toml
+    [[utility_payload]]): ``call_id, method, args`` up to 0.9.0, ``client_index`` first from
+    0.9.1 (the reference release's where the history has no row)."""
+    items = constants_at(version, "utility_payload").get("items")
+    return [str(i) for i in items] if isinstance(items, list) else list(UTILITY_ITEMS)
+
+
+def utility_payload_type(version: str) -> str:
+    """The UTILITY payload's type expression at ``version`` (a tuple of its items' types; the
+    loaded spec's frames surface carries it: :func:`enginewire.spec.load`)."""
+    return f"tuple[{', '.join(UTILITY_ITEM_TYPES[i] for i in utility_payload_at(version))}]"
+
+
+def utility_value(version: str, *, client_index: int, call_id: int, method: str,
+                  args: Any) -> list[Any]:
+    """The UTILITY payload a front end of ``version`` sends (its items, in its order)."""
+    values = {"client_index": client_index, "call_id": call_id, "method": method,
+              "args": args}
+    return [values[item] for item in utility_payload_at(version)]
+
+
+def utility_fields(version: str, payload: Any) -> dict[str, Any] | None:
+    """A UTILITY payload of ``version`` by item name (``client_index`` 0 where the release
+    sends none), or None where ``payload`` is no sequence of the release's item count."""
+    items = utility_payload_at(version)
+    if not isinstance(payload, list | tuple) or len(payload) != len(items):
+        return None
+    return {"client_index": 0, **dict(zip(items, payload, strict=True))}
+
+
 def conversation_gap(spec: Any) -> str | None:
     """Why a start-up conversation in the terms of ``spec``'s release is not possible, or
     None. ``spec``: a loaded spec (``load(version)``)."""
@@ -203,6 +285,8 @@ def conversation_gap(spec: Any) -> str | None:
     if handshake_keys_at(version, "HELLO") is None:
         return _direct_gap(version)
     init = init_message_at(version)
+    if handshake_on_input(version) and init.get("form") == "map":
+        return None  # 0.9.0: HELLO, the init map and READY on the input socket
     if "EngineHandshakeMetadata" not in spec.structs or init.get("form") != "struct":
         read = (f" (its init message is a plain map of {', '.join(init.get('keys', []))}, "
                 "history/constants.toml [[init_message]])" if init.get("form") == "map" else "")
@@ -258,6 +342,19 @@ def wire_ready_gap(version: str) -> str | None:
                 "readiness to its parent process over a pipe (history/constants.toml "
                 "[[transport]])")
     return None
+
+
+def ready_response_gap(version: str) -> str | None:
+    """Why a check of the engine's ready response as a message of its own (after READY, or
+    without the handshake its ready message) does not apply at ``version`` (None: it does):
+    no ready message on the wire (a pipe), or READY on the input socket is the ready response
+    (0.9.0)."""
+    gap = wire_ready_gap(version)
+    if gap is None and ready_response_at(version) == "handshake":
+        return (f"vLLM {version}'s engine sends no ready response of its own: its READY map on "
+                "the input socket is its ready message (history/constants.toml "
+                "[[ready_response]]: handshake)")
+    return gap
 
 
 def identity_gap(version: str) -> str | None:
