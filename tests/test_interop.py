@@ -355,13 +355,13 @@ def test_engine_cells_at_a_release_without_the_handshake_run_on_its_channels(
 
 def test_engine_cells_at_0_9_0_hold_the_handshake_on_the_input_socket() -> None:
     """At 0.9.0 the engine cell's engine is launched by the input address: HELLO, the init
-    map and READY on the input socket; a 0.9.1 engine (a handshake socket of its own) fails
-    with a 0.9.0 front end."""
+    map and READY on the input socket; a 0.9.0 engine fails with a 0.9.1 front end (which
+    sends an EngineHandshakeMetadata init and waits for READY on its handshake socket)."""
     with interop.implementations(["reference"], version="0.9.0") as (impls, _):
         [cell] = interop.run_matrix(impls, transports=["ipc"], ring=False, timeout=TIMEOUT)
     assert cell.status == "passed", cell.exchanges
     old = reference_implementation(version="0.9.0")
-    cell = run_engine_cell(old, reference_implementation(version="0.9.1"), "ipc", 2.0)
+    cell = run_engine_cell(reference_implementation(version="0.9.1"), old, "ipc", 2.0)
     assert cell.status == "failed"
 
 
