@@ -184,11 +184,12 @@ def test_peers_of_another_transport_fail_at_a_release_without_the_handshake() ->
     """At 0.8.2 an engine that speaks a DEALER with an identity frame gets no request and
     delivers no output, and a front end that waits for b"READY" never gets ready; the same
     peers' own release (0.8.5's engine) or the honest 0.8.2 peers pass."""
+    # One check per side fails (each waits out its time limit); the honest peers pass both.
     checks = ["engine/serve/add-generates", "engine/utility/call-ids-echoed"]
     target = reference_target("0.8.2")
     target.engine = ReferenceEngines(engine_class=_IdentityEngine, version="0.8.2")
-    results = _run("0.8.2", checks, target)
-    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    results = _run("0.8.2", checks[:1], target)
+    assert [r.status for r in results] == [FAILED], [r.message for r in results]
     assert [r.status for r in _run("0.8.2", checks)] == [PASSED, PASSED]
 
     class _Frontends(ReferenceFrontends):
@@ -198,8 +199,8 @@ def test_peers_of_another_transport_fail_at_a_release_without_the_handshake() ->
     checks = ["frontend/requests/add-frames", "frontend/utility/call-and-reply"]
     target = reference_target("0.8.2")
     target.frontend = _Frontends(target.codec)
-    results = _run("0.8.2", checks, target)
-    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    results = _run("0.8.2", checks[:1], target)
+    assert [r.status for r in results] == [FAILED], [r.message for r in results]
     assert all("wait_ready" in r.message for r in results), [r.message for r in results]
     assert [r.status for r in _run("0.8.2", checks)] == [PASSED, PASSED]
 
@@ -374,13 +375,14 @@ def test_peers_of_the_other_0_9_handshake_fail(peers: str, at: str) -> None:
     engine_checks = ["engine/serve/add-generates", "engine/utility/call-ids-echoed"]
     target = reference_target(at)
     target.engine = ReferenceEngines(version=peers)
-    results = _run(at, engine_checks, target)
-    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    # One check per side fails (each waits out its time limit); each passes both at its own.
+    results = _run(at, engine_checks[:1], target)
+    assert [r.status for r in results] == [FAILED], [r.message for r in results]
     frontend_checks = ["frontend/requests/add-frames", "frontend/utility/call-and-reply"]
     target = reference_target(at)
     target.frontend = ReferenceFrontends(ReferenceCodec(version=peers))
-    results = _run(at, frontend_checks, target)
-    assert [r.status for r in results] == [FAILED, FAILED], [r.message for r in results]
+    results = _run(at, frontend_checks[:1], target)
+    assert [r.status for r in results] == [FAILED], [r.message for r in results]
     assert [r.status for r in _run(peers, engine_checks + frontend_checks)] == [PASSED] * 4
 
 
