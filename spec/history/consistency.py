@@ -163,7 +163,7 @@ def _check_handshake(data_dir: Path, releases: list[str]) -> list[str]:
 def _check_utility_payload(data_dir: Path, releases: list[str]) -> list[str]:
     """The ``[[utility_payload]]`` items of the newest release, typed, are the frames
     surface's utility payload (the reference release's, which the loader keeps)."""
-    from .compat import constants_at
+    from .constants import constants_at
 
     newest = releases[-1]
     items = constants_at(newest, "utility_payload", data_dir).get("items")
