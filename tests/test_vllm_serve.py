@@ -134,8 +134,12 @@ def test_completion_through_vllm_serve_with_tensor_parallel_two() -> None:
         assert answer["choices"][0]["token_ids"] == expected
         workers = server.collective_rpc("describe_process", TIMEOUT)
         processes = dict(server.processes())
+        # No forked process keeps the API server's listening socket: vLLM's shutdown would
+        # look one up and fail on it once it is a zombie (api_server._release_listener_in_children).
+        listeners = server.listening_pids()
         status = server.stop()
     assert status == 0, server.log_tail()
+    assert server.process is not None and listeners == [server.process.pid], listeners
     # The API server, the one engine core process it started, and the engine's children:
     # the two workers (and multiprocessing's resource tracker).
     [root] = [pid for pid, parent in processes.items() if parent not in processes]

@@ -39,7 +39,9 @@ the configuration (``vllm/platforms/cpu.py:426``), so every vLLM process imports
 wrapping ``CpuPlatform.check_and_update_config`` to set ``fork`` once the platform has set
 ``spawn``: the start method a GPU run of vLLM uses by default; the platform wants spawn for its
 OpenMP kernels, which the stand-in worker never runs (as :class:`.engine_core.VllmEngines`
-does). Nothing else changes. With ``start_method="spawn"`` the child is exactly
+does). Nothing else changes, but that a forked process does not keep the API server's
+listening socket, as no spawned one does (:func:`_release_listener_in_children`;
+:meth:`ApiServer.listening_pids` shows it). With ``start_method="spawn"`` the child is exactly
 ``python -m vllm.entrypoints.cli.main serve ...`` (what the ``vllm`` script runs).
 
 ``dev_mode=True`` sets ``VLLM_SERVER_DEV_MODE=1``, vLLM's own setting that adds its
@@ -185,6 +187,8 @@ class ApiServer:
         self.port = free_port(host)
         self.rpc_port = free_port(host) if engine == "external" else None
         self.log_path = self.root / "server.log"
+        #: The log as it was when :meth:`stop` removed the temporary directory.
+        self._final_log: str | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self._segments: set[str] = set()
         self._watching = threading.Event()
@@ -247,6 +251,16 @@ class ApiServer:
                 found.append((int(stat.parent.name), int(fields[1])))
         return found
 
+    def listening_pids(self) -> list[int]:
+        """The processes holding a listening TCP socket on the server's port: the API server
+        alone when no other process inherited it (psutil names one process per socket, so
+        an inherited socket may show as the child's alone)."""
+        import psutil
+
+        return sorted({connection.pid for connection in psutil.net_connections(kind="tcp")
+                       if connection.status == psutil.CONN_LISTEN and connection.laddr
+                       and connection.laddr.port == self.port and connection.pid is not None})
+
     def _group(self) -> list[int]:
         return [pid for pid, _ in self.processes()]
 
@@ -255,6 +269,9 @@ class ApiServer:
             self._segments |= _shm_names(self._group())
 
     def log_tail(self, chars: int = 4000) -> str:
+        """The end of the server's log; after :meth:`stop`, the log as it was then."""
+        if self._final_log is not None:
+            return self._final_log[-chars:]
         try:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
@@ -344,6 +361,8 @@ class ApiServer:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"/dev/shm/{name}")
             self._segments.clear()
+        if self._final_log is None:
+            self._final_log = self.log_tail(chars=1 << 20)
         self._tmp.cleanup()
         return status
 
@@ -372,10 +391,55 @@ def _fork_after_platform() -> None:
         check_and_update_config)
 
 
+def _release_listener_in_children(port: int) -> None:
+    """In every process forked from here, put ``/dev/null`` in place of the API server's
+    socket bound to ``port`` (its listening socket).
+
+    A forked child inherits that socket (spawn, the CPU platform's own choice, passes no
+    descriptors). vLLM's shutdown then finds the child as "the process using the port"
+    (``find_process_using_port`` in ``vllm/entrypoints/launchers/launcher.py``) and asks for its
+    command line; a worker that has exited but is not yet reaped is a zombie, psutil raises
+    ``ZombieProcess``, and the server exits with status 1 after an otherwise clean shutdown.
+    The socket is found by its descriptor: when the engine core is forked it is bound but not
+    yet listening (uvicorn calls ``listen()`` later), and the kernel's connection tables do not
+    list it. ``dup2`` rather than ``close``: a socket object in the child still owns the
+    descriptor number, which must not be reused by anything its eventual close would hit."""
+
+    def release() -> None:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            try:
+                if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    continue
+                probe = socket.socket(fileno=os.dup(fd))
+            except OSError:
+                continue
+            with probe:
+                if probe.family not in (socket.AF_INET, socket.AF_INET6):
+                    continue
+                if probe.type != socket.SOCK_STREAM or probe.getsockname()[1] != port:
+                    continue
+                try:
+                    probe.getpeername()
+                    continue  # a connection, not the listener
+                except OSError:
+                    pass
+            null = os.open(os.devnull, os.O_RDONLY)
+            try:
+                os.dup2(null, fd)
+            finally:
+                os.close(null)
+
+    os.register_at_fork(after_in_child=release)
+
+
 def main() -> None:
     """``python -m enginewire.conformance.targets.vllm.api_server serve ...``: vLLM's own CLI
-    (``vllm serve ...``) with engine and worker processes forked."""
+    (``vllm serve ...``) with engine and worker processes forked (see
+    :func:`_release_listener_in_children` for the one thing a fork must not inherit)."""
     _fork_after_platform()
+    if "--port" in sys.argv:
+        _release_listener_in_children(int(sys.argv[sys.argv.index("--port") + 1]))
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *sys.argv[1:]]
