@@ -91,6 +91,13 @@ def engine_address(text: str) -> str | None:
     return zmq_address(text) if text else None
 
 
+def flag_value(text: str) -> bool:
+    """``true`` or ``false``, as ``--target-cmd`` fills ``{remote}`` and ``{headless}``."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return text.lower() == "true"
+
+
 VERSION_HELP = ("vLLM release whose struct layouts, handshake keys and ready response it "
                 "speaks (default: the spec's reference release)")
 
@@ -114,9 +121,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where = engine.add_mutually_exclusive_group()
     where.add_argument("--local", dest="local", action="store_true", default=True,
                        help="report local=true in HELLO/READY (default)")
-    where.add_argument("--remote", dest="local", action="store_false",
-                       help="report local=false")
-    engine.add_argument("--headless", action="store_true", help="report headless=true")
+    where.add_argument("--remote", dest="remote", nargs="?", const=True, default=None,
+                       type=flag_value, metavar="BOOL",
+                       help="report local=false (--remote false: local=true; a --target-cmd "
+                            "engine passes --remote {remote})")
+    engine.add_argument("--headless", nargs="?", const=True, default=False, type=flag_value,
+                        metavar="BOOL", help="report headless=true (or --headless true|false)")
     engine.add_argument("--tokens", type=positive_int, default=4,
                         help="tokens per request without max_tokens (default: %(default)s)")
     engine.add_argument("--step-delay", type=non_negative_float, default=0.0,
@@ -192,7 +202,7 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
         input_addresses=inputs,
         output_addresses=outputs,
         rank=args.rank,
-        local=args.local,
+        local=args.local if args.remote is None else not args.remote,
         headless=args.headless,
         tokens=args.tokens,
         step_delay=args.step_delay,

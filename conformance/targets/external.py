@@ -39,7 +39,7 @@ reference engine as such a program, at every release 0.7.3-0.33.0::
 
     python -m enginewire serve-engine --version {version} --handshake {handshake}
         --input {engine_input} --output {engine_output} --rank {rank} --dp-size {dp_size}
-        --handshake-timeout {init_timeout}
+        --remote {remote} --headless {headless} --handshake-timeout {init_timeout}
 
 (``serve-engine`` reads an empty address as not given.)
 
