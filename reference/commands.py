@@ -183,6 +183,12 @@ def cmd_stubs(args: argparse.Namespace) -> int:
     return run_stubs(check=args.check)
 
 
+def reports_local(args: argparse.Namespace) -> bool:
+    """The ``local`` a ``serve-engine`` invocation reports: true unless ``--remote`` (or
+    ``--remote true``)."""
+    return bool(args.local) if args.remote is None else not args.remote
+
+
 def cmd_serve_engine(args: argparse.Namespace) -> int:
     from .engine import EngineOptions, main
 
@@ -202,7 +208,7 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
         input_addresses=inputs,
         output_addresses=outputs,
         rank=args.rank,
-        local=args.local if args.remote is None else not args.remote,
+        local=reports_local(args),
         headless=args.headless,
         tokens=args.tokens,
         step_delay=args.step_delay,

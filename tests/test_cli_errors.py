@@ -200,3 +200,21 @@ def test_the_installed_command_reports_one_line() -> None:
                              "0", "ready"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--engines" in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "local", "headless"), [
+    ([], True, False), (["--remote"], False, False), (["--remote", "--headless"], False, True),
+    (["--remote", "true", "--headless", "false"], False, False),
+    (["--remote", "false", "--headless", "true"], True, True), (["--local"], True, False),
+])
+def test_serve_engine_flags_with_and_without_values(flags: list[str], local: bool,
+                                                    headless: bool) -> None:
+    """``--remote``/``--headless`` alone (``engine_argv``) or with ``true``/``false`` (an
+    engine ``--target-cmd`` filling ``{remote}``/``{headless}``)."""
+    from enginewire.cli import build_parser
+    from enginewire.reference.commands import reports_local
+
+    args = build_parser().parse_args(["serve-engine", "--handshake", "tcp://127.0.0.1:5555",
+                                      *flags])
+    assert reports_local(args) is local
+    assert args.headless is headless
