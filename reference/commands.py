@@ -19,6 +19,9 @@ keys and ready response, its input and output sockets, from the spec's history);
 --spawn --version X`` starts engines of release X. A release without the HELLO/READY handshake
 (before 0.9.0) has no handshake address: ``serve-engine --version X`` takes ``--input`` and
 ``--output``, and ``frontend --version X`` prints the input and output addresses it opened.
+``serve-engine`` reads an empty address as not given, so one command line serves every
+release as a ``check --target-cmd`` engine, whose placeholders the release does not give are
+empty (:mod:`enginewire.conformance.targets.external`).
 """
 
 from __future__ import annotations
@@ -82,6 +85,19 @@ def vllm_release(text: str) -> str:
     return text
 
 
+def engine_address(text: str) -> str | None:
+    """A ZMQ address for ``serve-engine``, or None for an empty one: what ``--target-cmd``
+    fills into an address placeholder the release does not give."""
+    return zmq_address(text) if text else None
+
+
+def flag_value(text: str) -> bool:
+    """``true`` or ``false``, as ``--target-cmd`` fills ``{remote}`` and ``{headless}``."""
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return text.lower() == "true"
+
+
 VERSION_HELP = ("vLLM release whose struct layouts, handshake keys and ready response it "
                 "speaks (default: the spec's reference release)")
 
@@ -90,22 +106,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     engine = subparsers.add_parser(
         "serve-engine", help="run the scripted reference engine core"
     )
-    target = engine.add_mutually_exclusive_group(required=True)
-    target.add_argument("--handshake", metavar="ADDR", type=zmq_address,
-                        help="the front end's handshake ROUTER (ipc:// or tcp://)")
-    target.add_argument("--input", metavar="ADDR", action="append", type=zmq_address,
-                        help="connect directly to this input ROUTER (no handshake; repeatable, "
-                             "one per front-end client, with as many --output)")
+    engine.add_argument("--handshake", metavar="ADDR", type=engine_address, default=None,
+                        help="the front end's handshake ROUTER (ipc:// or tcp://; at 0.9.0 its "
+                             "input ROUTER, where that release holds the handshake)")
+    engine.add_argument("--input", metavar="ADDR", action="append", type=engine_address,
+                        default=[],
+                        help="connect directly to this input ROUTER (no handshake, instead of "
+                             "--handshake; repeatable, one per front-end client, with as many "
+                             "--output)")
     engine.add_argument("--output", metavar="ADDR", action="append", default=[],
-                        type=zmq_address,
+                        type=engine_address,
                         help="output PULL to connect to when there is no handshake")
     engine.add_argument("--rank", type=engine_rank, default=0, help="engine index (DP rank)")
     where = engine.add_mutually_exclusive_group()
     where.add_argument("--local", dest="local", action="store_true", default=True,
                        help="report local=true in HELLO/READY (default)")
-    where.add_argument("--remote", dest="local", action="store_false",
-                       help="report local=false")
-    engine.add_argument("--headless", action="store_true", help="report headless=true")
+    where.add_argument("--remote", dest="remote", nargs="?", const=True, default=None,
+                       type=flag_value, metavar="BOOL",
+                       help="report local=false (--remote false: local=true; a --target-cmd "
+                            "engine passes --remote {remote})")
+    engine.add_argument("--headless", nargs="?", const=True, default=False, type=flag_value,
+                        metavar="BOOL", help="report headless=true (or --headless true|false)")
     engine.add_argument("--tokens", type=positive_int, default=4,
                         help="tokens per request without max_tokens (default: %(default)s)")
     engine.add_argument("--step-delay", type=non_negative_float, default=0.0,
@@ -162,20 +183,32 @@ def cmd_stubs(args: argparse.Namespace) -> int:
     return run_stubs(check=args.check)
 
 
+def reports_local(args: argparse.Namespace) -> bool:
+    """The ``local`` a ``serve-engine`` invocation reports: true unless ``--remote`` (or
+    ``--remote true``)."""
+    return bool(args.local) if args.remote is None else not args.remote
+
+
 def cmd_serve_engine(args: argparse.Namespace) -> int:
     from .engine import EngineOptions, main
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.input and len(args.input) != len(args.output):
+    inputs = [a for a in args.input if a is not None]
+    outputs = [a for a in args.output if a is not None]
+    if (args.handshake is None) == (not inputs):
+        print("enginewire serve-engine: give --handshake ADDR or --input ADDR (with --output), "
+              "one of the two (an empty ADDR counts as not given)", file=sys.stderr)
+        return 2
+    if len(inputs) != len(outputs):
         print("enginewire serve-engine: give one --output per --input", file=sys.stderr)
         return 2
     options = EngineOptions(
         handshake_address=args.handshake,
-        input_addresses=args.input or (),
-        output_addresses=args.output,
+        input_addresses=inputs,
+        output_addresses=outputs,
         rank=args.rank,
-        local=args.local,
+        local=reports_local(args),
         headless=args.headless,
         tokens=args.tokens,
         step_delay=args.step_delay,

@@ -77,6 +77,11 @@ CASES: list[tuple[str, int, str]] = [
     ("serve-engine --handshake tcp://127.0.0.1:99999", 2, "port"),
     ("serve-engine --handshake ipc:///nonexistent-dir/x", 2, "does not exist"),
     ("serve-engine --input tcp://127.0.0.1:1", 2, "--output"),
+    ("serve-engine --output tcp://127.0.0.1:1", 2, "--handshake"),
+    ("serve-engine --handshake tcp://127.0.0.1:5555 --input tcp://127.0.0.1:1 "
+     "--output tcp://127.0.0.1:2", 2, "one of the two"),
+    ("serve-engine --handshake tcp://127.0.0.1:5555 --remote maybe", 2, "true or false"),
+    ("serve-engine --handshake tcp://127.0.0.1:5555 --headless 1", 2, "true or false"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --rank -1", 2, "--rank"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --rank 70000", 2, "--rank"),
     ("serve-engine --handshake tcp://127.0.0.1:5555 --tokens -1", 2, "--tokens"),
@@ -168,6 +173,14 @@ def test_bad_invocation(argv: str, status: int, word: str, files: dict[str, str]
     assert len(problem) == 1 and problem[0] == lines[-1], lines
 
 
+def test_serve_engine_reads_an_empty_address_as_not_given(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """What ``--target-cmd`` fills into the address placeholders a release does not give."""
+    assert main(["serve-engine", "--handshake", "", "--input", "", "--output", ""]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give --handshake ADDR or --input ADDR" in err
+
+
 def test_an_unexpected_exception_is_one_line_and_exit_70(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import enginewire.reference.ring.commands as ring_commands
@@ -187,3 +200,21 @@ def test_the_installed_command_reports_one_line() -> None:
                              "0", "ready"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "--engines" in result.stderr
+
+
+@pytest.mark.parametrize(("flags", "local", "headless"), [
+    ([], True, False), (["--remote"], False, False), (["--remote", "--headless"], False, True),
+    (["--remote", "true", "--headless", "false"], False, False),
+    (["--remote", "false", "--headless", "true"], True, True), (["--local"], True, False),
+])
+def test_serve_engine_flags_with_and_without_values(flags: list[str], local: bool,
+                                                    headless: bool) -> None:
+    """``--remote``/``--headless`` alone (``engine_argv``) or with ``true``/``false`` (an
+    engine ``--target-cmd`` filling ``{remote}``/``{headless}``)."""
+    from enginewire.cli import build_parser
+    from enginewire.reference.commands import reports_local
+
+    args = build_parser().parse_args(["serve-engine", "--handshake", "tcp://127.0.0.1:5555",
+                                      *flags])
+    assert reports_local(args) is local
+    assert args.headless is headless

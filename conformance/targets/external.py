@@ -1,20 +1,47 @@
 """External programs as targets: ``enginewire check --target-cmd [SURFACE=]COMMAND``.
 
 A command names the program for one surface. Without ``SURFACE=`` the surface is read from
-the placeholders: ``{input}`` or ``{output}`` means ``frontend``, ``{handshake}`` ``engine``;
-anything else is ``codec`` unless written ``ring=...``. Placeholders are filled in (and the
-result split like a shell would) each time the suite starts the program.
+the placeholders: ``{engine_input}`` or ``{engine_output}`` means ``engine``, ``{input}`` or
+``{output}`` ``frontend``, ``{handshake}`` ``engine``; anything else is ``codec`` unless
+written ``ring=...``. The command is split like a shell would, then the placeholders are filled
+into its words each time the suite starts the program (a value stays one word; a placeholder
+with nothing to fill at this release becomes an empty word).
 
 ``engine`` -- started once per engine the suite needs::
 
     myengine --handshake {handshake} --rank {rank} --dp-size {dp_size}
              [--remote {remote}] [--headless {headless}] [--init-timeout {init_timeout}]
+             [--input {engine_input} --output {engine_output}] [--version {version}]
 
-``{handshake}`` is the suite's handshake ROUTER address, ``{rank}`` the engine index,
-``{dp_size}`` the data parallel size, ``{local}``/``{remote}``/``{headless}`` are ``true`` or
-``false``, ``{init_timeout}`` is in seconds. The program is the engine: it connects, serves,
-and is stopped with SIGTERM (then SIGKILL after 5 s). Its stderr goes to a file in the check's
-temporary directory.
+Where the engine learns its addresses depends on the release the suite checks (``check
+--version X``; history/constants.toml ``[[transport]]``):
+
+- ``{handshake}``: the address of the front end's HELLO/READY handshake, the suite's handshake
+  ROUTER from 0.9.1; at 0.9.0, whose engine holds the handshake on its input socket, the suite's
+  input ROUTER (the engine's input DEALER sends HELLO there and reads the init map naming the
+  output address). Empty before 0.9.0.
+- ``{engine_input}`` / ``{engine_output}``: before 0.9.0, which has no handshake, the input and
+  output addresses the engine opens that release's sockets on (binding those the release's
+  engine binds: its output PUSH at 0.7.3-0.8.2, its input at 0.8.3). Empty from 0.9.0, where
+  the handshake names them.
+- ``{version}``: the release the suite checks (``check --version``; the spec's reference
+  release without it), for a program that speaks more than one release's layouts, handshake
+  keys and sockets. Filled at every release.
+
+A command needs the placeholders of the release's addresses: without ``{engine_input}`` and
+``{engine_output}`` at 0.7.3-0.8.5, or without ``{handshake}`` from 0.9.0, the suite does not
+start it and every engine check is NOT IMPLEMENTED, naming the missing placeholder and the
+release. ``{rank}`` is the engine index, ``{dp_size}`` the data parallel size,
+``{local}``/``{remote}``/``{headless}`` are ``true`` or ``false``, ``{init_timeout}`` is in
+seconds. The program is the engine: it connects, serves, and is stopped with SIGTERM (then
+SIGKILL after 5 s). Its stderr goes to a file in the check's temporary directory. The
+reference engine as such a program, at every release 0.7.3-0.33.0::
+
+    python -m enginewire serve-engine --version {version} --handshake {handshake}
+        --input {engine_input} --output {engine_output} --rank {rank} --dp-size {dp_size}
+        --remote {remote} --headless {headless} --handshake-timeout {init_timeout}
+
+(``serve-engine`` reads an empty address as not given.)
 
 ``frontend``, ``codec`` and ``ring`` -- a long-running program speaking JSON lines: the suite
 writes one request per line on its stdin and the program answers each with one line on its
@@ -61,6 +88,7 @@ import json
 import os
 import shlex
 import signal
+import string
 import subprocess
 import tempfile
 import threading
@@ -75,8 +103,15 @@ from enginewire.conformance.targets.contract import (
     TargetError,
     Unsupported,
 )
+from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 
 SURFACE_PREFIXES = ("codec=", "ring=", "engine=", "frontend=")
+
+
+#: Engine placeholders naming the addresses the engine opens directly (before 0.9.0).
+DIRECT_PLACEHOLDERS = ("engine_input", "engine_output")
+#: Engine placeholder naming the address the engine's handshake connects to (from 0.9.0).
+HANDSHAKE_PLACEHOLDERS = ("handshake",)
 
 
 def split_command(text: str) -> tuple[str, str]:
@@ -84,6 +119,8 @@ def split_command(text: str) -> tuple[str, str]:
     for prefix in SURFACE_PREFIXES:
         if text.startswith(prefix):
             return prefix[:-1], text[len(prefix):]
+    if any(f"{{{name}}}" in text for name in DIRECT_PLACEHOLDERS):
+        return "engine", text
     if "{input}" in text or "{output}" in text:
         return "frontend", text
     if "{handshake}" in text:
@@ -91,7 +128,10 @@ def split_command(text: str) -> tuple[str, str]:
     return "codec", text
 
 
-def command_surfaces(commands: Sequence[str]) -> dict[str, Any]:
+def command_surfaces(commands: Sequence[str], version: str | None = None) -> dict[str, Any]:
+    """The surfaces of ``--target-cmd`` entries; ``version``: the vLLM release the suite
+    checks (an engine command's ``{version}`` and the addresses its launch gives; None: the
+    spec's reference release)."""
     surfaces: dict[str, Any] = {}
     for text in commands:
         surface, command = split_command(text)
@@ -99,20 +139,32 @@ def command_surfaces(commands: Sequence[str]) -> dict[str, Any]:
             raise TargetError(f"--target-cmd {text!r}: empty command")
         if surface in surfaces:
             raise TargetError(f"--target-cmd: two commands for {surface}")
-        surfaces[surface] = {
-            "engine": CommandEngine, "frontend": CommandFrontend,
-            "codec": CommandCodec, "ring": CommandRing,
-        }[surface](command)
+        surfaces[surface] = (CommandEngine(command, version) if surface == "engine" else {
+            "frontend": CommandFrontend, "codec": CommandCodec, "ring": CommandRing,
+        }[surface](command))
     return surfaces
 
 
+def placeholders(template: str) -> frozenset[str]:
+    """The placeholder names a command uses (``{name}``; ``{{`` is a literal brace)."""
+    try:
+        return frozenset(field for word in shlex.split(template)
+                         for _, field, _, _ in string.Formatter().parse(word) if field)
+    except ValueError as exc:
+        raise TargetError(f"cannot read the placeholders of {template!r}: {exc}") from None
+
+
 def _argv(template: str, **values: Any) -> list[str]:
+    """``template`` split like a shell would, then ``values`` filled into each word: a value
+    stays one word, an empty value an empty word."""
     filled = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in values.items()}
     try:
-        return shlex.split(template.format(**filled))
+        return [word.format(**filled) for word in shlex.split(template)]
     except KeyError as exc:
         raise TargetError(f"unknown placeholder {exc} in {template!r} (known: "
                           f"{', '.join(sorted(filled))})") from None
+    except (ValueError, IndexError) as exc:
+        raise TargetError(f"cannot fill the placeholders of {template!r}: {exc}") from None
 
 
 class CommandFailed(ValueError):
@@ -249,20 +301,41 @@ class LineRpc:
 
 
 class CommandEngine:
-    def __init__(self, command: str) -> None:
+    """An engine program started per engine (module doc): ``version`` is the vLLM release the
+    suite checks (None: the spec's reference release)."""
+
+    def __init__(self, command: str, version: str | None = None) -> None:
         self.command = command
+        self.version = version or REFERENCE_VLLM_VERSION
+        self.placeholders = placeholders(command)
 
     def start_engine(self, launch: Any) -> ProcessPeer:
-        if launch.handshake_address is None:
-            # A release without the handshake gives the engine its input and output addresses;
-            # an engine command has placeholders for the handshake address only.
-            raise Unsupported("an engine command takes {handshake}; a release without the "
-                              "HELLO/READY handshake (before 0.9.0) gives the engine input and "
-                              "output addresses, which no engine placeholder names")
+        direct = launch.handshake_address is None
+        needed = DIRECT_PLACEHOLDERS if direct else HANDSHAKE_PLACEHOLDERS
+        missing = [f"{{{name}}}" for name in needed if name not in self.placeholders]
+        if missing:
+            if direct:
+                why = (f"vLLM {self.version} has no HELLO/READY handshake: the suite gives its "
+                       "engine the input and output addresses ({engine_input}, "
+                       "{engine_output})")
+            else:
+                why = (f"vLLM {self.version}'s engine connects to the front end's handshake "
+                       "address ({handshake}; at 0.9.0 the input ROUTER, on which the "
+                       "handshake runs)")
+            raise Unsupported(f"the engine command has no {' or '.join(missing)} placeholder: "
+                              f"{why}")
+        if direct and (len(launch.input_addresses), len(launch.output_addresses)) != (1, 1):
+            raise Unsupported(
+                "an engine command takes one {engine_input} and one {engine_output}; the "
+                f"launch gives {len(launch.input_addresses)} input and "
+                f"{len(launch.output_addresses)} output addresses")
         return ProcessPeer(_argv(
-            self.command, handshake=launch.handshake_address, rank=launch.engine_index,
-            dp_size=launch.dp_size, local=launch.local, remote=not launch.local,
-            headless=launch.headless, init_timeout=launch.init_timeout,
+            self.command, handshake=launch.handshake_address or "",
+            engine_input=launch.input_addresses[0] if direct else "",
+            engine_output=launch.output_addresses[0] if direct else "",
+            version=self.version, rank=launch.engine_index, dp_size=launch.dp_size,
+            local=launch.local, remote=not launch.local, headless=launch.headless,
+            init_timeout=launch.init_timeout,
         ))
 
 

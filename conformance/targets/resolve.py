@@ -68,7 +68,8 @@ def load_target(text: str = "reference", commands: Sequence[str] = (),
 
     With only commands and no explicit target text, the target is made of the commands alone.
     Commands replace the surfaces they name on a built-in or in-process target. ``version``
-    makes the reference target's codec follow that vLLM release's layouts.
+    makes the reference target follow that vLLM release (its layouts, handshake and sockets)
+    and is the release an engine command is started for (its ``{version}`` and addresses).
     """
     prefix = text.partition(":")[0]
     if text in ("reference", ""):
@@ -93,7 +94,7 @@ def load_target(text: str = "reference", commands: Sequence[str] = (),
     if commands:
         from enginewire.conformance.targets.external import command_surfaces
 
-        for surface, surface_obj in command_surfaces(commands).items():
+        for surface, surface_obj in command_surfaces(commands, version).items():
             setattr(target, surface, surface_obj)
             if hasattr(surface_obj, "close"):
                 target._closers.append(surface_obj.close)
