@@ -324,6 +324,94 @@ def test_a_codec_writing_another_tensor_form_fails(version: str, pattern: str, f
     assert status == FAILED, message
 
 
+#: The checks of the ndarray pickle fallback (tensors.ndarray-pickle-fallback).
+FALLBACK_CHECKS = ("pickle-fallback", "pickle-fallback-decode", "pickle-fallback-other-rejected",
+                   "pickle-fallback-object-refused")
+
+
+def _fallback_releases() -> list[str]:
+    """The releases whose ndarray form is the pickle fallback, per the spec's history."""
+    return [v for v in ("0.7.3", "0.8.3", "0.8.4", "0.8.5")
+            if load(v).surface("tensors").ndarray_form == "pickle"]
+
+
+@pytest.mark.parametrize("name", FALLBACK_CHECKS)
+def test_the_ndarray_pickle_fallback_checks_follow_the_ndarray_form(name: str) -> None:
+    """They pass on the reference wherever the history says an ndarray falls to pickle
+    (0.7.3-0.8.3), and are NOT APPLICABLE, naming the release's own form, where it has one."""
+    assert _fallback_releases() == ["0.7.3", "0.8.3"]
+    for version in _fallback_releases():
+        status, message = _status(version, f"codec/ndarray/{name}")
+        assert status == PASSED, (version, message)
+    status, message = _status("0.8.4", f"codec/ndarray/{name}")
+    assert status == NOT_APPLICABLE and "ndarray_form 'tuple'" in message, message
+
+
+def _broken_fallbacks() -> dict[str, type]:
+    """Codecs for 0.7.3 each wrong about the ndarray pickle fallback in one way."""
+    import pickle
+
+    import msgspec
+
+    from enginewire.reference.codec import Codec
+    from enginewire.reference.errors import TensorError
+
+    class TupleArrays(Codec):
+        """Writes and reads an ndarray in the newest tuple form."""
+
+        def __init__(self, **options):  # type: ignore[no-untyped-def]
+            super().__init__(**options)
+            self.ndarray_form = "tuple"
+
+    class OptInOnly(Codec):
+        """Treats an array's pickle like any pickle: only with the opt-in."""
+
+        def _encode_ndarray(self, value, aux):  # type: ignore[no-untyped-def]
+            if self.allow_insecure:
+                return self._pickle(value)
+            raise TensorError("structs.no-implicit-pickle", "pickle needs the opt-in")
+
+        def _ext_hook(self, code, data):  # type: ignore[no-untyped-def]
+            if code == self._pickle_ext and not self.allow_insecure:
+                raise TensorError("tensors.ext-pickle-opt-in", "pickle needs the opt-in")
+            return super()._ext_hook(code, data)
+
+    class TrustsPickle(Codec):
+        """Unpickles whatever the pickle extension holds, as vLLM 0.7.3 does."""
+
+        def _ext_hook(self, code, data):  # type: ignore[no-untyped-def]
+            if code == self._pickle_ext:
+                return pickle.loads(data)  # noqa: S301 - the streams are the test's own
+            return super()._ext_hook(code, data)
+
+    class PicklesObjects(Codec):
+        """Pickles an object array too."""
+
+        def _encode_ndarray(self, value, aux):  # type: ignore[no-untyped-def]
+            return msgspec.msgpack.Ext(self._pickle_ext, pickle.dumps(value))
+
+    return {"tuple": TupleArrays, "opt-in-only": OptInOnly, "trusts-pickle": TrustsPickle,
+            "pickles-objects": PicklesObjects}
+
+
+@pytest.mark.parametrize(("name", "broken"), [
+    ("pickle-fallback", "tuple"),
+    ("pickle-fallback", "opt-in-only"),
+    ("pickle-fallback-decode", "tuple"),
+    ("pickle-fallback-decode", "opt-in-only"),
+    ("pickle-fallback-other-rejected", "trusts-pickle"),
+    ("pickle-fallback-object-refused", "pickles-objects"),
+])
+def test_a_codec_wrong_about_the_ndarray_pickle_fallback_fails(
+        name: str, broken: str, codec_target: CodecTarget) -> None:
+    """Power: a codec for 0.7.3 that writes an ndarray in the tuple form, allows an array's
+    pickle only with the opt-in, unpickles any stream, or pickles an object array fails the
+    fallback check about it (the reference passes: the test above)."""
+    codec = codec_target(_broken_fallbacks()[broken], "0.7.3")
+    status, message = _status("0.7.3", f"codec/ndarray/{name}", codec)
+    assert status == FAILED, message
+
+
 def test_a_pickle_form_decoder_that_runs_any_pickle_is_told_apart() -> None:
     """The reference reads the pickle form without running code: a stream naming another
     global is rejected with tensors.pickle-form."""

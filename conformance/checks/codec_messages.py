@@ -1773,3 +1773,121 @@ def _float64_scalar() -> Any:
 
 
 _register_fixed_threshold_checks()
+
+
+# --- the ndarray pickle fallback of earlier releases -----------------------------------------
+
+#: Where the fallback checks carry ndarrays: a release with no ndarray form has no field typed
+#: ndarray either, so they travel in an untyped position, UtilityOutput.result.
+_FALLBACK_HOLDER = ("UtilityOutput", "result")
+
+
+class _RunsCode:
+    """Pickles to a stream that calls ``len("abc")`` when loaded: code a decoder that trusts
+    the pickle extension runs (harmless here, but any global would do)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (len, ("abc",))
+
+
+def _fallback_frames(spec: Any, result: Any) -> list[bytes]:
+    """A UtilityOutput whose result is the wire value ``result``; NOT APPLICABLE where the
+    release sends an ndarray in a form of its own (``ndarray_form`` not ``pickle``)."""
+    require_form(spec, "ndarray", "pickle")
+    struct, field = _FALLBACK_HOLDER
+    wire = list(expected_wire({"call_id": 1}, struct, spec).value)
+    position = _index(spec, struct, field)
+    wire.extend([None] * (position + 1 - len(wire)))
+    wire[position] = result
+    return [msgspec.msgpack.encode(wire)]
+
+
+@check("codec/ndarray/pickle-fallback", clauses=["tensors.ndarray-pickle-fallback"],
+       surface="codec")
+def _ndarray_pickle_fallback(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the insecure opt-in, an ndarray (a float32 one and a
+    transposed int64 one) travels as the release's ``pickle`` extension type whose
+    payload is one pickle stream of the array (its dtype, shape and C-order bytes), and
+    decodes back to the array. (Native byte order: numpy's pickle below protocol 5 loads a
+    big-endian array in native order, with equal values.)"""
+    import numpy as np
+
+    require_form(ctx.spec, "ndarray", "pickle")
+    struct, field = _FALLBACK_HOLDER
+    arrays = [(np.arange(6).reshape(2, 3) / 8).astype("<f4"),
+              np.arange(6, dtype="<i8").reshape(2, 3).T]
+    frames = encode(codec, struct, {"call_id": 1, field: arrays})
+    wire = raw_decode(frames[0])
+    sent = wire[_index(ctx.spec, struct, field)] if isinstance(wire, list) else None
+    code = ctx.spec.ext_code("pickle")
+    if not (isinstance(sent, list) and len(sent) == 2 and len(frames) == 1
+            and all(isinstance(e, Ext) and e.code == code for e in sent)):
+        raise CheckFailure(f"an ndarray of vLLM {ctx.spec.version} travels as msgpack "
+                           f"extension type {code} (pickle) in one frame, got {show(sent)} "
+                           f"in {len(frames)} frame(s)"[:300], Reproduction(received=frames))
+    from enginewire.reference.errors import ProtocolError
+    from enginewire.reference.tensors import unpickle_array
+
+    for array, entry in zip(arrays, sent, strict=True):
+        try:
+            got = unpickle_array(bytes(entry.data), "tensors.ndarray-pickle-fallback",
+                                 f"extension type {code}'s payload")
+        except ProtocolError as exc:
+            raise CheckFailure(str(exc), Reproduction(received=frames)) from exc
+        if tensor_value(got) != tensor_value(array):
+            raise CheckFailure(f"the pickled array is {tensor_value(got)!r}, expected "
+                               f"{tensor_value(array)!r}", Reproduction(received=frames))
+    decoded = neutral(field_value(decode(codec, struct, frames), field))
+    if decoded != [tensor_value(a) for a in arrays]:
+        raise CheckFailure(f"the arrays decoded as {decoded!r}", Reproduction(received=frames))
+
+
+@check("codec/ndarray/pickle-fallback-decode", clauses=["tensors.ndarray-pickle-fallback"],
+       surface="codec")
+def _ndarray_pickle_fallback_decode(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the opt-in, a decoder builds the ndarray from the ``pickle``
+    extension type, whatever pickle protocol wrote it (vLLM writes the default)."""
+    import numpy as np
+
+    array = np.arange(4, dtype="<i4")
+    struct, field = _FALLBACK_HOLDER
+    for protocol in (2, pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):
+        frames = _fallback_frames(ctx.spec, Ext(ctx.spec.ext_code("pickle"),
+                                                pickle.dumps(array, protocol=protocol)))
+        decoded = neutral(field_value(decode(codec, struct, frames), field))
+        if decoded != tensor_value(array):
+            raise CheckFailure(f"an int32 array pickled with protocol {protocol} decoded as "
+                               f"{decoded!r}", Reproduction(sent=frames))
+
+
+@check("codec/ndarray/pickle-fallback-other-rejected",
+       clauses=["tensors.ndarray-pickle-fallback", "tensors.ext-pickle-opt-in"],
+       surface="codec")
+def _ndarray_pickle_fallback_other(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the opt-in, a decoder rejects a ``pickle`` extension whose
+    stream rebuilds anything but an ndarray: a Fraction, a stream that calls a function, an
+    object array."""
+    import numpy as np
+
+    code = ctx.spec.ext_code("pickle")
+    for what, value in (("a pickled Fraction", fractions.Fraction(1, 3)),
+                        ("a stream that calls builtins.len", _RunsCode()),
+                        ("a pickled object array", np.array([1, 2], dtype=object))):
+        frames = _fallback_frames(ctx.spec, Ext(code, pickle.dumps(value)))
+        expect_rejection(codec, _FALLBACK_HOLDER[0], frames,
+                         ["tensors.ndarray-pickle-fallback", "tensors.ext-pickle-opt-in"],
+                         f"{what} in extension type {code} without the opt-in")
+
+
+@check("codec/ndarray/pickle-fallback-object-refused",
+       clauses=["tensors.ndarray-pickle-fallback", "structs.no-implicit-pickle"],
+       surface="codec")
+def _ndarray_pickle_fallback_object(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the opt-in, an encoder refuses an object ndarray: the
+    fallback carries only arrays of values."""
+    import numpy as np
+
+    require_form(ctx.spec, "ndarray", "pickle")
+    struct, field = _FALLBACK_HOLDER
+    value = np.array([object(), object()], dtype=object)
+    expect_encode_refused(codec, struct, {"call_id": 1, field: value}, "an object ndarray")
