@@ -877,8 +877,12 @@ class Codec:
     def _encode_ndarray(self, value: np.ndarray, aux: list[Any]) -> Any:
         if value.dtype.kind in ("O", "V") and self.allow_insecure:
             return self._pickle(value)
-        if self.ndarray_form == "pickle":  # no ndarray form of its own: the pickle fallback
-            return self._pickle(value) if self.allow_insecure else _no_wire_form(value, aux)
+        if self.ndarray_form == "pickle":
+            # No ndarray form of its own: the pickle fallback, which carries an array's
+            # stream without the opt-in (tensors.ndarray-pickle-fallback).
+            if value.dtype.kind in ("O", "V"):
+                return _no_wire_form(value, aux)
+            return msgspec.msgpack.Ext(self._pickle_ext, pickle_array(value))
         return encode_ndarray(
             value, aux, threshold=self.threshold, copy=self.copy, vocab=self._vocab
         )
@@ -941,6 +945,10 @@ class Codec:
             # The pickle form: the tensor itself, in a tensor field and anywhere else.
             return tensor_from_array(unpickle_array(data), self.tensor_mode,
                                      "tensors.pickle-form")
+        if code == self._pickle_ext and not self.allow_insecure and self.ndarray_form == "pickle":
+            # The pickle fallback carries an ndarray without the opt-in, and nothing else.
+            return unpickle_array(data, "tensors.ndarray-pickle-fallback",
+                                  f"extension type {code} (pickle) without the opt-in")
         if code == self._pickle_ext or code == self._cloudpickle_ext:
             if not self.allow_insecure:
                 raise TensorError(

@@ -18,9 +18,10 @@ Contract:
 - The forms of earlier releases (the tensors surface's ``tensor_form``): :func:`numpy_view`
   gives a tensor's numpy view for the ``numpy`` form (vLLM 0.8.4: the tuple of that view, with
   numpy's dtype.str) and :func:`pickle_array` the payload of the ``pickle`` form's extension
-  type (vLLM 0.7.3-0.8.3); :func:`unpickle_array` reads such a payload back, resolving only
-  what rebuilds a numpy array (tensors.pickle-form), and :func:`tensor_from_array` builds the
-  tensor (or :class:`WireTensor`) over an array.
+  type (vLLM 0.7.3-0.8.3), which is also how those releases send an ndarray (the generic pickle
+  extension type, tensors.ndarray-pickle-fallback); :func:`unpickle_array` reads such a
+  payload back, resolving only what rebuilds a numpy array of a kind other than object and
+  void, and :func:`tensor_from_array` builds the tensor (or :class:`WireTensor`) over an array.
 """
 
 from __future__ import annotations
@@ -695,8 +696,9 @@ def numpy_view(tensor: Any, clause: str) -> np.ndarray:
 
 
 def pickle_array(array: np.ndarray) -> bytes:
-    """The payload of the ``pickle`` form's extension type: one pickle stream of ``array``
-    (the default protocol, as vLLM's ``pickle.dumps``)."""
+    """The payload of the ``pickle`` form's extension type (a tensor's numpy view, or an
+    ndarray in the pickle fallback): one pickle stream of ``array`` (the default protocol, as
+    vLLM's ``pickle.dumps``)."""
     return pickle.dumps(array)
 
 
@@ -721,20 +723,24 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def unpickle_array(data: memoryview | bytes) -> np.ndarray:
-    """The numpy array a ``pickle`` form payload holds (tensors.pickle-form); anything else
-    (another global, another type, a broken stream) raises :class:`TensorError`."""
+def unpickle_array(data: memoryview | bytes, clause: str = "tensors.pickle-form",
+                   what: str = "the tensor extension's payload") -> np.ndarray:
+    """The numpy array a ``pickle`` form payload holds (``clause``: tensors.pickle-form for a
+    tensor, tensors.ndarray-pickle-fallback for an ndarray); anything else (another global,
+    another type, an object or void array, a broken stream) raises :class:`TensorError`
+    naming ``clause`` and ``what`` the payload was."""
     import io
 
     try:
         value = _ArrayUnpickler(io.BytesIO(bytes(data))).load()
     except Exception as exc:  # noqa: BLE001 - every failure of the stream is one rejection
-        raise TensorError("tensors.pickle-form", "the tensor extension's payload is not a "
-                          "pickle stream of a numpy array",
+        raise TensorError(clause, f"{what} is not a pickle stream of a numpy array",
                           got=f"{type(exc).__name__}: {exc}"[:200]) from None
     if type(value) is not np.ndarray:
-        raise TensorError("tensors.pickle-form", "the tensor extension's payload is not a "
-                          "numpy array", got=type(value).__name__)
+        raise TensorError(clause, f"{what} is not a numpy array", got=type(value).__name__)
+    if value.dtype.kind in ("O", "V"):
+        raise TensorError(clause, f"{what} is an object or void array, not wire data",
+                          got=value.dtype.str)
     return value
 
 

@@ -9,6 +9,9 @@ at every derived release."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from enginewire.conformance.framework.evidence import for_release
@@ -74,6 +77,28 @@ def test_a_broken_older_layout_still_fails(monkeypatch: pytest.MonkeyPatch) -> N
         target.close()
 
 
+#: (Codec subclass, version) -> a ReferenceCodec whose codecs are of that class.
+CodecTarget = Callable[[type, str], Any]
+
+
+@pytest.fixture
+def codec_target() -> CodecTarget:
+    """A reference codec target for a release whose codecs (every threshold, with or without
+    the insecure opt-in) are built by a given subclass of the reference Codec: the one way
+    the tests here break one part of the reference for one release."""
+    from enginewire.conformance.targets import reference as reference_module
+
+    def make(codec_class: type, version: str) -> Any:
+        class Target(reference_module.ReferenceCodec):
+            def make_codec(self, threshold, insecure):  # type: ignore[no-untyped-def]
+                return codec_class(threshold=threshold, allow_insecure=insecure,
+                                   version=self.version)
+
+        return Target(version=version)
+
+    return make
+
+
 def _status(version: str, pattern: str, codec: object = None) -> tuple[str, str]:
     """The verdict and message of the one check ``pattern`` against the reference built for
     ``version`` (its codec replaced by ``codec`` where given)."""
@@ -128,6 +153,14 @@ def test_older_release_checks_pass_in_the_release_layout(version: str, pattern: 
      "vLLM 0.11.0 has no field that carries an ndarray"),
     ("0.9.1", "codec/tensor/pickle-form", "vLLM 0.9.1 sends a tensor as the [dtype, shape, "
      "data] tuple (tensors surface, tensor_form 'tuple')"),
+    ("0.8.4", "codec/tensor/dtype/bfloat16", "numpy has no bfloat16"),
+    ("0.8.4", "codec/tensor/dtype-alias-rejected", "vLLM 0.8.4 sends no torch dtype name"),
+    ("0.8.4", "codec/tensor/ipc-handle-rejected", "vLLM 0.8.4 sends no torch dtype name and "
+     "no IPC handle"),
+    ("0.8.4", "codec/tensor/type-from-schema",
+     "vLLM 0.8.4 has no field that carries an ndarray"),
+    ("0.8.4", "codec/tensor/inline-threshold-exact",
+     "vLLM 0.8.4 places a tensor by a fixed threshold of 512 bytes"),
 ])
 def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pattern: str,
                                                                 reason: str) -> None:
@@ -135,7 +168,8 @@ def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pa
     assert status == NOT_APPLICABLE and reason in message, (status, message)
 
 
-def test_a_codec_writing_the_newest_forms_fails_the_release_aware_checks() -> None:
+def test_a_codec_writing_the_newest_forms_fails_the_release_aware_checks(
+        codec_target: CodecTarget) -> None:
     """The release-aware checks have power: a codec for 0.8.4 that writes the newest ready
     response (an empty frame for none), one for 0.10.1 that leaves mm_kwargs' factories
     unchecked and one for 0.9.1 that decodes an element's nested tensors as plain msgpack all
@@ -162,13 +196,8 @@ def test_a_codec_writing_the_newest_forms_fails_the_release_aware_checks() -> No
         def _validate_mm_item(self, item):  # type: ignore[no-untyped-def]
             return None
 
-    class UncheckedItems(reference_module.ReferenceCodec):
-        def make_codec(self, threshold, insecure):  # type: ignore[no-untyped-def]
-            return Unchecked(threshold=threshold, allow_insecure=insecure,
-                             version=self.version)
-
     status, _ = _status("0.10.1", "codec/mm/unknown-factory-rejected",
-                        UncheckedItems(version="0.10.1"))
+                        codec_target(Unchecked, "0.10.1"))
     assert status == FAILED
 
     class RawElements(reference_module.ReferenceCodec):
@@ -227,6 +256,14 @@ def test_the_carrier_is_a_field_the_release_has(version: str, family: str, where
     assert carrier(load(version), family).where == where
 
 
+#: Tuple checks that state a tensor's dtype by its torch name and run in 0.8.4's numpy form
+#: (the name written as numpy's dtype.str).
+NUMPY_FORM_CHECKS = ("tuple-layout", "empty", "non-contiguous-c-order",
+                     "decoder-accepts-large-inline", "decoder-accepts-small-out-of-band",
+                     "index-zero-rejected", "index-shared-rejected",
+                     "unreferenced-frame-rejected", "bytes-short-rejected")
+
+
 @pytest.mark.parametrize(("version", "pattern"), [
     ("0.7.3", "codec/tensor/pickle-form"),
     ("0.7.3", "codec/tensor/pickle-form-decode"),
@@ -237,6 +274,7 @@ def test_the_carrier_is_a_field_the_release_has(version: str, family: str, where
     ("0.8.4", "codec/tensor/fixed-threshold-minus-one"),
     ("0.8.4", "codec/tensor/fixed-threshold-exact"),
     ("0.8.4", "codec/tensor/shape-negative-rejected"),
+    *[("0.8.4", f"codec/tensor/{name}") for name in NUMPY_FORM_CHECKS],
     ("0.9.1", "codec/tensor/tuple-layout"),                # in new_prompt_logprobs_tensors
     ("0.9.1", "codec/tensor/dtype/bfloat16"),
     ("0.9.1", "codec/tensor/inline-threshold-exact"),
@@ -250,10 +288,9 @@ def test_tensor_checks_run_at_older_releases(version: str, pattern: str) -> None
     assert status == PASSED, message
 
 
-def _newest_form_codec(version: str, form: str = "tuple") -> object:
-    """A reference codec for ``version`` that writes tensors in ``form`` (by default the
-    newest: the [dtype, shape, data] tuple with the torch name, threshold 256)."""
-    from enginewire.conformance.targets import reference as reference_module
+def _newest_form_codec(codec_target: CodecTarget, version: str, form: str = "tuple") -> object:
+    """A reference codec for ``version`` that writes and reads tensors in ``form`` (by default
+    the newest: the [dtype, shape, data] tuple with the torch name, threshold 256)."""
     from enginewire.reference.codec import Codec
 
     class NewestForm(Codec):
@@ -264,12 +301,7 @@ def _newest_form_codec(version: str, form: str = "tuple") -> object:
             if options.get("threshold") is None:
                 self.threshold = 256
 
-    class NewestFormCodec(reference_module.ReferenceCodec):
-        def make_codec(self, threshold, insecure):  # type: ignore[no-untyped-def]
-            return NewestForm(threshold=threshold, allow_insecure=insecure,
-                              version=self.version)
-
-    return NewestFormCodec(version=version)
+    return codec_target(NewestForm, version)
 
 
 @pytest.mark.parametrize(("version", "pattern", "form"), [
@@ -279,15 +311,104 @@ def _newest_form_codec(version: str, form: str = "tuple") -> object:
     ("0.8.4", "codec/tensor/numpy-form", "tuple"),
     ("0.8.4", "codec/tensor/dtype/float32", "tuple"),
     ("0.8.4", "codec/tensor/fixed-threshold-minus-one", "tuple"),  # 511 bytes >= 256
+    *[("0.8.4", f"codec/tensor/{name}", "tuple") for name in NUMPY_FORM_CHECKS],
     ("0.9.1", "codec/tensor/dtype/float32", "numpy"),
     ("0.9.1", "codec/tensor/tuple-layout", "numpy"),
 ])
-def test_a_codec_writing_another_tensor_form_fails(version: str, pattern: str,
-                                                    form: str) -> None:
+def test_a_codec_writing_another_tensor_form_fails(version: str, pattern: str, form: str,
+                                                    codec_target: CodecTarget) -> None:
     """Power: a codec built for X that writes tensors in another release's form (the newest
     tuple at 0.7.3-0.8.4, 0.8.4's numpy view at 0.9.1, in its nested carrier) fails X's
     tensor checks."""
-    status, message = _status(version, pattern, _newest_form_codec(version, form))
+    status, message = _status(version, pattern, _newest_form_codec(codec_target, version, form))
+    assert status == FAILED, message
+
+
+#: The checks of the ndarray pickle fallback (tensors.ndarray-pickle-fallback).
+FALLBACK_CHECKS = ("pickle-fallback", "pickle-fallback-decode", "pickle-fallback-other-rejected",
+                   "pickle-fallback-object-refused")
+
+
+def _fallback_releases() -> list[str]:
+    """The releases whose ndarray form is the pickle fallback, per the spec's history."""
+    return [v for v in ("0.7.3", "0.8.3", "0.8.4", "0.8.5")
+            if load(v).surface("tensors").ndarray_form == "pickle"]
+
+
+@pytest.mark.parametrize("name", FALLBACK_CHECKS)
+def test_the_ndarray_pickle_fallback_checks_follow_the_ndarray_form(name: str) -> None:
+    """They pass on the reference wherever the history says an ndarray falls to pickle
+    (0.7.3-0.8.3), and are NOT APPLICABLE, naming the release's own form, where it has one."""
+    assert _fallback_releases() == ["0.7.3", "0.8.3"]
+    for version in _fallback_releases():
+        status, message = _status(version, f"codec/ndarray/{name}")
+        assert status == PASSED, (version, message)
+    status, message = _status("0.8.4", f"codec/ndarray/{name}")
+    assert status == NOT_APPLICABLE and "ndarray_form 'tuple'" in message, message
+
+
+def _broken_fallbacks() -> dict[str, type]:
+    """Codecs for 0.7.3 each wrong about the ndarray pickle fallback in one way."""
+    import pickle
+
+    import msgspec
+
+    from enginewire.reference.codec import Codec
+    from enginewire.reference.errors import TensorError
+
+    class TupleArrays(Codec):
+        """Writes and reads an ndarray in the newest tuple form."""
+
+        def __init__(self, **options):  # type: ignore[no-untyped-def]
+            super().__init__(**options)
+            self.ndarray_form = "tuple"
+
+    class OptInOnly(Codec):
+        """Treats an array's pickle like any pickle: only with the opt-in."""
+
+        def _encode_ndarray(self, value, aux):  # type: ignore[no-untyped-def]
+            if self.allow_insecure:
+                return self._pickle(value)
+            raise TensorError("structs.no-implicit-pickle", "pickle needs the opt-in")
+
+        def _ext_hook(self, code, data):  # type: ignore[no-untyped-def]
+            if code == self._pickle_ext and not self.allow_insecure:
+                raise TensorError("tensors.ext-pickle-opt-in", "pickle needs the opt-in")
+            return super()._ext_hook(code, data)
+
+    class TrustsPickle(Codec):
+        """Unpickles whatever the pickle extension holds, as vLLM 0.7.3 does."""
+
+        def _ext_hook(self, code, data):  # type: ignore[no-untyped-def]
+            if code == self._pickle_ext:
+                return pickle.loads(data)  # noqa: S301 - the streams are the test's own
+            return super()._ext_hook(code, data)
+
+    class PicklesObjects(Codec):
+        """Pickles an object array too."""
+
+        def _encode_ndarray(self, value, aux):  # type: ignore[no-untyped-def]
+            return msgspec.msgpack.Ext(self._pickle_ext, pickle.dumps(value))
+
+    return {"tuple": TupleArrays, "opt-in-only": OptInOnly, "trusts-pickle": TrustsPickle,
+            "pickles-objects": PicklesObjects}
+
+
+@pytest.mark.parametrize(("name", "broken"), [
+    ("pickle-fallback", "tuple"),
+    ("pickle-fallback", "opt-in-only"),
+    ("pickle-fallback-decode", "tuple"),
+    ("pickle-fallback-decode", "opt-in-only"),
+    ("pickle-fallback-other-rejected", "trusts-pickle"),
+    ("pickle-fallback-object-refused", "pickles-objects"),
+])
+def test_a_codec_wrong_about_the_ndarray_pickle_fallback_fails(
+        name: str, broken: str, codec_target: CodecTarget) -> None:
+    """Power: a codec for 0.7.3 that writes an ndarray in the tuple form, allows an array's
+    pickle only with the opt-in, unpickles any stream, or pickles an object array fails the
+    fallback check about it (the reference passes: the test above)."""
+    codec = codec_target(_broken_fallbacks()[broken], "0.7.3")
+    status, message = _status("0.7.3", f"codec/ndarray/{name}", codec)
     assert status == FAILED, message
 
 

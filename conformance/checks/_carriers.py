@@ -16,7 +16,10 @@ sampler's values.
 
 :func:`require_form` makes a check NOT APPLICABLE where the release writes a tensor or array in
 another form than the one the check is about (the tensors surface's ``tensor_form`` and
-``ndarray_form``: ``tuple``, ``numpy`` or ``pickle``).
+``ndarray_form``: ``tuple``, ``numpy`` or ``pickle``). :func:`tuple_dtype` gives the dtype string
+a tensor of a torch dtype carries in the release's tuple: the torch name in the ``tuple`` form,
+numpy's dtype.str of the tensor's numpy view (:func:`numpy_twin`) in the ``numpy`` form, so that
+one check states its tuple once and runs at both.
 """
 
 from __future__ import annotations
@@ -138,6 +141,30 @@ def require_form(spec: Any, family: str, *forms: str) -> str:
                            f"(tensors surface, {family}_form {form!r}), not in the form this "
                            "check is about")
     return form
+
+
+def numpy_twin(spec: Any, name: str) -> str:
+    """numpy's dtype.str of the numpy view of a torch ``name`` tensor (the reference's
+    ``TORCH_TO_NUMPY``), the dtype the ``numpy`` and ``pickle`` forms send; NOT APPLICABLE for
+    a torch dtype numpy lacks (bfloat16, complex32, the float8 and float4 types): such a tensor
+    cannot travel in those forms."""
+    from enginewire.reference.tensors import TORCH_TO_NUMPY
+
+    twin = TORCH_TO_NUMPY.get(name)
+    if twin is None:
+        form = tensor_form(spec)
+        raise NotInRelease(f"vLLM {spec.version} sends a tensor through its numpy view "
+                           f"({form} form: {FORM_NAMES[form]}), and numpy has no {name}")
+    return twin
+
+
+def tuple_dtype(spec: Any, name: str) -> str:
+    """The dtype string a tensor of torch dtype ``name`` carries in the release's
+    ``[dtype, shape, data]`` tuple: ``name`` in the ``tuple`` form, :func:`numpy_twin` in the
+    ``numpy`` form (vLLM 0.8.4); NOT APPLICABLE in the ``pickle`` form (no tuple at all)."""
+    if require_form(spec, "tensor", "tuple", "numpy") == "tuple":
+        return name
+    return numpy_twin(spec, name)
 
 
 def carrier(spec: Any, family: str) -> Carrier:

@@ -6,10 +6,14 @@ Tensor checks carry their tensor (or array) in the release's carrier field
 (:mod:`._carriers`: ``EngineCoreOutput.pooling_output`` and ``routed_experts`` where the
 release has them, else a tensor field of a struct an output field reaches); malformed tuples
 are put there by hand with msgspec and handed to ``decode("EngineCoreOutput", frames)``.
-Checks of the ``[dtype, shape, data]`` tuple are NOT APPLICABLE where the release writes the
-value in another form (``tensor_form``: vLLM 0.7.3-0.8.3 pickle a tensor's numpy view into an
-extension type, 0.8.4 sends the tuple of the numpy view); those forms have checks of their
-own.
+Checks of the ``[dtype, shape, data]`` tuple run in the ``numpy`` form too (vLLM 0.8.4 sends
+a tensor as the tuple of its numpy view): they state a tensor's dtype by its torch name and
+:func:`._carriers.tuple_dtype` writes it as the release does (numpy's dtype.str at 0.8.4). They
+are NOT APPLICABLE where the release has no tuple (``tensor_form`` ``pickle``: vLLM 0.7.3-0.8.3
+pickle a tensor's numpy view into an extension type, and an ndarray falls to the generic pickle
+extension), where their subject is the torch name itself (the torch dtype vocabulary, IPC
+handles), and where the release lacks the dtype (numpy has no bfloat16). The earlier forms have
+checks of their own.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from enginewire.conformance.checks._carriers import (
     FORM_NAMES,
     carrier,
     carriers,
+    numpy_twin,
     require_form,
     tensor_form,
+    tuple_dtype,
 )
 from enginewire.conformance.checks._helpers import (
     decode,
@@ -124,17 +130,40 @@ def _carry(spec: Any, family: str, value: Any) -> dict[str, Any]:
 
 def _tuple_in(frames: list[bytes], spec: Any, family: str = "tensor") -> Any:
     """The ``[dtype, shape, data]`` tuple in the carrier of an encoded EngineCoreOutput
-    (NOT APPLICABLE where the release writes ``family`` in another form)."""
-    require_form(spec, family, "tuple")
+    (NOT APPLICABLE where the release writes ``family`` in no tuple form)."""
+    require_form(spec, family, "tuple", "numpy")
     return carrier(spec, family).entry(frames)
 
 
+def _in_form(spec: Any, data_tuple: Any, family: str = "tensor",
+             clauses: Sequence[str] = ()) -> Any:
+    """``data_tuple`` (a tensor's dtype its torch name) as the release writes it: a tensor's
+    dtype through :func:`tuple_dtype` (numpy's dtype.str in the numpy form, vLLM 0.8.4), so
+    that a malformed tuple is malformed only where it was meant to be. NOT APPLICABLE where
+    the release writes ``family`` in no tuple form, and for a check of ``clauses`` only the
+    torch-named tuple has (the torch dtype name, an IPC handle's map) outside that form."""
+    if family != "tensor":
+        require_form(spec, family, "tuple")
+        return data_tuple
+    if set(clauses) & _TUPLE_FORM_ONLY:
+        form = tensor_form(spec)
+        if form != "tuple":
+            raise NotInRelease(f"vLLM {spec.version} sends no torch dtype name and no IPC "
+                               f"handle: a tensor travels as {FORM_NAMES[form]} (tensors "
+                               f"surface, tensor_form {form!r})")
+        return data_tuple
+    require_form(spec, family, "tuple", "numpy")
+    if isinstance(data_tuple, list) and data_tuple and isinstance(data_tuple[0], str):
+        return [tuple_dtype(spec, data_tuple[0]), *data_tuple[1:]]
+    return data_tuple
+
+
 def _output_frames(spec: Any, data_tuple: Any, oob: list[bytes] | tuple = (),
-                   family: str = "tensor") -> list[bytes]:
-    """An EngineCoreOutput whose ``family`` carrier holds the tuple ``data_tuple`` exactly as
-    given (NOT APPLICABLE where the release writes ``family`` in another form)."""
-    require_form(spec, family, "tuple")
-    return carrier(spec, family).frames(spec, data_tuple, oob)
+                   family: str = "tensor", clauses: Sequence[str] = ()) -> list[bytes]:
+    """An EngineCoreOutput whose ``family`` carrier holds the tuple ``data_tuple``, as given
+    but for the dtype the release writes (:func:`_in_form`)."""
+    entry = _in_form(spec, data_tuple, family, clauses)
+    return carrier(spec, family).frames(spec, entry, oob)
 
 
 def _decoded_tensor(codec: Any, frames: list[bytes], family: str = "tensor",
@@ -147,7 +176,14 @@ def _decoded_tensor(codec: Any, frames: list[bytes], family: str = "tensor",
 def _expect_placement(frames: list[bytes], spec: Any, value: Any, *, inline: bool,
                       family: str, threshold: int, rule: str) -> None:
     """The ``family`` carrier of ``frames`` holds ``value`` inline (or out of band as index
-    1, its bytes in frame 1)."""
+    1, its bytes in frame 1). The placement rule of the tuple form: the numpy form (vLLM 0.8.4)
+    has its own, the fixed threshold."""
+    if tensor_form(spec, family) == "numpy":
+        raise NotInRelease(f"vLLM {spec.version} places a tensor by a fixed threshold of "
+                           f"{spec.surface('tensors').threshold_default} bytes, a 0-d one "
+                           "always inline (tensors.fixed-threshold: the "
+                           "codec/tensor/fixed-threshold-* checks)")
+    require_form(spec, family, "tuple")
     entry = _tuple_in(frames, spec, family)
     tv = tensor_value(value)
     notes = {"nbytes": len(tv.data), "threshold": threshold, "shape": list(tv.shape)}
@@ -405,7 +441,8 @@ def _tuple_layout(codec: CodecSurface, ctx: CheckContext) -> None:
     value = torch.arange(6, dtype=torch.float32).reshape(2, 3)
     frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
     entry = _tuple_in(frames, ctx.spec)
-    expected: list[Any] = ["float32", [2, 3], Ext(RAW_VIEW, tensor_value(value).data)]
+    expected: list[Any] = [tuple_dtype(ctx.spec, "float32"), [2, 3],
+                           Ext(RAW_VIEW, tensor_value(value).data)]
     if not (isinstance(entry, list) and len(entry) == 3 and entry[0] == expected[0]
             and entry[1] == expected[1] and isinstance(entry[2], Ext)
             and bytes(entry[2].data) == expected[2].data):
@@ -423,11 +460,11 @@ def _type_from_schema(codec: CodecSurface, ctx: CheckContext) -> None:
     tensor = torch.arange(3, dtype=torch.int16)
     array = np.arange(3, dtype="<i2")
     raw = Ext(RAW_VIEW, array.tobytes())
-    require_form(ctx.spec, "tensor", "tuple")
+    tensor_entry = _in_form(ctx.spec, ["int16", [3], raw])
     require_form(ctx.spec, "ndarray", "tuple")
     holds_tensor, holds_array = carrier(ctx.spec, "tensor"), carrier(ctx.spec, "ndarray")
     wire = list(expected_wire(_output(), OUTPUT, ctx.spec).value)
-    holds_tensor.put(ctx.spec, wire, ["int16", [3], raw])
+    holds_tensor.put(ctx.spec, wire, tensor_entry)
     holds_array.put(ctx.spec, wire, ["<i2", [3], raw])
     wire[_index(ctx.spec, OUTPUT, "kv_transfer_params")] = {"t": ["<i2", [3], raw]}
     frames = [msgspec.msgpack.encode(wire)]
@@ -446,17 +483,6 @@ def _type_from_schema(codec: CodecSurface, ctx: CheckContext) -> None:
         problems.append(f"kv_transfer_params.t: expected the plain array, got {got_any!r}")
     if problems:
         raise CheckFailure("; ".join(problems), Reproduction(sent=frames, received=neutral(value)))
-
-
-def _numpy_twin(spec: Any, value: Any) -> str:
-    """numpy's dtype.str of a tensor's numpy view, which the numpy and pickle forms send;
-    NOT APPLICABLE for a dtype numpy lacks (such a tensor cannot travel in those forms)."""
-    try:
-        return str(value.numpy().dtype.str)
-    except TypeError:
-        raise NotInRelease(f"vLLM {spec.version} sends a tensor through its numpy view "
-                           f"({tensor_form(spec)} form), and numpy has no "
-                           f"{str(value.dtype).removeprefix('torch.')}") from None
 
 
 def _sent_dtype(frames: list[bytes], spec: Any) -> Any:
@@ -508,7 +534,7 @@ def _register_dtype_checks() -> None:
             size = torch.empty((), dtype=dtype).element_size()
             raw = _dtype_bytes(size, dtype == torch.bool)
             value = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
-            want = _name if tensor_form(ctx.spec) == "tuple" else _numpy_twin(ctx.spec, value)
+            want = _name if tensor_form(ctx.spec) == "tuple" else numpy_twin(ctx.spec, _name)
             frames = encode(codec, OUTPUT, _carry(ctx.spec, "tensor", value))
             sent = _sent_dtype(frames, ctx.spec)
             if sent != want:
@@ -556,25 +582,9 @@ def _register_dtype_checks() -> None:
 _register_dtype_checks()
 
 
-def _bad_tensor(ctx: Any, entry: Any, oob: list[bytes] | tuple = (),
-                family: str = "tensor", clauses: Sequence[str] = ()) -> list[bytes]:
-    """An EngineCoreOutput whose ``family`` carrier holds the malformed tuple ``entry``. In
-    the numpy form (vLLM 0.8.4) a tensor tuple's torch dtype name becomes its numpy twin, so
-    that the tuple is malformed only where it was meant to be; checks of the torch name and
-    of IPC handles stay NOT APPLICABLE there."""
-    if (family == "tensor" and tensor_form(ctx.spec) == "numpy"
-            and not set(clauses) & _TUPLE_FORM_ONLY and isinstance(entry, list) and entry):
-        entry = [_NUMPY_TWINS.get(entry[0], entry[0]), *entry[1:]]
-        require_form(ctx.spec, family, "numpy")
-        return carrier(ctx.spec, family).frames(ctx.spec, entry, oob)
-    return _output_frames(ctx.spec, entry, oob, family)
-
-
 #: Clauses only the newest tuple form has (a torch dtype name, an IPC handle's map).
 _TUPLE_FORM_ONLY = frozenset({"tensors.torch-dtype-name",
                               "tensors.ipc-handle-needs-side-channel"})
-#: The torch names the malformed tuples use, as numpy writes them.
-_NUMPY_TWINS = {"float32": "<f4", "uint8": "|u1"}
 
 
 _FOUR_FLOATS = bytes(16)
@@ -654,7 +664,7 @@ def _register_malformed() -> None:
 
         def run(codec: Any, ctx: Any, *, _entry: Any = entry, _oob: tuple = oob,
                 _field: str = field, _what: str = what, _clauses: list = clauses) -> None:
-            frames = _bad_tensor(ctx, _entry, list(_oob), _field, _clauses)
+            frames = _output_frames(ctx.spec, _entry, list(_oob), _field, _clauses)
             expect_rejection(codec, OUTPUT, frames, _clauses,
                              f"{carrier(ctx.spec, _field).name} with {_what}")
 
@@ -684,13 +694,13 @@ def _index_zero(codec: CodecSurface, ctx: CheckContext) -> None:
 def _index_shared(codec: CodecSurface, ctx: CheckContext) -> None:
     """Two values naming the same out-of-band frame are rejected (the release's first two
     tensor carriers)."""
-    require_form(ctx.spec, "tensor", "tuple")
+    entry = _in_form(ctx.spec, ["float32", [4], 1])
     found = carriers(ctx.spec, "tensor")
     if len(found) < 2:
         raise NotInRelease(f"vLLM {ctx.spec.version} has fewer than two fields that carry a "
                            "tensor in EngineCoreOutput")
-    wire = raw_decode(found[0].frames(ctx.spec, ["float32", [4], 1])[0])
-    found[1].put(ctx.spec, wire, ["float32", [4], 1])
+    wire = raw_decode(found[0].frames(ctx.spec, entry)[0])
+    found[1].put(ctx.spec, wire, entry)
     frames = [msgspec.msgpack.encode(wire), _FOUR_FLOATS]
     expect_rejection(codec, OUTPUT, frames, "tensors.index-used-once",
                      "two tensors naming out-of-band frame 1")
@@ -771,9 +781,10 @@ def _non_contiguous(codec: CodecSurface, ctx: CheckContext) -> None:
     data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
     got = bytes(data.data) if isinstance(data, Ext) else (
         frames[data] if isinstance(data, int) and 0 < data < len(frames) else None)
-    if entry[:2] != ["int32", [3, 2]] or got != want.data:
+    dtype = tuple_dtype(ctx.spec, "int32")
+    if entry[:2] != [dtype, [3, 2]] or got != want.data:
         raise CheckFailure(
-            f"expected ['int32', [3, 2], <C-order bytes {want.data.hex()}>], got "
+            f"expected [{dtype!r}, [3, 2], <C-order bytes {want.data.hex()}>], got "
             f"{show(entry[:2])} with {got.hex() if got is not None else show(data)}",
             Reproduction(received=frames))
 
@@ -805,8 +816,9 @@ def _empty(codec: CodecSurface, ctx: CheckContext) -> None:
     data = entry[2] if isinstance(entry, list) and len(entry) == 3 else None
     carried = bytes(data.data) if isinstance(data, Ext) else (
         frames[data] if isinstance(data, int) and 0 < data < len(frames) else None)
-    if entry[:2] != ["float32", [0, 4]] or carried != b"":
-        raise CheckFailure(f"expected ['float32', [0, 4], <no bytes>], got {show(entry)}",
+    dtype = tuple_dtype(ctx.spec, "float32")
+    if entry[:2] != [dtype, [0, 4]] or carried != b"":
+        raise CheckFailure(f"expected [{dtype!r}, [0, 4], <no bytes>], got {show(entry)}",
                            Reproduction(received=frames))
     decoded = _decoded_tensor(codec, frames)
     if decoded != TensorValue("float32", (0, 4), b"", "tensor"):
@@ -1761,3 +1773,121 @@ def _float64_scalar() -> Any:
 
 
 _register_fixed_threshold_checks()
+
+
+# --- the ndarray pickle fallback of earlier releases -----------------------------------------
+
+#: Where the fallback checks carry ndarrays: a release with no ndarray form has no field typed
+#: ndarray either, so they travel in an untyped position, UtilityOutput.result.
+_FALLBACK_HOLDER = ("UtilityOutput", "result")
+
+
+class _RunsCode:
+    """Pickles to a stream that calls ``len("abc")`` when loaded: code a decoder that trusts
+    the pickle extension runs (harmless here, but any global would do)."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (len, ("abc",))
+
+
+def _fallback_frames(spec: Any, result: Any) -> list[bytes]:
+    """A UtilityOutput whose result is the wire value ``result``; NOT APPLICABLE where the
+    release sends an ndarray in a form of its own (``ndarray_form`` not ``pickle``)."""
+    require_form(spec, "ndarray", "pickle")
+    struct, field = _FALLBACK_HOLDER
+    wire = list(expected_wire({"call_id": 1}, struct, spec).value)
+    position = _index(spec, struct, field)
+    wire.extend([None] * (position + 1 - len(wire)))
+    wire[position] = result
+    return [msgspec.msgpack.encode(wire)]
+
+
+@check("codec/ndarray/pickle-fallback", clauses=["tensors.ndarray-pickle-fallback"],
+       surface="codec")
+def _ndarray_pickle_fallback(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the insecure opt-in, an ndarray (a float32 one and a
+    transposed int64 one) travels as the release's ``pickle`` extension type whose
+    payload is one pickle stream of the array (its dtype, shape and C-order bytes), and
+    decodes back to the array. (Native byte order: numpy's pickle below protocol 5 loads a
+    big-endian array in native order, with equal values.)"""
+    import numpy as np
+
+    require_form(ctx.spec, "ndarray", "pickle")
+    struct, field = _FALLBACK_HOLDER
+    arrays = [(np.arange(6).reshape(2, 3) / 8).astype("<f4"),
+              np.arange(6, dtype="<i8").reshape(2, 3).T]
+    frames = encode(codec, struct, {"call_id": 1, field: arrays})
+    wire = raw_decode(frames[0])
+    sent = wire[_index(ctx.spec, struct, field)] if isinstance(wire, list) else None
+    code = ctx.spec.ext_code("pickle")
+    if not (isinstance(sent, list) and len(sent) == 2 and len(frames) == 1
+            and all(isinstance(e, Ext) and e.code == code for e in sent)):
+        raise CheckFailure(f"an ndarray of vLLM {ctx.spec.version} travels as msgpack "
+                           f"extension type {code} (pickle) in one frame, got {show(sent)} "
+                           f"in {len(frames)} frame(s)"[:300], Reproduction(received=frames))
+    from enginewire.reference.errors import ProtocolError
+    from enginewire.reference.tensors import unpickle_array
+
+    for array, entry in zip(arrays, sent, strict=True):
+        try:
+            got = unpickle_array(bytes(entry.data), "tensors.ndarray-pickle-fallback",
+                                 f"extension type {code}'s payload")
+        except ProtocolError as exc:
+            raise CheckFailure(str(exc), Reproduction(received=frames)) from exc
+        if tensor_value(got) != tensor_value(array):
+            raise CheckFailure(f"the pickled array is {tensor_value(got)!r}, expected "
+                               f"{tensor_value(array)!r}", Reproduction(received=frames))
+    decoded = neutral(field_value(decode(codec, struct, frames), field))
+    if decoded != [tensor_value(a) for a in arrays]:
+        raise CheckFailure(f"the arrays decoded as {decoded!r}", Reproduction(received=frames))
+
+
+@check("codec/ndarray/pickle-fallback-decode", clauses=["tensors.ndarray-pickle-fallback"],
+       surface="codec")
+def _ndarray_pickle_fallback_decode(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the opt-in, a decoder builds the ndarray from the ``pickle``
+    extension type, whatever pickle protocol wrote it (vLLM writes the default)."""
+    import numpy as np
+
+    array = np.arange(4, dtype="<i4")
+    struct, field = _FALLBACK_HOLDER
+    for protocol in (2, pickle.DEFAULT_PROTOCOL, pickle.HIGHEST_PROTOCOL):
+        frames = _fallback_frames(ctx.spec, Ext(ctx.spec.ext_code("pickle"),
+                                                pickle.dumps(array, protocol=protocol)))
+        decoded = neutral(field_value(decode(codec, struct, frames), field))
+        if decoded != tensor_value(array):
+            raise CheckFailure(f"an int32 array pickled with protocol {protocol} decoded as "
+                               f"{decoded!r}", Reproduction(sent=frames))
+
+
+@check("codec/ndarray/pickle-fallback-other-rejected",
+       clauses=["tensors.ndarray-pickle-fallback", "tensors.ext-pickle-opt-in"],
+       surface="codec")
+def _ndarray_pickle_fallback_other(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the opt-in, a decoder rejects a ``pickle`` extension whose
+    stream rebuilds anything but an ndarray: a Fraction, a stream that calls a function, an
+    object array."""
+    import numpy as np
+
+    code = ctx.spec.ext_code("pickle")
+    for what, value in (("a pickled Fraction", fractions.Fraction(1, 3)),
+                        ("a stream that calls builtins.len", _RunsCode()),
+                        ("a pickled object array", np.array([1, 2], dtype=object))):
+        frames = _fallback_frames(ctx.spec, Ext(code, pickle.dumps(value)))
+        expect_rejection(codec, _FALLBACK_HOLDER[0], frames,
+                         ["tensors.ndarray-pickle-fallback", "tensors.ext-pickle-opt-in"],
+                         f"{what} in extension type {code} without the opt-in")
+
+
+@check("codec/ndarray/pickle-fallback-object-refused",
+       clauses=["tensors.ndarray-pickle-fallback", "structs.no-implicit-pickle"],
+       surface="codec")
+def _ndarray_pickle_fallback_object(codec: CodecSurface, ctx: CheckContext) -> None:
+    """(vLLM 0.7.3-0.8.3) Without the opt-in, an encoder refuses an object ndarray: the
+    fallback carries only arrays of values."""
+    import numpy as np
+
+    require_form(ctx.spec, "ndarray", "pickle")
+    struct, field = _FALLBACK_HOLDER
+    value = np.array([object(), object()], dtype=object)
+    expect_encode_refused(codec, struct, {"call_id": 1, field: value}, "an object ndarray")
