@@ -230,12 +230,32 @@ MsgpackDecoder._decode_tensor = _decode_tensor
 MsgpackDecoder._decode_nested_tensors = _decode_nested_tensors
 """
 
+_FIX_GUARD_PORT_HOLDER = """
+import psutil
+from vllm.entrypoints.launchers import launcher
+_original = launcher.find_process_using_port
+class _Guarded:  # serve_http's process.cmdline(), guarded
+    def __init__(self, process):
+        self._process = process
+    def __str__(self):
+        return str(self._process)
+    def cmdline(self):
+        try:
+            return self._process.cmdline()
+        except psutil.Error:
+            return ["(exited)"]
+def find_process_using_port(port):
+    process = _original(port)
+    return None if process is None else _Guarded(process)
+launcher.find_process_using_port = find_process_using_port
+"""
+
 #: Finding number -> the source of a stand-in fix.
 STAND_IN_FIXES = {
     "002": _FIX_STRAY_REPLY, "003": _FIX_DROP_BAD_OUTPUT, "010": _FIX_WAIT_UNTIL_READY,
     "012": _FIX_MM_FACTORY, "014": _FIX_TENSOR_CHECKS, "015": _FIX_TENSOR_CHECKS,
     "016": _FIX_FRAME_ACCOUNTING, "017": _FIX_FRAME_ACCOUNTING, "018": _FIX_TENSOR_CHECKS,
-    "020": _FIX_UTILITY_TENSORS, "024": _FIX_DECODER_ASSERTS,
+    "020": _FIX_UTILITY_TENSORS, "024": _FIX_DECODER_ASSERTS, "025": _FIX_GUARD_PORT_HOLDER,
 }
 
 _RUN = """

@@ -52,7 +52,7 @@ PRELOAD = (
     "vllm.config", "vllm.sampling_params", "vllm.multimodal.inputs", "vllm.v1.outputs",
     "vllm.v1.serial_utils", "vllm.v1.engine", "vllm.v1.engine.core", "vllm.v1.engine.utils",
     "vllm.v1.engine.core_client", "vllm.v1.executor",
-    "vllm.distributed.device_communicators.shm_broadcast",
+    "vllm.distributed.device_communicators.shm_broadcast", "vllm.entrypoints.launchers.launcher",
 )
 
 

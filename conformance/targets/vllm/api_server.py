@@ -399,7 +399,8 @@ def _release_listener_in_children(port: int) -> None:
     descriptors). vLLM's shutdown then finds the child as "the process using the port"
     (``find_process_using_port`` in ``vllm/entrypoints/launchers/launcher.py``) and asks for its
     command line; a worker that has exited but is not yet reaped is a zombie, psutil raises
-    ``ZombieProcess``, and the server exits with status 1 after an otherwise clean shutdown.
+    ``ZombieProcess``, and the server exits with status 1 after an otherwise clean shutdown
+    (vLLM finding 025, docs/vllm-findings/025-shutdown-fails-on-zombie-port-holder.md).
     The socket is found by its descriptor: when the engine core is forked it is bound but not
     yet listening (uvicorn calls ``listen()`` later), and the kernel's connection tables do not
     list it. ``dup2`` rather than ``close``: a socket object in the child still owns the
