@@ -19,13 +19,17 @@ from enginewire.conformance.framework.outcomes import (
     CHANGED_FAILURE,
     EXPECTED_FAILURE,
     FAILED,
+    NOT_APPLICABLE,
     NOT_IMPLEMENTED,
     NOT_RUN,
     PASSED,
+    SKIPPED,
+    SPEC_ONLY,
     UNEXPECTED_FAILURE,
     UNEXPECTED_PASS,
 )
 from enginewire.conformance.framework.registry import (
+    SURFACES,
     Check,
     CheckFailure,
     Reproduction,
@@ -34,7 +38,13 @@ from enginewire.conformance.framework.registry import (
     select,
 )
 from enginewire.conformance.framework.runner import run, run_check
-from enginewire.conformance.targets.contract import Target, TargetError
+from enginewire.conformance.targets.contract import (
+    CAPABILITIES,
+    MODES,
+    Target,
+    TargetError,
+    Unsupported,
+)
 from enginewire.conformance.targets.reference import ReferenceCodec
 from enginewire.conformance.targets.resolve import load_target
 from enginewire.spec import load
@@ -221,18 +231,142 @@ def test_an_exception_escaping_a_check_fails_it_with_its_clause(spec: Any) -> No
     assert "Traceback" in (result.traceback or "")
 
 
-def test_unsupported_surface_and_capability_are_not_implemented(spec: Any) -> None:
+def test_unsupported_capability_is_not_implemented_without_running(spec: Any) -> None:
     no_threshold = ReferenceCodec()
     no_threshold.unsupported = ("codec.threshold",)
-    target = codec_target(no_threshold)
-    must = [c for c in all_checks() if c.level(spec) == "MUST"]
-    ring_checks = [c for c in must if c.surface == "ring"][:3]
-    needs_threshold = [c for c in must if "codec.threshold" in c.requires][:3]
-    assert ring_checks and needs_threshold
-    result = run(ring_checks + needs_threshold, target, spec)
+    needs_threshold = [c for c in all_checks() if "codec.threshold" in c.requires]
+    assert needs_threshold
+    result = run(needs_threshold, codec_target(no_threshold), spec, strict=True)
     assert {r.status for r in result.results} == {NOT_IMPLEMENTED}
-    assert result.count(PASSED) == 0
-    assert result.ok
+    assert all("does not implement codec.threshold" in r.message for r in result.results)
+
+
+class Refusing:
+    """A surface with code for nothing: it has every operation and capability of the target
+    contract (any attribute is one), and each raises ``contract.Unsupported``. With
+    ``hands_out``, the operations that hand out an object (a ring end, a peer, a front-end
+    client, a derived codec) do, and every operation of that object refuses instead, except
+    ``stop``/``close``, which free nothing."""
+
+    role = "both"
+    unsupported: tuple[str, ...] = ()
+    #: Flags the suite reads as data: the tensor arena is not implemented (so the check of
+    #: its refusal runs, and refuses), coordinated DP is offered (capability).
+    tensor_arena = False
+    supports_coordinated_dp = True
+
+    def __init__(self, name: str, hands_out: frozenset[str] = frozenset()) -> None:
+        self._name = name
+        self._hands_out = hands_out
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if "." in self._name and name in ("stop", "close"):
+            return lambda *args, **kwargs: None
+
+        def operation(*args: Any, **kwargs: Any) -> Any:
+            if name in self._hands_out:
+                return Refusing(f"{self._name}.{name}()")
+            raise Unsupported(f"{self._name}.{name}: no code for it")
+
+        return operation
+
+
+def refusing_target(hands_out: frozenset[str] = frozenset()) -> Target:
+    return Target("refusing", **{s: Refusing(s, hands_out) for s in SURFACES})
+
+
+#: What a check may report on a target with code for nothing (never PASSED, never FAILED).
+NO_CODE_STATUSES = {NOT_IMPLEMENTED, NOT_APPLICABLE, SKIPPED, SPEC_ONLY}
+
+
+def assert_nothing_passes(result: Any) -> None:
+    """Every check of ``result`` is NOT IMPLEMENTED, or says why it is not about the target:
+    NOT APPLICABLE (not in this release, outside the role), SKIPPED (cannot run here: no CUDA
+    device) or SPEC ONLY (a codec check that called no target: a fact of the spec)."""
+    wrong = [f"{r.check.id}: {r.status} {r.message}" for r in result.results
+             if r.status not in NO_CODE_STATUSES]
+    assert not wrong, "\n".join(wrong)
+    unexplained = [r.check.id for r in result.results if not r.message.strip()]
+    assert not unexplained
+    for r in result.results:
+        if r.status == NOT_IMPLEMENTED:
+            assert "no code for it" in r.message or "does not implement" in r.message, r
+        if r.status == SPEC_ONLY:
+            assert r.check.surface == "codec", r
+
+
+def test_every_check_refuses_to_pass_a_target_with_code_for_nothing(spec: Any) -> None:
+    """Every registered check, of every surface, with --strict, against a target whose every
+    operation raises ``contract.Unsupported``: none passes (a check that passes on such a
+    target passed without evidence), and each ends at once (the first call refuses)."""
+    target = refusing_target()
+    assert set(target.implemented()) == set(SURFACES)
+    assert all(target.has(capability) for capability in CAPABILITIES)
+    assert all(target.applies(mode) for mode in MODES)
+    checks = all_checks()
+    assert {c.surface for c in checks} == set(SURFACES)
+    result = run(checks, target, spec, strict=True)
+    assert len(result.results) == len(checks)
+    assert_nothing_passes(result)
+    assert result.count(NOT_IMPLEMENTED) > 0.9 * len(checks)
+
+
+#: The front-end checks whose evidence is the silence of a front end (no init after a HELLO
+#: it must refuse): silence alone is no evidence.
+REFUSED_HELLO_CHECKS = [
+    "frontend/handshake/garbage-hello",
+    "frontend/handshake/local-mismatch",
+    "frontend/handshake/missing-keys",
+    "frontend/handshake/ready-before-hello",
+    "frontend/handshake/two-frame-hello",
+    "frontend/handshake/unknown-rank-ignored",
+    "frontend/handshake/unknown-status",
+]
+
+
+def test_a_front_end_that_refuses_every_call_passes_no_refused_hello_check(
+        spec: Any) -> None:
+    """start_frontend hands out a client whose wait_ready raises ``contract.Unsupported`` (on
+    the check's waiter thread): the checks that a bad HELLO gets no init are NOT
+    IMPLEMENTED, not passed because no init came."""
+    checks = select(all_checks(), patterns=REFUSED_HELLO_CHECKS)
+    assert [c.id for c in checks] == REFUSED_HELLO_CHECKS
+    target = refusing_target(frozenset({"start_frontend"}))
+    result = run(checks, target, spec, strict=True)
+    assert {r.status for r in result.results} == {NOT_IMPLEMENTED}
+    assert all("wait_ready" in r.message for r in result.results)
+
+
+class DeafFrontends:
+    """A front end that binds nothing and hears nothing: wait_ready waits out its time."""
+
+    def start_frontend(self, launch: Any) -> Any:
+        class Client:
+            stopped = threading.Event()
+
+            def wait_ready(self, timeout: float) -> None:
+                if not self.stopped.wait(timeout):
+                    raise TimeoutError(f"no engine within {timeout:g} s")
+
+            def stop(self, timeout: float = 5.0) -> None:
+                self.stopped.set()
+
+            def alive(self) -> bool:
+                return not self.stopped.is_set()
+
+        return Client()
+
+
+def test_silence_of_a_deaf_front_end_is_no_refusal(spec: Any) -> None:
+    """A front end that never bound its handshake address sends no init after a garbage HELLO
+    either: the check fails it, since it does not answer a well-formed HELLO."""
+    result = run(select(all_checks(), patterns=["frontend/handshake/garbage-hello"]),
+                 Target("deaf", frontend=DeafFrontends()), spec)
+    [verdict] = result.results
+    assert verdict.status == FAILED
+    assert "nor after a well-formed HELLO from engine 0" in verdict.message
 
 
 def test_should_checks_run_only_with_strict(spec: Any) -> None:
