@@ -77,6 +77,16 @@ def note_not_implemented(what: str) -> None:
         _CURRENT.missing(what)
 
 
+def refused() -> str | None:
+    """The first operation the target said it has no code for in the running check, or None.
+    Once there is one the check is NOT IMPLEMENTED whatever else happens, so a suite peer
+    waiting for the target may stop waiting."""
+    current = _CURRENT
+    if current is None or not current.not_implemented:
+        return None
+    return current.not_implemented[0]
+
+
 def _cause_of(exc: BaseException | None, cls: type[BaseException]) -> BaseException | None:
     """The first exception of class ``cls`` in ``exc``'s cause/context chain, or None."""
     seen: set[int] = set()
