@@ -14,7 +14,9 @@ The runner opens an :class:`Evidence` record per check and hands a codec check a
 Targets outside the codec surface report their gaps by raising ``NotImplementedError`` (the
 external programs' ``"unsupported"`` answer becomes ``contract.Unsupported``, one); the
 runner finds it anywhere in the cause chain of a check's verdict, and a layer above may note
-one with :func:`note_not_implemented`.
+one with :func:`note_not_implemented` (the checks do, for one raised on a thread of their own).
+Once one is noted the verdict is NOT IMPLEMENTED whatever follows, so a suite peer waiting for
+the target stops waiting (:func:`refused`).
 See ``targets.contract`` ("Rejections are evidence only...", "Roles").
 """
 
