@@ -316,22 +316,22 @@ def test_every_check_refuses_to_pass_a_target_with_code_for_nothing(spec: Any) -
 
 
 #: The operations that hand out an object (a derived codec, a ring end, an executor or worker,
-#: a front-end client). An engine is left out: a started engine that does nothing is silent,
-#: not refusing, and fails each check at its time limit.
+#: a running engine, a front-end client).
 HANDED_OUT = frozenset({
     "with_threshold", "with_insecure_serialization", "create_writer", "attach_reader",
     "memory_writer", "memory_reader", "create_remote_writer", "create_executor",
-    "start_worker", "start_frontend"})
+    "start_worker", "start_engine", "start_frontend"})
 
 
 def test_objects_handed_out_by_a_target_with_code_for_nothing_pass_no_check(
         spec: Any) -> None:
-    """The target hands out codecs, ring ends and front-end clients, and every operation of
-    those refuses, also on a check's background thread (a reader's wait_until_ready, the
-    front end's wait_ready): no codec, ring or front-end check passes, and none waits for the
-    suite's peers to time out. The one failure: a handed-out reader attached to a ring whose
-    handle names a tensor arena, which a reader without the arena must refuse."""
-    checks = [c for c in all_checks() if c.surface != "engine"]
+    """The target hands out codecs, ring ends, engines and front-end clients, and every
+    operation of those refuses, also on a check's background thread (a reader's
+    wait_until_ready, the front end's wait_ready) and while the suite waits (a running
+    engine's alive): no check passes, and none waits for the suite's peers to time out. The
+    one failure: a handed-out reader attached to a ring whose handle names a tensor arena,
+    which a reader without the arena must refuse."""
+    checks = all_checks()
     result = run(checks, refusing_target(HANDED_OUT), spec, strict=True)
     failed = [r for r in result.results if r.status == FAILED]
     assert [r.check.id for r in failed] == ["ring/reader/refuses-tensor-arena"]
