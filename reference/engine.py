@@ -432,6 +432,7 @@ class ReferenceEngine:
             self._ctx, "handshake", "engine", opts.handshake_address,
             identity=self.connection.identity,
         )
+        ready_sent = False
         try:
             handshake.socket.send_multipart(self.connection.send("hello"))
             deadline = time.monotonic() + opts.handshake_timeout
@@ -458,10 +459,17 @@ class ReferenceEngine:
                 # Clause handshake.ready-optional-keys: DP > 1 engines send their config hash.
                 extra.setdefault("parallel_config_hash", parallel_config_hash(opts.dp_size))
             handshake.socket.send_multipart(self.connection.send("ready", extra or None))
+            ready_sent = True
             return init.addresses
         finally:
             if handshake not in self._inputs:
-                handshake.close()
+                # transport.handshake-dealer-linger: closed right after READY, the socket
+                # keeps its linger so READY reaches the front end. A handshake given up
+                # before READY (stopped, parent gone, init timeout, a violation) has
+                # nothing left to deliver: the unanswered HELLO is dropped (linger 0), or a
+                # front end that never bound would hold the context's term() for the full
+                # linger.
+                handshake.close(None if ready_sent else 0)
 
     def _connect(self, addresses: Any) -> None:
         """Open the input and output sockets the release has (their types, binds and the

@@ -19,13 +19,17 @@ from enginewire.conformance.framework.outcomes import (
     CHANGED_FAILURE,
     EXPECTED_FAILURE,
     FAILED,
+    NOT_APPLICABLE,
     NOT_IMPLEMENTED,
     NOT_RUN,
     PASSED,
+    SKIPPED,
+    SPEC_ONLY,
     UNEXPECTED_FAILURE,
     UNEXPECTED_PASS,
 )
 from enginewire.conformance.framework.registry import (
+    SURFACES,
     Check,
     CheckFailure,
     Reproduction,
@@ -34,7 +38,13 @@ from enginewire.conformance.framework.registry import (
     select,
 )
 from enginewire.conformance.framework.runner import run, run_check
-from enginewire.conformance.targets.contract import Target, TargetError
+from enginewire.conformance.targets.contract import (
+    CAPABILITIES,
+    MODES,
+    Target,
+    TargetError,
+    Unsupported,
+)
 from enginewire.conformance.targets.reference import ReferenceCodec
 from enginewire.conformance.targets.resolve import load_target
 from enginewire.spec import load
@@ -221,18 +231,145 @@ def test_an_exception_escaping_a_check_fails_it_with_its_clause(spec: Any) -> No
     assert "Traceback" in (result.traceback or "")
 
 
-def test_unsupported_surface_and_capability_are_not_implemented(spec: Any) -> None:
+def test_unsupported_capability_is_not_implemented_without_running(spec: Any) -> None:
     no_threshold = ReferenceCodec()
     no_threshold.unsupported = ("codec.threshold",)
-    target = codec_target(no_threshold)
-    must = [c for c in all_checks() if c.level(spec) == "MUST"]
-    ring_checks = [c for c in must if c.surface == "ring"][:3]
-    needs_threshold = [c for c in must if "codec.threshold" in c.requires][:3]
-    assert ring_checks and needs_threshold
-    result = run(ring_checks + needs_threshold, target, spec)
+    needs_threshold = [c for c in all_checks() if "codec.threshold" in c.requires]
+    assert needs_threshold
+    result = run(needs_threshold, codec_target(no_threshold), spec, strict=True)
     assert {r.status for r in result.results} == {NOT_IMPLEMENTED}
-    assert result.count(PASSED) == 0
-    assert result.ok
+    assert all("does not implement codec.threshold" in r.message for r in result.results)
+
+
+class Refusing:
+    """A surface with code for nothing: it has every operation and capability of the target
+    contract (any attribute is one), and each raises ``contract.Unsupported``. With
+    ``hands_out``, the operations that hand out an object (a ring end, a peer, a front-end
+    client, a derived codec) do, and every operation of that object refuses instead (reading
+    a ring end's handle too), except ``stop``/``close``, which free nothing."""
+
+    role = "both"
+    unsupported: tuple[str, ...] = ()
+    #: Flags the suite reads as data: the tensor arena is not implemented (so the check of
+    #: its refusal runs, and refuses), coordinated DP is offered (capability).
+    tensor_arena = False
+    supports_coordinated_dp = True
+
+    def __init__(self, name: str, hands_out: frozenset[str] = frozenset()) -> None:
+        self._name = name
+        self._hands_out = hands_out
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if "." in self._name and name in ("stop", "close"):
+            return lambda *args, **kwargs: None
+        if name in ("handle", "response_handle", "broadcast_handle"):  # data of a ring end
+            raise Unsupported(f"{self._name}.{name}: no code for it")
+
+        def operation(*args: Any, **kwargs: Any) -> Any:
+            if name in self._hands_out:
+                return Refusing(f"{self._name}.{name}()")
+            raise Unsupported(f"{self._name}.{name}: no code for it")
+
+        return operation
+
+
+def refusing_target(hands_out: frozenset[str] = frozenset()) -> Target:
+    return Target("refusing", **{s: Refusing(s, hands_out) for s in SURFACES})
+
+
+#: What a check may report on a target with code for nothing (never PASSED, never FAILED).
+NO_CODE_STATUSES = {NOT_IMPLEMENTED, NOT_APPLICABLE, SKIPPED, SPEC_ONLY}
+
+
+def assert_nothing_passes(result: Any) -> None:
+    """Every check of ``result`` is NOT IMPLEMENTED, or says why it is not about the target:
+    NOT APPLICABLE (not in this release, outside the role), SKIPPED (cannot run here: no CUDA
+    device) or SPEC ONLY (a codec check that called no target: a fact of the spec)."""
+    wrong = [f"{r.check.id}: {r.status} {r.message}" for r in result.results
+             if r.status not in NO_CODE_STATUSES]
+    assert not wrong, "\n".join(wrong)
+    unexplained = [r.check.id for r in result.results if not r.message.strip()]
+    assert not unexplained
+    for r in result.results:
+        if r.status == NOT_IMPLEMENTED:
+            assert "no code for it" in r.message or "does not implement" in r.message, r
+        if r.status == SPEC_ONLY:
+            assert r.check.surface == "codec", r
+
+
+def test_every_check_refuses_to_pass_a_target_with_code_for_nothing(spec: Any) -> None:
+    """Every registered check, of every surface, with --strict, against a target whose every
+    operation raises ``contract.Unsupported``: none passes (a check that passes on such a
+    target passed without evidence), and each ends at once (the first call refuses)."""
+    target = refusing_target()
+    assert set(target.implemented()) == set(SURFACES)
+    assert all(target.has(capability) for capability in CAPABILITIES)
+    assert all(target.applies(mode) for mode in MODES)
+    checks = all_checks()
+    assert {c.surface for c in checks} == set(SURFACES)
+    result = run(checks, target, spec, strict=True)
+    assert len(result.results) == len(checks)
+    assert_nothing_passes(result)
+    assert result.count(NOT_IMPLEMENTED) > 0.9 * len(checks)
+
+
+#: The operations that hand out an object (a derived codec, a ring end, an executor or worker,
+#: a running engine, a front-end client).
+HANDED_OUT = frozenset({
+    "with_threshold", "with_insecure_serialization", "create_writer", "attach_reader",
+    "memory_writer", "memory_reader", "create_remote_writer", "create_executor",
+    "start_worker", "start_engine", "start_frontend"})
+
+
+def test_objects_handed_out_by_a_target_with_code_for_nothing_pass_no_check(
+        spec: Any) -> None:
+    """The target hands out codecs, ring ends, engines and front-end clients, and every
+    operation of those refuses, also on a check's background thread (a reader's
+    wait_until_ready, the front end's wait_ready) and while the suite waits (a running
+    engine's alive): no check passes, and none waits for the suite's peers to time out. The
+    one failure: a handed-out reader attached to a ring whose handle names a tensor arena,
+    which a reader without the arena must refuse."""
+    checks = all_checks()
+    result = run(checks, refusing_target(HANDED_OUT), spec, strict=True)
+    failed = [r for r in result.results if r.status == FAILED]
+    assert [r.check.id for r in failed] == ["ring/reader/refuses-tensor-arena"]
+    result.results = [r for r in result.results if r.status != FAILED]
+    assert_nothing_passes(result)
+    refused_hello = select(checks, patterns=["frontend/handshake/*"])
+    assert {r.status for r in result.results if r.check in refused_hello} \
+        <= {NOT_IMPLEMENTED, NOT_APPLICABLE}
+
+
+class DeafFrontends:
+    """A front end that binds nothing and hears nothing: wait_ready waits out its time."""
+
+    def start_frontend(self, launch: Any) -> Any:
+        class Client:
+            stopped = threading.Event()
+
+            def wait_ready(self, timeout: float) -> None:
+                if not self.stopped.wait(timeout):
+                    raise TimeoutError(f"no engine within {timeout:g} s")
+
+            def stop(self, timeout: float = 5.0) -> None:
+                self.stopped.set()
+
+            def alive(self) -> bool:
+                return not self.stopped.is_set()
+
+        return Client()
+
+
+def test_silence_of_a_deaf_front_end_is_no_refusal(spec: Any) -> None:
+    """A front end that never bound its handshake address sends no init after a garbage HELLO
+    either: the check fails it, since it does not answer a well-formed HELLO."""
+    result = run(select(all_checks(), patterns=["frontend/handshake/garbage-hello"]),
+                 Target("deaf", frontend=DeafFrontends()), spec)
+    [verdict] = result.results
+    assert verdict.status == FAILED
+    assert "nor after a well-formed HELLO from engine 0" in verdict.message
 
 
 def test_should_checks_run_only_with_strict(spec: Any) -> None:

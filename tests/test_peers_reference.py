@@ -377,6 +377,79 @@ def test_open_socket_applies_the_spec_options() -> None:
         ctx.term()
 
 
+def _closes_recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int | None]]:
+    """Record ``(channel, linger)`` of every ChannelSocket the reference closes."""
+    from enginewire.reference.transport import ChannelSocket
+
+    closes: list[tuple[str, int | None]] = []
+    close = ChannelSocket.close
+
+    def recording(self: ChannelSocket, linger: int | None = None) -> None:
+        closes.append((self.channel, linger))
+        close(self, linger)
+
+    monkeypatch.setattr(ChannelSocket, "close", recording)
+    return closes
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
+        time.sleep(0.01)
+
+
+def test_engine_without_a_bound_front_end_stops_within_the_thread_guard(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process engine whose HELLO waits for a front end that never bound the handshake
+    address stops at once: the handshake it gives up drops the unanswered HELLO (linger 0)
+    instead of holding its thread for the handshake DEALER's 5000 ms linger
+    (transport.handshake-dealer-linger covers the close after READY), well within the 2 s
+    tests/conftest.py gives a thread to end after its teardown."""
+    from enginewire.conformance.targets.contract import EngineLaunch
+    from enginewire.conformance.targets.reference import ReferenceEngines
+    from enginewire.reference.session import machine_table
+
+    closes = _closes_recorded(monkeypatch)
+    peer = ReferenceEngines().start_engine(
+        EngineLaunch(handshake_address=ipc_address(), init_timeout=TIMEOUT))
+    try:
+        # HELLO is queued on the DEALER once the engine's session has left its first state.
+        initial = machine_table("engine").initial
+        _wait_for(lambda: peer.engine.session.state != initial or not peer.alive(),
+                  "the engine's HELLO")
+        assert peer.alive(), f"the engine ended before HELLO: {peer.error!r}"
+        peer.stop(timeout=2.0)
+        still_running = peer.alive()
+    finally:
+        peer.stop(timeout=10.0)
+    assert not still_running, "the engine's thread still ran 2 s after stop()"
+    assert peer.error is None and peer.status == EXIT_CLEAN
+    assert closes == [("handshake", 0)]
+
+
+def test_engine_closes_the_handshake_with_its_linger_after_ready(
+        frontends, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transport.handshake-dealer-linger: after READY the engine closes its handshake DEALER
+    with the spec's linger (5000 ms), so READY reaches a front end that is there."""
+    from enginewire.conformance.targets.contract import EngineLaunch
+    from enginewire.conformance.targets.reference import ReferenceEngines
+    from enginewire.reference.transport import channel_end
+
+    closes = _closes_recorded(monkeypatch)
+    frontend = frontends(engine_count=1)
+    peer = ReferenceEngines().start_engine(
+        EngineLaunch(handshake_address=frontend.handshake_address, init_timeout=TIMEOUT))
+    try:
+        frontend.wait_ready(TIMEOUT)
+    finally:
+        peer.stop(timeout=10.0)
+    assert not peer.alive()
+    # None: the socket's own LINGER, the spec's 5000 ms (test_open_socket_applies_the_spec_options).
+    assert closes[0] == ("handshake", None)
+    assert channel_end("handshake", "engine").options["LINGER"] == 5000
+
+
 def test_ipc_file_outlives_zmq_close_but_not_channel_close() -> None:
     from enginewire.reference.transport import open_socket
 

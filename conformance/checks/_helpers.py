@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from enginewire.conformance.framework.evidence import note_not_implemented
 from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction
 from enginewire.conformance.oracle.strict import layout_releases, type_problems
 from enginewire.conformance.oracle.values import complete, differences, neutral
@@ -318,6 +319,15 @@ def check_high_water_marks(sockets: list[tuple[str, Any]], who: str) -> None:
             Reproduction(notes={"options": seen}))
 
 
+def note_refusal(exc: BaseException, what: str) -> None:
+    """A call into the target on another thread than the check's raised ``exc``: when it is
+    a ``NotImplementedError`` (the target has no code for the operation), the running check
+    is NOT IMPLEMENTED whatever it makes of the call's end (the runner only sees the
+    exceptions that reach the check's own thread)."""
+    if isinstance(exc, NotImplementedError):
+        note_not_implemented(f"{what} ({type(exc).__name__}: {exc})")
+
+
 #: Seconds past the check's own limit that its clean-up waits for a :class:`Background` call.
 BACKGROUND_GRACE_S = 1.0
 
@@ -352,6 +362,7 @@ class Background:
             self._value = func()
         except BaseException as exc:  # noqa: BLE001 - handed to result()
             self._error = exc
+            note_refusal(exc, self.thread.name)
 
     def done(self) -> bool:
         return not self.thread.is_alive()

@@ -22,7 +22,7 @@ import zmq
 
 from enginewire.conformance.checks._helpers import check_high_water_marks, require_ipv6_loopback
 from enginewire.conformance.framework.context import CheckContext
-from enginewire.conformance.framework.evidence import in_release
+from enginewire.conformance.framework.evidence import in_release, probe_while_waiting
 from enginewire.conformance.framework.registry import (
     CheckFailure,
     Reproduction,
@@ -71,6 +71,8 @@ def _launch(engine: Any, ctx: Any, front: SuiteFrontend, rank: int = 0, **option
     launch = EngineLaunch(**front.launch_addresses(), engine_index=rank, **options)
     peer = engine.start_engine(launch)
     ctx.on_cleanup(lambda: peer.stop(3.0))
+    # An engine whose alive() says it has no code for it ends the suite's waits at once.
+    probe_while_waiting("the engine peer's alive", peer.alive)
     return peer
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from enginewire.conformance.checks._helpers import check_high_water_marks
+from enginewire.conformance.checks._helpers import check_high_water_marks, note_refusal
 from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import (
     CheckFailure,
@@ -91,9 +91,15 @@ class _Waiter:
             client.wait_ready(timeout)
         except BaseException as exc:  # noqa: BLE001 - reported by the check
             self.error = exc
+            note_refusal(exc, "the front end's wait_ready")
 
     def done(self) -> bool:
         return not self.thread.is_alive()
+
+    def refused(self) -> BaseException | None:
+        """What wait_ready raised, once it returned by raising; None while it runs or when
+        it returned."""
+        return self.error if self.done() else None
 
     def join(self, timeout: float) -> None:
         self.thread.join(timeout)
@@ -295,10 +301,54 @@ def _rejected_hello(check_id: str, clauses: list[str], what: str, rank: int,
     def _run(frontend: FrontendSurface, ctx: CheckContext) -> None:
         require_handshake(ctx.spec)
         client, launch = _start(frontend, ctx)
-        _Waiter(client, ctx.wait(5.0), ctx)
+        waiter = _Waiter(client, ctx.wait(15.0), ctx)
         engine = _engine(ctx, launch, rank)
         send(engine)
+        refused = waiter.refused()
+        if isinstance(refused, NotImplementedError):
+            raise refused  # no code for it: NOT IMPLEMENTED, whatever the silence says
         _no_init(engine, what)
+        _refused_not_deaf(ctx, launch, waiter, engine, what)
+
+
+def _refused_not_deaf(ctx: Any, launch: FrontendLaunch, waiter: _Waiter, engine: SuiteEngine,
+                      what: str) -> None:
+    """The evidence that a front end which sent no init after ``what`` refused it, and did not
+    just hear nothing: its wait_ready ended with an error other than a timeout (vLLM's
+    start-up raises), or it still answers a well-formed HELLO from engine 0 with init.
+    Silence both times is no refusal (a front end that never bound its handshake address is
+    silent too)."""
+
+    def verdict() -> bool:
+        """True once wait_ready ended by refusing; raises when it ended otherwise."""
+        if not waiter.done():
+            return False
+        error = waiter.error
+        if error is None:
+            raise CheckFailure(f"the front end's wait_ready returned after {what}, though no "
+                               f"engine completed the handshake")
+        if isinstance(error, NotImplementedError):
+            raise error  # the target has no code for it: NOT IMPLEMENTED, never passed
+        if isinstance(error, TimeoutError):
+            raise CheckFailure(f"the front end's wait_ready timed out ({error}) after {what}: "
+                               f"no evidence that it refused {what} rather than heard nothing")
+        return True
+
+    if verdict():
+        return
+    # The bad HELLO's engine goes first: a second connection with its identity (rank 0) would
+    # be refused by the ROUTER, not by the front end.
+    engine.close()
+    control = _engine(ctx, launch, 0)
+    control.hello()
+    try:
+        control.recv_init(ctx.wait(8.0))
+    except TimeoutError:
+        if not verdict():
+            raise CheckFailure(
+                f"the front end sent no init after {what}, nor after a well-formed HELLO "
+                f"from engine 0, and its wait_ready still runs: no evidence that it refused "
+                f"{what} rather than heard nothing") from None
 
 
 def _remote_hello(engine: SuiteEngine) -> None:

@@ -38,6 +38,7 @@ from enginewire.conformance.peers.ring_peer import (
     segment_exists,
     unpickle_buffers,
 )
+from enginewire.conformance.peers.zmq_peers import recv
 from enginewire.conformance.targets.contract import RingSurface
 
 RING_TIMEOUT = 20.0
@@ -605,10 +606,22 @@ def _remote_v6(ring: Any, ctx: Any) -> None:
                                                    "ring.lifecycle.attach-untracked"],
        surface="ring", requires=["ring.reader"], timeout=RING_TIMEOUT)
 def _reader_close(ring: RingSurface, ctx: CheckContext) -> None:
-    """A reader that closes leaves the segment to its creator (it only unmaps it)."""
+    """A reader that took part in the start and read a message, then closed, leaves the
+    segment to its creator (it only unmaps it). The start and the read are the evidence that
+    it attached at all: a reader that never did leaves the segment alone too."""
     writer = _suite_writer(ctx, 1)
     reader = ring.attach_reader(writer.handle, 0)
-    reader.close()
+    open_ = [True]
+
+    def close() -> None:
+        if open_[0]:
+            open_[0] = False
+            reader.close()
+
+    ctx.on_cleanup(close)
+    _ready(ctx, writer, [reader])
+    _stream_through(writer, [reader], ctx, _messages(1))
+    close()
     if not segment_exists(writer.handle.shm_name):
         raise CheckFailure("the segment is gone after a reader closed: only the creator "
                            "unlinks it")
@@ -645,8 +658,10 @@ def _reader_ready(ring: RingSurface, ctx: CheckContext) -> None:
     writer = _suite_writer(ctx, 1)
     (reader,) = _target_readers(ring, ctx, writer.handle, [0])
     waiting = Background(lambda: reader.wait_until_ready(ctx.wait(8.0)), "reader ready", ctx)
-    message = writer.xpub.recv_multipart() if writer.xpub.poll(
-        int(ctx.wait(5.0) * 1000)) else None
+    try:
+        message: list[bytes] | None = recv(writer.xpub, ctx.wait(5.0), "the subscription")
+    except TimeoutError:
+        message = None
     subscribe = bytes.fromhex(ctx.spec.surface("ring").constants["subscribe_message_hex"])
     if not message or message[0][:1] != subscribe:
         raise CheckFailure(f"the reader sent no subscription (got {message!r})")

@@ -14,7 +14,9 @@ The runner opens an :class:`Evidence` record per check and hands a codec check a
 Targets outside the codec surface report their gaps by raising ``NotImplementedError`` (the
 external programs' ``"unsupported"`` answer becomes ``contract.Unsupported``, one); the
 runner finds it anywhere in the cause chain of a check's verdict, and a layer above may note
-one with :func:`note_not_implemented`.
+one with :func:`note_not_implemented` (the checks do, for one raised on a thread of their own).
+Once one is noted the verdict is NOT IMPLEMENTED whatever follows, so a suite peer waiting for
+the target stops waiting (:func:`refused`).
 See ``targets.contract`` ("Rejections are evidence only...", "Roles").
 """
 
@@ -39,6 +41,9 @@ class Evidence:
     calls: int = 0
     not_implemented: list[str] = field(default_factory=list)
     outside_role: list[str] = field(default_factory=list)
+    #: Calls into the target that :func:`refused` makes while a suite peer waits (a running
+    #: peer's ``alive``): one raising ``NotImplementedError`` is noted as missing.
+    probes: list[tuple[str, Callable[[], Any]]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def called(self) -> None:
@@ -75,6 +80,34 @@ def note_not_implemented(what: str) -> None:
     """The target said it has no code for ``what``: the running check is NOT IMPLEMENTED."""
     if _CURRENT is not None:
         _CURRENT.missing(what)
+
+
+def probe_while_waiting(what: str, probe: Callable[[], Any]) -> None:
+    """Have :func:`refused` call ``probe`` (a call into the target, such as a running peer's
+    ``alive``) while the running check waits for the target; its return value is ignored."""
+    if _CURRENT is not None:
+        with _CURRENT._lock:
+            _CURRENT.probes.append((what, probe))
+
+
+def refused() -> str | None:
+    """The first operation the target said it has no code for in the running check (noted, or
+    raised now by a probe of :func:`probe_while_waiting`), or None. Once there is one the check
+    is NOT IMPLEMENTED whatever else happens, so a suite peer waiting for the target may stop
+    waiting."""
+    current = _CURRENT
+    if current is None:
+        return None
+    with current._lock:
+        probes = list(current.probes)
+    for what, probe in probes:
+        try:
+            probe()
+        except NotImplementedError as exc:
+            current.missing(f"{what} ({type(exc).__name__}: {exc})")
+        except Exception:  # noqa: BLE001 - a probe only looks for a refusal
+            pass
+    return current.not_implemented[0] if current.not_implemented else None
 
 
 def _cause_of(exc: BaseException | None, cls: type[BaseException]) -> BaseException | None:

@@ -37,6 +37,7 @@ from typing import Any
 import zmq
 
 from enginewire.conformance.framework.memory_log import MemoryEvent, MemoryLog
+from enginewire.conformance.peers.zmq_peers import recv as _recv
 from enginewire.conformance.targets.contract import RingHandle
 from enginewire.spec import load
 
@@ -347,11 +348,6 @@ class _Sockets:
             except FileNotFoundError:
                 pass
 
-
-def _recv(sock: zmq.Socket, timeout: float, what: str) -> list[bytes]:
-    if not sock.poll(int(max(timeout, 0) * 1000)):
-        raise TimeoutError(f"{what}: nothing within {timeout:g} s")
-    return sock.recv_multipart()
 
 
 # --- writer ------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from enginewire.conformance.framework.evidence import in_release
+from enginewire.conformance.framework.evidence import in_release, refused
 from enginewire.conformance.framework.registry import NotInRelease
 from enginewire.conformance.oracle.strict import check_wire, handshake_problems
 from enginewire.conformance.oracle.wire import (
@@ -55,6 +55,7 @@ from enginewire.conformance.oracle.wire import (
     from_wire,
     raw_decode,
 )
+from enginewire.conformance.targets.contract import Unsupported
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
     Transport,
@@ -308,10 +309,25 @@ class _Net:
         self.files.clear()
 
 
+#: Seconds between two looks at the running check's evidence while a suite peer waits.
+REFUSAL_LOOK_S = 0.05
+
+
 def recv(sock: zmq.Socket, timeout: float, what: str) -> list[bytes]:
-    if not sock.poll(int(max(timeout, 0.0) * 1000)):
-        raise TimeoutError(f"{what}: nothing within {timeout:g} s")
-    return sock.recv_multipart()
+    """The next multipart message on ``sock`` within ``timeout`` seconds, else
+    ``TimeoutError``. Raises ``contract.Unsupported`` at once when the target, on another
+    thread of the check, said it has no code for an operation (:func:`~enginewire.conformance.
+    framework.evidence.refused`): the check is NOT IMPLEMENTED then, whatever would come."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    while True:
+        left = deadline - time.monotonic()
+        if sock.poll(int(max(min(left, REFUSAL_LOOK_S), 0.0) * 1000)):
+            return sock.recv_multipart()
+        refusal = refused()
+        if refusal is not None:
+            raise Unsupported(f"{what}: the target has no code for {refusal}")
+        if left <= 0:
+            raise TimeoutError(f"{what}: nothing within {timeout:g} s")
 
 
 @dataclass

@@ -67,7 +67,9 @@ checks of a surface it lacks are reported NOT IMPLEMENTED, never passed.
     ``remote_subscribe_address``. Optional, for ``enginewire bench`` only: a reader's
     ``dequeue_borrowed(timeout)``, a context manager yielding the next object with its large
     buffers still in the ring slot (zero-copy reads), announced by ``borrowed_reads = True``
-    on the surface.
+    on the surface. A ring that implements vLLM's shared-memory tensor arena (its readers
+    attach to a handle whose ``tensor_arena_handle`` names one) says so with
+    ``tensor_arena = True`` on the surface; without it, a reader must refuse such a handle.
 
 ``engine`` -- an engine core the suite drives as a front end (:class:`EngineSurface`)
     ``start_engine(launch: EngineLaunch) -> RunningPeer``: start an engine with index
