@@ -55,6 +55,7 @@ from .framing import (
     MAX_BUFFER_BYTES,
     OVERFLOW_BASE,
     Buffer,
+    cached_single_head,
     decode_chunk,
     nbytes,
     needs_overflow,
@@ -249,6 +250,13 @@ class MessageQueue:
     _readers_running: Callable[[], bool]
     #: A reader end in a wait that announced it may block (its state byte is BLOCKING).
     _blocking: bool
+    #: A local reader end's one-call read of a small message
+    #: (``reader.try_read_single(SCAN_BYTES_MAX)``), bound once; None on other ends and once
+    #: closed.
+    _read_single: Callable[[], bytes | int | None] | None
+    #: A writer end's one-call publish (``writer.try_publish``) while the writer has local
+    #: readers and no remote one, the end is open and the per-message path applies; else None.
+    _publish: Callable[[Buffer, Buffer, int], bool | None] | None
 
     def __init__(
         self,
@@ -319,6 +327,8 @@ class MessageQueue:
                 remote_addr_ipv6=remote_ipv6,
                 tensor_arena_handle=None,
             )
+            if self._writer is not None and self._remote_socket is None:
+                self._publish = self._writer.try_publish
         except BaseException:
             res.close()
             raise
@@ -352,6 +362,8 @@ class MessageQueue:
         self._last_notify_drain = time.monotonic()
         self._readers_running = _never
         self._blocking = False
+        self._read_single = None
+        self._publish = None
 
     @classmethod
     def create_from_handle(cls, handle: Any, rank: int, *,
@@ -383,6 +395,8 @@ class MessageQueue:
                                                      self.local_reader_rank)
                 self._reader = RingReader(res.segment.memory, self.layout,
                                           self.local_reader_rank)
+                self._read_single = functools.partial(self._reader.try_read_single,
+                                                      SCAN_BYTES_MAX)
                 self._chunk_bytes = self.layout.max_chunk_bytes
                 # One view per chunk for the queue's life: a message costs no view of its own.
                 res.views = self._chunk_views = [
@@ -481,6 +495,7 @@ class MessageQueue:
     def close(self) -> None:
         """Close sockets, remove ipc files, unmap the segment (the creator unlinks it)."""
         self._shutting_down = True
+        self._read_single = self._publish = None  # the general paths raise what closed ends do
         held, self._held_views = self._held_views, None
         if held is not None:
             _release_views(held)
@@ -516,7 +531,25 @@ class MessageQueue:
 
     def enqueue(self, obj: Any, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Encode ``obj`` with the codec and broadcast it (:meth:`enqueue_buffers`)."""
-        self.enqueue_buffers(self.codec.encode(obj), timeout)
+        buffers = self.codec.encode(obj)
+        publish = self._publish
+        if publish is not None and len(buffers) == 1:
+            # The common message, one pickle stream that fits, in one protocol call: the
+            # single-buffer branch of enqueue_buffers without its call and its checks of the
+            # end (``_publish`` is bound only on an open writer with local readers only).
+            first = buffers[0]
+            if type(first) is bytes:
+                size = len(first)
+                if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
+                    head = cached_single_head(size) or single_head(size)
+                    notify_readers = publish(head, first, FIRST_DATA)
+                    if notify_readers is None:
+                        notify_readers = self._wait_to_publish(publish, head, first, timeout)
+                    notify = self._notify
+                    if notify_readers and notify is not None and not self._readers_running():
+                        notify()
+                    return
+        self.enqueue_buffers(buffers, timeout)
 
     def enqueue_buffers(self, buffers: Sequence[Buffer],
                         timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
@@ -544,17 +577,11 @@ class MessageQueue:
                 first = buffers[0]
                 size = len(first) if type(first) is bytes else nbytes(first)
                 if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
-                    head = single_head(size)
+                    head = cached_single_head(size) or single_head(size)
                     notify_readers = writer.try_publish(head, first, FIRST_DATA)
                     if notify_readers is None:
-                        # Full: wait for the chunk by the same call, which changes nothing
-                        # until the chunk is free (no claim, no step path per message).
-                        liveness = self._resources.liveness
-                        notify_readers = bool(self._wait_for(
-                            functools.partial(writer.try_publish, head, first, FIRST_DATA),
-                            timeout, clause="ring.writer.timeout",
-                            what="a free chunk (every local reader done with it)",
-                            liveness=None if liveness is None else liveness.check_readers))
+                        notify_readers = self._wait_to_publish(writer.try_publish, head, first,
+                                                               timeout)
                     if notify_readers and not self._readers_running():
                         notify()
                     if self._remote_socket is not None:
@@ -580,6 +607,18 @@ class MessageQueue:
         remote_socket = self._remote_socket
         if remote_socket is not None:
             self._send_multipart(remote_socket, buffers)
+
+    def _wait_to_publish(self, publish: Callable[[Buffer, Buffer, int], bool | None],
+                         head: bytes, first: Buffer, timeout: float | None) -> bool:
+        """After one ``publish`` (``RingWriter.try_publish``) found the chunk not free: wait for
+        it by the same call, which changes nothing until the chunk is free (no claim, no step
+        path per message); whether the readers need a notification."""
+        liveness = self._resources.liveness
+        return bool(self._wait_for(
+            functools.partial(publish, head, first, FIRST_DATA),
+            timeout, clause="ring.writer.timeout",
+            what="a free chunk (every local reader done with it)",
+            liveness=None if liveness is None else liveness.check_readers))
 
     @staticmethod
     def _send_multipart(sock: zmq.Socket[Any], buffers: Sequence[Buffer]) -> None:
@@ -667,6 +706,25 @@ class MessageQueue:
         slot is released whatever happens while reading it, decoding errors included (clause
         ring.reader.release-on-error).
         """
+        read_single = self._read_single
+        if read_single is not None and self._held_views is None and not self._pending_overflow:
+            # The common small message in one protocol call: acquired, copied out and
+            # released (RingReader.try_read_single, bound once); any other outcome goes on
+            # below with what it found.
+            got = read_single()
+            if type(got) is bytes:
+                now = time.monotonic()
+                if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
+                    self._drain_notify(now)
+                # Copied before the release: the writer may reuse the slot meanwhile.
+                return self.codec.decode(got, ())
+            return self._dequeue_rest(read_single, got, True, timeout)
+        return self._dequeue_rest(read_single, None, False, timeout)
+
+    def _dequeue_rest(self, read_single: Callable[[], bytes | int | None] | None,
+                      got: bytes | int | None, tried: bool, timeout: float | None) -> Any:
+        """:meth:`dequeue` past its first read (``tried``: ``got`` is what ``read_single``
+        returned, None when nothing was readable) or without one."""
         reader = self._reader
         if reader is not None:
             if self._held_views is not None:
@@ -676,11 +734,10 @@ class MessageQueue:
             # message).
             started: float | None = None
             if not self._pending_overflow:
-                # The common small message in one protocol call: acquired, copied out and
-                # released (RingReader.try_read_single); any other chunk comes back held.
-                read_single: Callable[[], bytes | int | None] = functools.partial(
-                    reader.try_read_single, SCAN_BYTES_MAX)
-                got = read_single()
+                if read_single is None:
+                    read_single = functools.partial(reader.try_read_single, SCAN_BYTES_MAX)
+                if not tried:
+                    got = read_single()
                 if got is None:
                     started = time.monotonic()
                     # (mypy cannot solve the wait's type variable from this union)
