@@ -53,8 +53,6 @@ class WaitPolicy:
 
     spin_checks: int = 2
     yield_for_s: float = 1e-3
-    #: The yield stage lasts at least this many turns as well (see :func:`spin_yield`).
-    yield_turns: int = 0
     sleep_min_s: float = 50e-6
     sleep_max_s: float = 500e-6
     poll_min_s: float = 1e-3
@@ -95,20 +93,16 @@ def spin_yield(check: Callable[[], _Found | None], policy: WaitPolicy, timeout: 
     no :class:`Backoff` to build: a caught-up reader goes through it on most messages, and
     what it costs is taken from the process it yields to.
     """
-    until = started + policy.yield_for_s
-    deadline = math.inf if timeout is None else started + timeout
-    turns = policy.yield_turns
+    until = started + (policy.yield_for_s if timeout is None
+                       else min(policy.yield_for_s, timeout))
     clock = time.monotonic
     give_way = os.sched_yield
-    while True:
-        now = clock()
-        if now >= deadline or (now >= until and turns <= 0):
-            return None
-        turns -= 1
+    while clock() < until:
         give_way()
         found = check()
         if found is not None:
             return found
+    return None
 
 
 class Backoff:
