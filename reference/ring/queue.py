@@ -250,13 +250,10 @@ class MessageQueue:
     _readers_running: Callable[[], bool]
     #: A reader end in a wait that announced it may block (its state byte is BLOCKING).
     _blocking: bool
-    #: A local reader end's one-call read of a small message
-    #: (``reader.try_read_single(SCAN_BYTES_MAX)``), bound once; None on other ends and once
-    #: closed.
-    _read_single: Callable[[], bytes | int | None] | None
-    #: A writer end's one-call publish (``writer.try_publish``) while the writer has local
-    #: readers and no remote one, the end is open and the per-message path applies; else None.
-    _publish: Callable[[Buffer, Buffer, int], bool | None] | None
+    #: A writer end with local readers and no remote one, open: :meth:`enqueue` may publish a
+    #: one-buffer message itself. (The flag-protocol objects are looked up per message, never
+    #: bound here: a mutant harness swaps them after construction.)
+    _publish_directly: bool
 
     def __init__(
         self,
@@ -327,8 +324,7 @@ class MessageQueue:
                 remote_addr_ipv6=remote_ipv6,
                 tensor_arena_handle=None,
             )
-            if self._writer is not None and self._remote_socket is None:
-                self._publish = self._writer.try_publish
+            self._publish_directly = self._writer is not None and self._remote_socket is None
         except BaseException:
             res.close()
             raise
@@ -362,8 +358,7 @@ class MessageQueue:
         self._last_notify_drain = time.monotonic()
         self._readers_running = _never
         self._blocking = False
-        self._read_single = None
-        self._publish = None
+        self._publish_directly = False
 
     @classmethod
     def create_from_handle(cls, handle: Any, rank: int, *,
@@ -395,8 +390,6 @@ class MessageQueue:
                                                      self.local_reader_rank)
                 self._reader = RingReader(res.segment.memory, self.layout,
                                           self.local_reader_rank)
-                self._read_single = functools.partial(self._reader.try_read_single,
-                                                      SCAN_BYTES_MAX)
                 self._chunk_bytes = self.layout.max_chunk_bytes
                 # One view per chunk for the queue's life: a message costs no view of its own.
                 res.views = self._chunk_views = [
@@ -495,7 +488,7 @@ class MessageQueue:
     def close(self) -> None:
         """Close sockets, remove ipc files, unmap the segment (the creator unlinks it)."""
         self._shutting_down = True
-        self._read_single = self._publish = None  # the general paths raise what closed ends do
+        self._publish_directly = False  # enqueue_buffers raises what a closed end raises
         held, self._held_views = self._held_views, None
         if held is not None:
             _release_views(held)
@@ -532,19 +525,20 @@ class MessageQueue:
     def enqueue(self, obj: Any, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Encode ``obj`` with the codec and broadcast it (:meth:`enqueue_buffers`)."""
         buffers = self.codec.encode(obj)
-        publish = self._publish
-        if publish is not None and len(buffers) == 1:
+        writer = self._writer
+        if writer is not None and self._publish_directly and len(buffers) == 1:
             # The common message, one pickle stream that fits, in one protocol call: the
             # single-buffer branch of enqueue_buffers without its call and its checks of the
-            # end (``_publish`` is bound only on an open writer with local readers only).
+            # end (an open writer with local readers only).
             first = buffers[0]
             if type(first) is bytes:
                 size = len(first)
                 if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
                     head = cached_single_head(size) or single_head(size)
-                    notify_readers = publish(head, first, FIRST_DATA)
+                    notify_readers = writer.try_publish(head, first, FIRST_DATA)
                     if notify_readers is None:
-                        notify_readers = self._wait_to_publish(publish, head, first, timeout)
+                        notify_readers = self._wait_to_publish(writer.try_publish, head, first,
+                                                               timeout)
                     notify = self._notify
                     if notify_readers and notify is not None and not self._readers_running():
                         notify()
@@ -706,25 +700,24 @@ class MessageQueue:
         slot is released whatever happens while reading it, decoding errors included (clause
         ring.reader.release-on-error).
         """
-        read_single = self._read_single
-        if read_single is not None and self._held_views is None and not self._pending_overflow:
+        reader = self._reader
+        if reader is not None and self._held_views is None and not self._pending_overflow:
             # The common small message in one protocol call: acquired, copied out and
-            # released (RingReader.try_read_single, bound once); any other outcome goes on
-            # below with what it found.
-            got = read_single()
+            # released (RingReader.try_read_single); any other outcome goes on in
+            # _dequeue_rest with what it found.
+            got = reader.try_read_single(SCAN_BYTES_MAX)
             if type(got) is bytes:
                 now = time.monotonic()
                 if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
                     self._drain_notify(now)
                 # Copied before the release: the writer may reuse the slot meanwhile.
                 return self.codec.decode(got, ())
-            return self._dequeue_rest(read_single, got, True, timeout)
-        return self._dequeue_rest(read_single, None, False, timeout)
+            return self._dequeue_rest(got, True, timeout)
+        return self._dequeue_rest(None, False, timeout)
 
-    def _dequeue_rest(self, read_single: Callable[[], bytes | int | None] | None,
-                      got: bytes | int | None, tried: bool, timeout: float | None) -> Any:
-        """:meth:`dequeue` past its first read (``tried``: ``got`` is what ``read_single``
-        returned, None when nothing was readable) or without one."""
+    def _dequeue_rest(self, got: bytes | int | None, tried: bool, timeout: float | None) -> Any:
+        """:meth:`dequeue` past its first read (``tried``: ``got`` is what
+        ``try_read_single`` returned, None when nothing was readable) or without one."""
         reader = self._reader
         if reader is not None:
             if self._held_views is not None:
@@ -734,8 +727,9 @@ class MessageQueue:
             # message).
             started: float | None = None
             if not self._pending_overflow:
-                if read_single is None:
-                    read_single = functools.partial(reader.try_read_single, SCAN_BYTES_MAX)
+                # (the wait below calls it again and again)
+                read_single: Callable[[], bytes | int | None] = functools.partial(
+                    reader.try_read_single, SCAN_BYTES_MAX)
                 if not tried:
                     got = read_single()
                 if got is None:
