@@ -566,3 +566,25 @@ def test_the_per_message_paths_use_the_ends_current_protocol_objects(ring_env: R
         writer.enqueue(b"swapped", timeout=1)
         assert reader.dequeue(timeout=1) == b"swapped"
     assert calls == ["publish", "read"]
+
+
+def test_enqueue_calls_a_subclass_enqueue_buffers(ring_env: RingEnv) -> None:
+    """A queue class that replaces enqueue_buffers (a mutant does) gets it called by enqueue
+    for every message, the common small one included."""
+    sent: list[object] = []
+
+    class Recording(MessageQueue):
+        def enqueue_buffers(self, buffers: object, timeout: float | None = 1.0) -> None:
+            sent.append(buffers)
+            super().enqueue_buffers(buffers, timeout)  # type: ignore[arg-type]
+
+    writer = Recording(1, 1, ipc_dir=ring_env.ipc_dir)
+    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+    ready = threading.Thread(target=reader.wait_until_ready, args=(STEP_TIMEOUT,))
+    ready.start()
+    writer.wait_until_ready(STEP_TIMEOUT)
+    ready.join(STEP_TIMEOUT)
+    with writer, reader:
+        writer.enqueue(b"small", timeout=1)
+        assert reader.dequeue(timeout=1) == b"small"
+    assert sent == [[pickle.dumps(b"small", pickle.HIGHEST_PROTOCOL)]]

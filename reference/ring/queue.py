@@ -250,9 +250,11 @@ class MessageQueue:
     _readers_running: Callable[[], bool]
     #: A reader end in a wait that announced it may block (its state byte is BLOCKING).
     _blocking: bool
-    #: A writer end with local readers and no remote one, open: :meth:`enqueue` may publish a
-    #: one-buffer message itself. (The flag-protocol objects are looked up per message, never
-    #: bound here: a mutant harness swaps them after construction.)
+    #: A writer end with local readers and no remote one, open, whose class keeps this
+    #: class's :meth:`enqueue_buffers` (a subclass that replaces it gets it called):
+    #: :meth:`enqueue` may publish a one-buffer message itself. (The flag-protocol objects are
+    #: looked up per message, never bound here: a mutant harness swaps them after
+    #: construction.)
     _publish_directly: bool
 
     def __init__(
@@ -324,7 +326,9 @@ class MessageQueue:
                 remote_addr_ipv6=remote_ipv6,
                 tensor_arena_handle=None,
             )
-            self._publish_directly = self._writer is not None and self._remote_socket is None
+            self._publish_directly = (
+                self._writer is not None and self._remote_socket is None
+                and type(self).enqueue_buffers is MessageQueue.enqueue_buffers)
         except BaseException:
             res.close()
             raise
