@@ -498,3 +498,93 @@ def test_a_writer_that_waits_for_a_full_ring_delivers_every_message_once(
         thread.join(STEP_TIMEOUT)
         assert not thread.is_alive()
     assert got == sent
+
+
+def test_enqueue_writes_the_bytes_enqueue_buffers_writes(ring_env: RingEnv) -> None:
+    """enqueue publishes a one-buffer pickle stream itself (not through enqueue_buffers): the
+    chunk it leaves is byte for byte the one enqueue_buffers leaves for the codec's buffers,
+    the frame of the spec; messages of several buffers, too large ones and a closed end take
+    the general path as before."""
+    writer, reader = pair(ring_env, max_chunk_bytes=256, max_chunks=1)
+    objects = [b"", b"x" * 200, bytearray(b"abc"), "text", 7, None, {"a": [1, 2]}, (3.5,)]
+    with writer, reader:
+        for obj in objects:
+            buffers = writer.codec.encode(obj)
+            for by_enqueue in (True, False):
+                if by_enqueue:
+                    writer.enqueue(obj, timeout=1)
+                else:
+                    writer.enqueue_buffers(buffers, timeout=1)
+                size = framed_size(buffers)
+                chunk = writer.memory.read(0, size)  # type: ignore[union-attr]
+                assert bytes(chunk) == encode_chunk(buffers), obj
+                chunk.release()
+                assert reader.dequeue(timeout=1) == obj
+        writer.enqueue(b"y" * 1000, timeout=1)  # overflows: the general path
+        assert reader.dequeue(timeout=1) == b"y" * 1000
+        # A full ring: enqueue waits by the same call until the reader frees the chunk.
+        writer.enqueue(b"first", timeout=1)
+        later = threading.Timer(0.05, lambda: got.append(reader.dequeue(timeout=1)))
+        got: list[object] = []
+        later.start()
+        writer.enqueue(b"second", timeout=STEP_TIMEOUT)
+        later.join(STEP_TIMEOUT)
+        assert got == [b"first"]
+        assert reader.dequeue(timeout=1) == b"second"
+        with pytest.raises(ProtocolTimeout):
+            writer.enqueue(b"third", timeout=1)
+            writer.enqueue(b"fourth", timeout=0.05)
+    with pytest.raises(QueueClosed):
+        writer.enqueue(b"closed", timeout=0.1)
+    with pytest.raises((RingError, ValueError)):
+        reader.dequeue(timeout=0.1)
+
+
+def test_the_per_message_paths_use_the_ends_current_protocol_objects(ring_env: RingEnv) -> None:
+    """enqueue's and dequeue's one-call paths look the flag-protocol objects up per message:
+    objects swapped in after construction (the mutant harness does so) are the ones called."""
+    from enginewire.reference.ring import RingReader, RingWriter
+
+    calls: list[str] = []
+
+    class CountingWriter(RingWriter):
+        def try_publish(self, head: object, body: object, body_at: int) -> bool | None:
+            calls.append("publish")
+            return super().try_publish(head, body, body_at)
+
+    class CountingReader(RingReader):
+        def try_read_single(self, limit: int) -> bytes | int | None:
+            calls.append("read")
+            return super().try_read_single(limit)
+
+    writer, reader = pair(ring_env, max_chunk_bytes=256, max_chunks=2)
+    with writer, reader:
+        old_writer, old_reader = writer.ring_writer, reader.ring_reader
+        assert old_writer is not None and old_reader is not None
+        writer._writer = CountingWriter(old_writer.memory, old_writer.layout)
+        reader._reader = CountingReader(old_reader.memory, old_reader.layout, old_reader.rank)
+        writer.enqueue(b"swapped", timeout=1)
+        assert reader.dequeue(timeout=1) == b"swapped"
+    assert calls == ["publish", "read"]
+
+
+def test_enqueue_calls_a_subclass_enqueue_buffers(ring_env: RingEnv) -> None:
+    """A queue class that replaces enqueue_buffers (a mutant does) gets it called by enqueue
+    for every message, the common small one included."""
+    sent: list[object] = []
+
+    class Recording(MessageQueue):
+        def enqueue_buffers(self, buffers: object, timeout: float | None = 1.0) -> None:
+            sent.append(buffers)
+            super().enqueue_buffers(buffers, timeout)  # type: ignore[arg-type]
+
+    writer = Recording(1, 1, ipc_dir=ring_env.ipc_dir)
+    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
+    ready = threading.Thread(target=reader.wait_until_ready, args=(STEP_TIMEOUT,))
+    ready.start()
+    writer.wait_until_ready(STEP_TIMEOUT)
+    ready.join(STEP_TIMEOUT)
+    with writer, reader:
+        writer.enqueue(b"small", timeout=1)
+        assert reader.dequeue(timeout=1) == b"small"
+    assert sent == [[pickle.dumps(b"small", pickle.HIGHEST_PROTOCOL)]]

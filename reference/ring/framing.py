@@ -90,6 +90,11 @@ def needs_overflow(buffers: Sequence[Buffer], max_chunk_bytes: int) -> bool:
 _HEADS: dict[int, bytes] = {}
 
 
+#: ``cached_single_head(length)``: :func:`single_head`'s result for a length it has made
+#: before, without a Python call; None for any other (then call :func:`single_head`).
+cached_single_head: Callable[[int], bytes | None] = _HEADS.get
+
+
 def single_head(length: int) -> bytes:
     """The first :data:`FIRST_DATA` bytes of an in-ring chunk holding one buffer of ``length``
     bytes (which follows them): what :func:`write_chunk` writes first for such a message."""

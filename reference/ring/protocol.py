@@ -342,6 +342,9 @@ class RingWriter(_RingEnd):
                             expected="commit() before the next acquire", got=self._claimed)
         direct = self._direct
         if direct is not None:
+            # The same prelude as try_read_single's (a fence once, then the index and flag
+            # look-ups), kept twice on purpose: a shared helper would add a Python call per
+            # message on the path whose point is having none.
             buf, enter, leave = direct
             if not self._fenced:  # ring.writer.fence-before-check
                 enter()
@@ -554,6 +557,9 @@ class RingReader(_RingEnd):
         if self._held is not None:
             raise RingError("ring.reader.release-after-read", "a chunk is already held",
                             expected="release() before the next acquire", got=self._held)
+        # The same prelude as try_publish's (a fence once, then the index and flag look-ups),
+        # kept twice on purpose: a shared helper would add a Python call per message on the
+        # path whose point is having none.
         buf, enter, leave = direct
         if not self._fenced:  # ring.reader.fence-before-check
             enter()

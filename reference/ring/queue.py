@@ -55,6 +55,7 @@ from .framing import (
     MAX_BUFFER_BYTES,
     OVERFLOW_BASE,
     Buffer,
+    cached_single_head,
     decode_chunk,
     nbytes,
     needs_overflow,
@@ -249,6 +250,12 @@ class MessageQueue:
     _readers_running: Callable[[], bool]
     #: A reader end in a wait that announced it may block (its state byte is BLOCKING).
     _blocking: bool
+    #: A writer end with local readers and no remote one, open, whose class keeps this
+    #: class's :meth:`enqueue_buffers` (a subclass that replaces it gets it called):
+    #: :meth:`enqueue` may publish a one-buffer message itself. (The flag-protocol objects are
+    #: looked up per message, never bound here: a mutant harness swaps them after
+    #: construction.)
+    _publish_directly: bool
 
     def __init__(
         self,
@@ -319,6 +326,9 @@ class MessageQueue:
                 remote_addr_ipv6=remote_ipv6,
                 tensor_arena_handle=None,
             )
+            self._publish_directly = (
+                self._writer is not None and self._remote_socket is None
+                and type(self).enqueue_buffers is MessageQueue.enqueue_buffers)
         except BaseException:
             res.close()
             raise
@@ -352,6 +362,7 @@ class MessageQueue:
         self._last_notify_drain = time.monotonic()
         self._readers_running = _never
         self._blocking = False
+        self._publish_directly = False
 
     @classmethod
     def create_from_handle(cls, handle: Any, rank: int, *,
@@ -481,6 +492,7 @@ class MessageQueue:
     def close(self) -> None:
         """Close sockets, remove ipc files, unmap the segment (the creator unlinks it)."""
         self._shutting_down = True
+        self._publish_directly = False  # enqueue_buffers raises what a closed end raises
         held, self._held_views = self._held_views, None
         if held is not None:
             _release_views(held)
@@ -516,7 +528,26 @@ class MessageQueue:
 
     def enqueue(self, obj: Any, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Encode ``obj`` with the codec and broadcast it (:meth:`enqueue_buffers`)."""
-        self.enqueue_buffers(self.codec.encode(obj), timeout)
+        buffers = self.codec.encode(obj)
+        writer = self._writer
+        if writer is not None and self._publish_directly and len(buffers) == 1:
+            # The common message, one pickle stream that fits, in one protocol call: the
+            # single-buffer branch of enqueue_buffers without its call and its checks of the
+            # end (an open writer with local readers only).
+            first = buffers[0]
+            if type(first) is bytes:
+                size = len(first)
+                if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
+                    head = cached_single_head(size) or single_head(size)
+                    notify_readers = writer.try_publish(head, first, FIRST_DATA)
+                    if notify_readers is None:
+                        notify_readers = self._wait_to_publish(writer.try_publish, head, first,
+                                                               timeout)
+                    notify = self._notify
+                    if notify_readers and notify is not None and not self._readers_running():
+                        notify()
+                    return
+        self.enqueue_buffers(buffers, timeout)
 
     def enqueue_buffers(self, buffers: Sequence[Buffer],
                         timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
@@ -544,17 +575,11 @@ class MessageQueue:
                 first = buffers[0]
                 size = len(first) if type(first) is bytes else nbytes(first)
                 if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
-                    head = single_head(size)
+                    head = cached_single_head(size) or single_head(size)
                     notify_readers = writer.try_publish(head, first, FIRST_DATA)
                     if notify_readers is None:
-                        # Full: wait for the chunk by the same call, which changes nothing
-                        # until the chunk is free (no claim, no step path per message).
-                        liveness = self._resources.liveness
-                        notify_readers = bool(self._wait_for(
-                            functools.partial(writer.try_publish, head, first, FIRST_DATA),
-                            timeout, clause="ring.writer.timeout",
-                            what="a free chunk (every local reader done with it)",
-                            liveness=None if liveness is None else liveness.check_readers))
+                        notify_readers = self._wait_to_publish(writer.try_publish, head, first,
+                                                               timeout)
                     if notify_readers and not self._readers_running():
                         notify()
                     if self._remote_socket is not None:
@@ -580,6 +605,18 @@ class MessageQueue:
         remote_socket = self._remote_socket
         if remote_socket is not None:
             self._send_multipart(remote_socket, buffers)
+
+    def _wait_to_publish(self, publish: Callable[[Buffer, Buffer, int], bool | None],
+                         head: bytes, first: Buffer, timeout: float | None) -> bool:
+        """After one ``publish`` (``RingWriter.try_publish``) found the chunk not free: wait for
+        it by the same call, which changes nothing until the chunk is free (no claim, no step
+        path per message); whether the readers need a notification."""
+        liveness = self._resources.liveness
+        return bool(self._wait_for(
+            functools.partial(publish, head, first, FIRST_DATA),
+            timeout, clause="ring.writer.timeout",
+            what="a free chunk (every local reader done with it)",
+            liveness=None if liveness is None else liveness.check_readers))
 
     @staticmethod
     def _send_multipart(sock: zmq.Socket[Any], buffers: Sequence[Buffer]) -> None:
@@ -668,6 +705,24 @@ class MessageQueue:
         ring.reader.release-on-error).
         """
         reader = self._reader
+        if reader is not None and self._held_views is None and not self._pending_overflow:
+            # The common small message in one protocol call: acquired, copied out and
+            # released (RingReader.try_read_single); any other outcome goes on in
+            # _dequeue_rest with what it found.
+            got = reader.try_read_single(SCAN_BYTES_MAX)
+            if type(got) is bytes:
+                now = time.monotonic()
+                if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
+                    self._drain_notify(now)
+                # Copied before the release: the writer may reuse the slot meanwhile.
+                return self.codec.decode(got, ())
+            return self._dequeue_rest(got, True, timeout)
+        return self._dequeue_rest(None, False, timeout)
+
+    def _dequeue_rest(self, got: bytes | int | None, tried: bool, timeout: float | None) -> Any:
+        """:meth:`dequeue` past its first read (``tried``: ``got`` is what
+        ``try_read_single`` returned, None when nothing was readable) or without one."""
+        reader = self._reader
         if reader is not None:
             if self._held_views is not None:
                 self._release_held()
@@ -676,11 +731,11 @@ class MessageQueue:
             # message).
             started: float | None = None
             if not self._pending_overflow:
-                # The common small message in one protocol call: acquired, copied out and
-                # released (RingReader.try_read_single); any other chunk comes back held.
+                # (the wait below calls it again and again)
                 read_single: Callable[[], bytes | int | None] = functools.partial(
                     reader.try_read_single, SCAN_BYTES_MAX)
-                got = read_single()
+                if not tried:
+                    got = read_single()
                 if got is None:
                     started = time.monotonic()
                     # (mypy cannot solve the wait's type variable from this union)
