@@ -315,8 +315,15 @@ def test_ring_cells_selected_on_the_command_line() -> None:
 # --- the machinery on a tiny grid ---------------------------------------------------------
 
 
-def test_tiny_run_measures_every_figure(tmp_path: Path) -> None:
-    results = rounds.run(TINY, progress=False)
+@pytest.fixture(scope="module")
+def tiny() -> Results:
+    """One run of the tiny grid (every bench, two rounds), shared by the tests that read it;
+    none of them changes it."""
+    return rounds.run(TINY, progress=False)
+
+
+def test_tiny_run_measures_every_figure(tiny: Results, tmp_path: Path) -> None:
+    results = tiny
     no_failures(results)
     assert results.skipped == {} and results.targets == ["reference"]
     found = {(s.bench, s.metric, s.contender, tuple(s.case.items())) for s in results.series}
@@ -399,12 +406,11 @@ def test_the_previous_release_explorer_runs_from_a_git_archive(tmp_path: Path) -
     assert found["states"] == 50 and not found["complete"] and found["states_per_s"] > 0
 
 
-def test_plots_are_png_files(tmp_path: Path) -> None:
+def test_plots_are_png_files(tiny: Results, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     from enginewire.bench import plots
 
-    results = rounds.run(replace(TINY, benches=("ring", "peers", "textbook"), rounds=1),
-                         progress=False)
+    results = tiny
     no_failures(results)
     written = plots.write_plots(results, tmp_path / "plots")
     names = {p.name for p in written}

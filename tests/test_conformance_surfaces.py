@@ -174,6 +174,24 @@ def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _pytest_in_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                       capsys: pytest.CaptureFixture[str],
+                       *args: str) -> subprocess.CompletedProcess[str]:
+    """:func:`_pytest` without a new interpreter: ``pytest.main`` in ``tmp_path`` (the
+    plugin loads from its entry point as there; test_plugin_adds_nothing_without_a_target
+    runs it in a fresh interpreter)."""
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    assert True\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # as python -m puts the working directory
+    capsys.readouterr()
+    try:
+        code = pytest.main(["-p", "no:cacheprovider", "-q", *args])
+    finally:
+        sys.modules.pop("test_plain", None)  # the next run's test_plain.py is another file
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, int(code), out, err)
+
+
 def test_plugin_adds_nothing_without_a_target(tmp_path: Path) -> None:
     done = _pytest(tmp_path, "--co")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -182,16 +200,22 @@ def test_plugin_adds_nothing_without_a_target(tmp_path: Path) -> None:
     assert "1 test collected" in done.stdout
 
 
-def test_plugin_turns_checks_into_items(tmp_path: Path) -> None:
-    done = _pytest(tmp_path, "--enginewire-target=reference", "--co",
-                   "--enginewire-surface=codec")
+def test_plugin_turns_checks_into_items(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    done = _pytest_in_process(tmp_path, monkeypatch, capsys, "--enginewire-target=reference",
+                              "--co", "--enginewire-surface=codec")
     assert done.returncode == 0, done.stdout + done.stderr
     assert ("enginewire-conformance::codec::codec/tensor/inline-threshold-exact"
             "[tensors.tensor-inline-below-threshold]") in done.stdout
     assert "test_plain.py::test_plain" in done.stdout
 
 
-def test_plugin_runs_checks_and_reports_failures(tmp_path: Path) -> None:
+def test_plugin_runs_checks_and_reports_failures(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        return _pytest_in_process(tmp_path, monkeypatch, capsys, *args)
+
     broken = tmp_path / "broken_target.py"
     broken.write_text(
         "from enginewire.conformance.targets.reference import ReferenceCodec\n"

@@ -9,6 +9,7 @@ a lazy import hides a cycle from the interpreter, not from the design.
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,9 +54,15 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str, path: Path) -> Iterator[str]:
+@functools.cache
+def _imports(name: str, path: Path) -> tuple[str, ...]:
     """The enginewire modules ``name`` imports anywhere in its body (resolved to modules:
-    ``from pkg import sub`` counts as importing ``pkg.sub`` when that is a module)."""
+    ``from pkg import sub`` counts as importing ``pkg.sub`` when that is a module). Each file
+    is parsed once per session: the tests below walk the same files."""
+    return tuple(_walk_imports(name, path))
+
+
+def _walk_imports(name: str, path: Path) -> Iterator[str]:
     is_package = path.name == "__init__.py"
     package = name if is_package else name.rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):

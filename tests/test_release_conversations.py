@@ -50,12 +50,18 @@ from enginewire.spec.loader import DATA_DIR
 
 CONVERSATIONS = ["engine/*", "frontend/*"]
 
+#: The timeout scale of a power test: a broken peer's check fails by waiting out its
+#: (scaled) waits, so it runs at a quarter of them; the honest peers pass at the same scale,
+#: so the failure is the peer's, never the shorter wait's.
+POWER_SCALE = 0.25
 
-def _run(version: str, patterns: list[str], target: Any = None) -> list[Any]:
+
+def _run(version: str, patterns: list[str], target: Any = None,
+         scale: float = 1.0) -> list[Any]:
     target = target or reference_target(version)
     spec = load(version)
     try:
-        return [run_check(item, target, spec)
+        return [run_check(item, target, spec, timeout_scale=scale)
                 for item in select(all_checks(), patterns=patterns)]
     finally:
         target.close()
@@ -184,13 +190,14 @@ def test_peers_of_another_transport_fail_at_a_release_without_the_handshake() ->
     """At 0.8.2 an engine that speaks a DEALER with an identity frame gets no request and
     delivers no output, and a front end that waits for b"READY" never gets ready; the same
     peers' own release (0.8.5's engine) or the honest 0.8.2 peers pass."""
-    # One check per side fails (each waits out its time limit); the honest peers pass both.
+    # One check per side fails (each waits out its scaled waits); the honest peers pass both
+    # at the same scale.
     checks = ["engine/serve/add-generates", "engine/utility/call-ids-echoed"]
     target = reference_target("0.8.2")
     target.engine = ReferenceEngines(engine_class=_IdentityEngine, version="0.8.2")
-    results = _run("0.8.2", checks[:1], target)
+    results = _run("0.8.2", checks[:1], target, POWER_SCALE)
     assert [r.status for r in results] == [FAILED], [r.message for r in results]
-    assert [r.status for r in _run("0.8.2", checks)] == [PASSED, PASSED]
+    assert [r.status for r in _run("0.8.2", checks, scale=POWER_SCALE)] == [PASSED, PASSED]
 
     class _Frontends(ReferenceFrontends):
         def frontend_class(self) -> Any:
@@ -199,10 +206,10 @@ def test_peers_of_another_transport_fail_at_a_release_without_the_handshake() ->
     checks = ["frontend/requests/add-frames", "frontend/utility/call-and-reply"]
     target = reference_target("0.8.2")
     target.frontend = _Frontends(target.codec)
-    results = _run("0.8.2", checks[:1], target)
+    results = _run("0.8.2", checks[:1], target, POWER_SCALE)
     assert [r.status for r in results] == [FAILED], [r.message for r in results]
     assert all("wait_ready" in r.message for r in results), [r.message for r in results]
-    assert [r.status for r in _run("0.8.2", checks)] == [PASSED, PASSED]
+    assert [r.status for r in _run("0.8.2", checks, scale=POWER_SCALE)] == [PASSED, PASSED]
 
 
 class _NewestLayoutEngine(ReferenceEngine):
@@ -375,15 +382,17 @@ def test_peers_of_the_other_0_9_handshake_fail(peers: str, at: str) -> None:
     engine_checks = ["engine/serve/add-generates", "engine/utility/call-ids-echoed"]
     target = reference_target(at)
     target.engine = ReferenceEngines(version=peers)
-    # One check per side fails (each waits out its time limit); each passes both at its own.
-    results = _run(at, engine_checks[:1], target)
+    # One check per side fails (each waits out its scaled waits); each passes both at its own
+    # release at the same scale.
+    results = _run(at, engine_checks[:1], target, POWER_SCALE)
     assert [r.status for r in results] == [FAILED], [r.message for r in results]
     frontend_checks = ["frontend/requests/add-frames", "frontend/utility/call-and-reply"]
     target = reference_target(at)
     target.frontend = ReferenceFrontends(ReferenceCodec(version=peers))
-    results = _run(at, frontend_checks[:1], target)
+    results = _run(at, frontend_checks[:1], target, POWER_SCALE)
     assert [r.status for r in results] == [FAILED], [r.message for r in results]
-    assert [r.status for r in _run(peers, engine_checks + frontend_checks)] == [PASSED] * 4
+    assert [r.status for r in _run(peers, engine_checks + frontend_checks, scale=POWER_SCALE)] \
+        == [PASSED] * 4
 
 
 # --- 0.9.x: HELLO/READY without headless, READY with num_gpu_blocks ---------------------
@@ -399,6 +408,9 @@ def test_handshake_checks_pass_at_0_9_1_and_0_9_2() -> None:
     for version in ("0.9.1", "0.9.2"):
         results = _run(version, checks)
         assert [r.status for r in results] == [PASSED] * len(checks), _failures(results)
+    # The honest front end passes at the scale its power test fails at (newest keys, below).
+    [honest] = _run("0.9.1", ["frontend/handshake/init-answers-hello"], scale=POWER_SCALE)
+    assert honest.status == PASSED, honest.message
 
 
 @pytest.fixture
@@ -429,7 +441,7 @@ def test_an_engine_sending_the_newest_keys_fails_at_0_9_1() -> None:
 
 @pytest.mark.usefixtures("newest_handshake")
 def test_a_front_end_requiring_the_newest_keys_fails_at_0_9_1() -> None:
-    [result] = _run("0.9.1", ["frontend/handshake/init-answers-hello"])
+    [result] = _run("0.9.1", ["frontend/handshake/init-answers-hello"], scale=POWER_SCALE)
     assert result.status == FAILED
     assert "init after HELLO" in result.message
 

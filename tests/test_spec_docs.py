@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
@@ -114,17 +112,17 @@ def test_check_names_missing_and_leftover_pages(tmp_path: Path, capsys) -> None:
     assert run_docs(load(), out=out, check=True) == 0
 
 
-def test_cli_docs_and_check(tmp_path: Path) -> None:
+def test_cli_docs_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The command's wiring, in process (``python -m enginewire`` itself is run elsewhere)."""
+    from enginewire.cli import main
+
     out = tmp_path / "docs"
-    command = [sys.executable, "-m", "enginewire", "spec", "docs", "--out", str(out)]
-    stale = subprocess.run([*command, "--check"], capture_output=True, text=True, timeout=120)
-    assert stale.returncode == 1
-    assert "stale pages" in stale.stderr
-    written = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert written.returncode == 0, written.stderr
+    command = ["spec", "docs", "--out", str(out)]
+    assert main([*command, "--check"]) == 1
+    assert "stale pages" in capsys.readouterr().err
+    assert main(command) == 0, capsys.readouterr().err
     assert {p.name for p in out.iterdir()} == PAGES
-    fresh = subprocess.run([*command, "--check"], capture_output=True, text=True, timeout=120)
-    assert fresh.returncode == 0, fresh.stderr
+    assert main([*command, "--check"]) == 0, capsys.readouterr().err
 
 
 # --- what the pages hold -------------------------------------------------------------------

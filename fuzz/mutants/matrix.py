@@ -3,9 +3,9 @@
 Three columns, each run only where it applies to the mutant:
 
 - ``conformance``: the mutant's relevant conformance checks, SHOULD checks included (as
-  ``enginewire check --strict`` runs them). A check kills the mutant when it fails on the
-  mutant and passes on the reference (a check the reference fails too says nothing about
-  the mutant).
+  ``enginewire check --strict`` runs them), at the budget's timeout scale. A check kills the
+  mutant when it fails on the mutant and passes on the reference at the same scale (a check
+  the reference fails too says nothing about the mutant).
 - ``fuzz``: a short malformed-input campaign against a codec mutant's decoder; any finding
   kills it.
 - ``encoder``: a short differential campaign against a codec mutant's encoder
@@ -42,10 +42,14 @@ class Budget:
     #: Explorer preemption bound and state limit (the ring size is the mutant's own).
     preemptions: int
     max_states: int
+    #: The conformance column's timeout scale (``--timeout-scale``), the reference baseline's
+    #: too: a check that kills by waiting out a deadline (lost-notification's 20 s) waits
+    #: this fraction of it, and a kill still needs the reference to pass at the same scale.
+    timeout_scale: float = 1.0
 
 
 BOUNDED = Budget(fuzz_examples=10, encoder_examples=10, fuzz_extra_kinds=(), preemptions=2,
-                 max_states=20_000)
+                 max_states=20_000, timeout_scale=0.5)
 FULL = Budget(fuzz_examples=100, encoder_examples=100,
               fuzz_extra_kinds=("abort", "utility", "outputs", "EngineCoreRequest",
                                 "EngineCoreOutput", "EngineCoreOutputs"),
@@ -122,7 +126,8 @@ class _Baselines:
         from enginewire.conformance.framework.runner import run_check
 
         if item.id not in self._checks:
-            self._checks[item.id] = run_check(item, self.target, self.spec, strict=True).status
+            self._checks[item.id] = run_check(item, self.target, self.spec, strict=True,
+                                              timeout_scale=self.budget.timeout_scale).status
         return self._checks[item.id]
 
     def explorer_kinds(self, model: str, config: tuple[int, int, int]) -> set[str]:
@@ -158,7 +163,8 @@ def run_conformance(mutant: Mutant, baselines: _Baselines) -> Column:
     target = mutant()
     try:
         for item in checks:
-            result = run_check(item, target, baselines.spec, strict=True)
+            result = run_check(item, target, baselines.spec, strict=True,
+                               timeout_scale=baselines.budget.timeout_scale)
             if result.status != FAILED:
                 continue
             if baselines.check_status(item) != PASSED:
