@@ -206,7 +206,6 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
     codec = Codec(tensors="wire")
     hostile = hostile_inputs()
     report = SoakReport()
-    started = time.monotonic()
     context = zmq.Context()
     with ReferenceFrontend(1) as frontend:
         engine = spawn_engine(EngineOptions(handshake_address=frontend.handshake_address),
@@ -217,6 +216,9 @@ def run_soak(seconds: float, seed: int, *, batch: int = 8, timeout: float = 10.0
             frontend.wait_ready(30.0)
             pusher.connect(frontend.output_address)
             problem = serve_check(frontend, timeout, "warm-up")
+            # The campaign's time starts once the peers serve: a slow start (a busy machine)
+            # must not leave it no round at all.
+            started = time.monotonic()
             engine_rss0 = frontend_rss0 = 0
             while problem is None and time.monotonic() - started < seconds:
                 report.rounds += 1
