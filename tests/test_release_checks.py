@@ -128,6 +128,9 @@ def test_older_release_checks_pass_in_the_release_layout(version: str, pattern: 
      "vLLM 0.11.0 has no field that carries an ndarray"),
     ("0.9.1", "codec/tensor/pickle-form", "vLLM 0.9.1 sends a tensor as the [dtype, shape, "
      "data] tuple (tensors surface, tensor_form 'tuple')"),
+    # Not a refusal: with a valid UTILITY of the release as evidence it would pass.
+    ("0.7.3", "codec/message/untyped-payload-no-oob",
+     "vLLM 0.7.3 has no inline threshold for tensors"),
 ])
 def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pattern: str,
                                                                 reason: str) -> None:

@@ -1559,9 +1559,10 @@ def _unsubscribe_told_apart(codec: CodecSurface, ctx: CheckContext) -> None:
        surface="codec")
 def _untyped_oob(codec: CodecSurface, ctx: CheckContext) -> None:
     """A utility call whose args hold a large tensor is refused, not sent with a buffer."""
+    # Outside the try: a release without an inline threshold is NOT APPLICABLE, no refusal.
+    value = in_release([0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]], "utility", ctx.spec)
     try:
-        frames = codec.encode("utility", in_release(
-            [0, 1, "m", [_uint8(4 * _threshold(ctx.spec))]], "utility", ctx.spec))
+        frames = codec.encode("utility", value)
     except Exception as exc:  # noqa: BLE001 - refusing is conformant
         require_rejection(exc, "encode('utility') with a large tensor argument", codec=codec,
                           kind="utility", spec=ctx.spec, operation="encode")
