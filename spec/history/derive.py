@@ -37,6 +37,9 @@ from typing import Any
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
 from .protocol_facts import (
+    ENVS_MODULE,
+    SERIAL_MODULE,
+    SHM_MODULE,
     chunk_framing,
     handshake_keys,
     init_message,
@@ -48,11 +51,9 @@ from .protocol_facts import (
 from .transport_facts import transport
 from .wheels import write_releases
 
-#: Where vLLM keeps the non-struct facts (module, name).
+#: Where vLLM keeps the non-struct facts (module, name); the serial, envs and ring modules
+#: are :mod:`.protocol_facts`'.
 ENGINE_MODULE = "vllm.v1.engine"
-SERIAL_MODULE = "vllm.v1.serial_utils"
-ENVS_MODULE = "vllm.envs"
-SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 THRESHOLD_ENV = "VLLM_MSGPACK_ZERO_COPY_THRESHOLD"
 
 #: spec encoding -> extracted kinds that travel the same way.

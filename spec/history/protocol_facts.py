@@ -53,6 +53,8 @@ from .extract import WheelSource
 #: Folders whose modules hold the engine side of the handshake, over all releases.
 HANDSHAKE_FOLDERS = ("vllm/v1/engine", "vllm/v1")
 SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
+SERIAL_MODULE = "vllm.v1.serial_utils"
+ENVS_MODULE = "vllm.envs"
 STATUSES = ("HELLO", "READY")
 
 
@@ -239,8 +241,6 @@ def chunk_framing(source: WheelSource) -> dict[str, int | str]:
     return {}
 
 
-SERIAL_MODULE = "vllm.v1.serial_utils"
-
 
 def _isinstance_of(test: ast.expr, suffix: str) -> bool:
     """``test`` is (or starts with) ``isinstance(<name>, <...>.suffix)``."""
@@ -293,8 +293,6 @@ def tensor_form(source: WheelSource) -> dict[str, int | str]:
         found.setdefault("ndarray", "pickle")
     return dict(sorted(found.items()))
 
-
-ENVS_MODULE = "vllm.envs"
 
 
 def _env_setting(test: ast.expr) -> tuple[str, bool] | None:
