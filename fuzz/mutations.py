@@ -768,7 +768,7 @@ def _rules(case: _Case) -> Iterator[tuple[str, Mutation]]:
             yield "utility-reply-shape", reply_shape
 
     results = by_struct.get("UtilityResult", [])
-    if results and not case.gen.codec.allow_insecure:
+    if results and not case.gen.codec.pickle_allowed:
         item = spec.struct("UtilityResult")
 
         def type_info(draw: st.DrawFn) -> Broken:

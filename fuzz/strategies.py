@@ -332,7 +332,7 @@ class SpecStrategies:
         return fields.map(lambda kwargs: cls(**kwargs))
 
     def _struct_rules(self, item: StructSpec, depth: int) -> dict[str, st.SearchStrategy[Any]]:
-        if item.name == "UtilityResult" and not self.codec.allow_insecure:
+        if item.name == "UtilityResult" and not self.codec.pickle_allowed:
             return {"type_info": st.none()}
         # A tagged union travels as [tag, value of the tagged struct] (spec data).
         return {union.field: st.one_of(*(

@@ -353,6 +353,8 @@ class Codec:
       threshold_default, 256 from vLLM 0.8.5 on; none where the release has no inline form);
     - ``allow_insecure``: accept and produce extension types 1 (pickle) and 2 (cloudpickle),
       and a non-nil UtilityResult.type_info, like vLLM with VLLM_ALLOW_INSECURE_SERIALIZATION=1;
+      a release without that opt-in (the tensors surface's ``pickle_opt_in`` is None: vLLM
+      0.7.3-0.8.5, tensors.pickle-without-opt-in) pickles and unpickles without it;
     - ``copy``: out-of-band frames are copies (not views of the value's memory) and decoded
       tensors and arrays own their memory (not views of the received frames);
     - ``tensors``: ``"torch"``, ``"wire"`` (:class:`WireTensor`) or ``"auto"`` (torch when
@@ -391,6 +393,10 @@ class Codec:
         if self.threshold < 0:
             raise ValueError(f"threshold must be >= 0, got {threshold}")
         self.allow_insecure = allow_insecure
+        #: The release's opt-in setting (None: it has none) and whether this codec pickles
+        #: and unpickles: with ``allow_insecure``, or always where the release has no opt-in.
+        self.pickle_opt_in: str | None = surface.pickle_opt_in
+        self.pickle_allowed = allow_insecure or surface.pickle_opt_in is None
         self.copy = copy
         if tensors == "auto":
             tensors = "torch" if importlib.util.find_spec("torch") is not None else "wire"
@@ -870,17 +876,17 @@ class Codec:
             return self._encode_ipc_handle
         if isinstance(value, slice):
             return _encode_slice
-        if self.allow_insecure:
+        if self.pickle_allowed:
             return lambda value, _aux: self._pickle(value)
         return _no_wire_form
 
     def _encode_ndarray(self, value: np.ndarray, aux: list[Any]) -> Any:
-        if value.dtype.kind in ("O", "V") and self.allow_insecure:
+        if value.dtype.kind in ("O", "V") and self.pickle_allowed:
             return self._pickle(value)
         if self.ndarray_form == "pickle":
-            # No ndarray form of its own: the pickle fallback, which carries an array's
-            # stream without the opt-in (tensors.ndarray-pickle-fallback).
-            if value.dtype.kind in ("O", "V"):
+            # No ndarray form of its own: the pickle fallback (tensors.ndarray-pickle-fallback),
+            # the stream as vLLM's pickle.dumps writes it.
+            if not self.pickle_allowed:
                 return _no_wire_form(value, aux)
             return msgspec.msgpack.Ext(self._pickle_ext, pickle_array(value))
         return encode_ndarray(
@@ -945,12 +951,8 @@ class Codec:
             # The pickle form: the tensor itself, in a tensor field and anywhere else.
             return tensor_from_array(unpickle_array(data), self.tensor_mode,
                                      "tensors.pickle-form")
-        if code == self._pickle_ext and not self.allow_insecure and self.ndarray_form == "pickle":
-            # The pickle fallback carries an ndarray without the opt-in, and nothing else.
-            return unpickle_array(data, "tensors.ndarray-pickle-fallback",
-                                  f"extension type {code} (pickle) without the opt-in")
         if code == self._pickle_ext or code == self._cloudpickle_ext:
-            if not self.allow_insecure:
+            if not self.pickle_allowed:
                 raise TensorError(
                     "tensors.ext-pickle-opt-in",
                     f"extension type {code} (pickle) needs allow_insecure=True",
@@ -1215,7 +1217,7 @@ class Codec:
     def _validate_utility_result(self, result: Any) -> None:
         # Before 0.10.1 a utility result is any value, with no type_info.
         type_info = getattr(result, "type_info", None)
-        if result is not None and type_info is not None and not self.allow_insecure:
+        if result is not None and type_info is not None and not self.pickle_allowed:
             raise PayloadError(
                 "structs.utility-result.type-info-insecure-only",
                 "UtilityResult.type_info is nil unless insecure serialization is on",

@@ -777,16 +777,30 @@ def clauses_of_other_versions(spec: Spec, surface: str,
     return [c for c in parsed.clauses if not _in_range(c.versions, spec.version)]
 
 
+#: The extension types that carry pickle streams of arbitrary values (tensors surface).
+PICKLE_EXT_NAMES = ("pickle", "cloudpickle")
+#: Their ``allowed`` in a release without the opt-in (history/constants.toml
+#: ``[[pickle_opt_in]]``).
+NO_OPT_IN_ALLOWED = "always: the release has no insecure-serialization opt-in"
+
+
 def _tensors_at(tensors: TensorsFile, version: str, root: Path) -> TensorsFile:
     """The tensors surface as release ``version`` has it: its extension codes, inline
-    threshold and the form of a tensor and an array, read from ``history/constants.toml``
-    (``ext_codes``, ``tensor_threshold``, ``tensor_form``); unchanged where the history has
-    no row for the release (a data directory without history)."""
+    threshold, the form of a tensor and an array and the pickle opt-in, read from
+    ``history/constants.toml`` (``ext_codes``, ``tensor_threshold``, ``tensor_form``,
+    ``pickle_opt_in``); unchanged where the history has no row for the release (a data
+    directory without history)."""
     from .history.constants import constants_at
 
     codes = constants_at(version, "ext_codes", root)
     threshold = constants_at(version, "tensor_threshold", root)
     form = constants_at(version, "tensor_form", root)
+    opt_in = constants_at(version, "pickle_opt_in", root)
+    if opt_in:
+        setting = opt_in.get("setting")
+        tensors = msgspec.structs.replace(
+            tensors, pickle_opt_in=setting if isinstance(setting, str) and setting != "none"
+            else None)
     if not (codes or threshold or form):
         return tensors
     described = {ext.name: ext for ext in (*tensors.former_ext_codes, *tensors.ext_codes)}
@@ -800,6 +814,10 @@ def _tensors_at(tensors: TensorsFile, version: str, root: Path) -> TensorsFile:
                                 f"the extension code {name!r}, which neither ext_codes nor "
                                 "former_ext_codes describes", field="former_ext_codes")
             ext_codes.append(msgspec.structs.replace(known, code=int(code)))
+    if tensors.pickle_opt_in is None:
+        # No opt-in at this release (tensors.pickle-without-opt-in): pickle travels freely.
+        ext_codes = [msgspec.structs.replace(ext, allowed=NO_OPT_IN_ALLOWED)
+                     if ext.name in PICKLE_EXT_NAMES else ext for ext in ext_codes]
     value = threshold.get("threshold_default", tensors.threshold_default)
     return msgspec.structs.replace(
         tensors, ext_codes=ext_codes,

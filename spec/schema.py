@@ -224,6 +224,11 @@ class TensorsFile(SurfaceHeader, kw_only=True):
     #: None where the release's encoder has no inline threshold (the pickle form).
     threshold_default: int | None
     threshold_env: str
+    #: The setting both ends turn on before pickle travels (extension types pickle and
+    #: cloudpickle, the encoder's pickle fallback, a non-nil UtilityResult.type_info); the
+    #: file gives the newest release's, the loader the release's own from the history
+    #: (``[[pickle_opt_in]]``): None where the release pickles without any opt-in.
+    pickle_opt_in: str | None
     inline_comparison: Literal["<", "<="]
     index_base: int
     ext_codes: list[ExtCode]

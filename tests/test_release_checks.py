@@ -161,6 +161,9 @@ def test_older_release_checks_pass_in_the_release_layout(version: str, pattern: 
      "vLLM 0.8.4 has no field that carries an ndarray"),
     ("0.8.4", "codec/tensor/inline-threshold-exact",
      "vLLM 0.8.4 places a tensor by a fixed threshold of 512 bytes"),
+    # Not a refusal: with a valid UTILITY of the release as evidence it would pass.
+    ("0.7.3", "codec/message/untyped-payload-no-oob",
+     "vLLM 0.7.3 has no inline threshold for tensors"),
 ])
 def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pattern: str,
                                                                 reason: str) -> None:
@@ -325,8 +328,7 @@ def test_a_codec_writing_another_tensor_form_fails(version: str, pattern: str, f
 
 
 #: The checks of the ndarray pickle fallback (tensors.ndarray-pickle-fallback).
-FALLBACK_CHECKS = ("pickle-fallback", "pickle-fallback-decode", "pickle-fallback-other-rejected",
-                   "pickle-fallback-object-refused")
+FALLBACK_CHECKS = ("pickle-fallback", "pickle-fallback-decode")
 
 
 def _fallback_releases() -> list[str]:
@@ -349,9 +351,7 @@ def test_the_ndarray_pickle_fallback_checks_follow_the_ndarray_form(name: str) -
 
 def _broken_fallbacks() -> dict[str, type]:
     """Codecs for 0.7.3 each wrong about the ndarray pickle fallback in one way."""
-    import pickle
 
-    import msgspec
 
     from enginewire.reference.codec import Codec
     from enginewire.reference.errors import TensorError
@@ -376,37 +376,19 @@ def _broken_fallbacks() -> dict[str, type]:
                 raise TensorError("tensors.ext-pickle-opt-in", "pickle needs the opt-in")
             return super()._ext_hook(code, data)
 
-    class TrustsPickle(Codec):
-        """Unpickles whatever the pickle extension holds, as vLLM 0.7.3 does."""
-
-        def _ext_hook(self, code, data):  # type: ignore[no-untyped-def]
-            if code == self._pickle_ext:
-                return pickle.loads(data)  # noqa: S301 - the streams are the test's own
-            return super()._ext_hook(code, data)
-
-    class PicklesObjects(Codec):
-        """Pickles an object array too."""
-
-        def _encode_ndarray(self, value, aux):  # type: ignore[no-untyped-def]
-            return msgspec.msgpack.Ext(self._pickle_ext, pickle.dumps(value))
-
-    return {"tuple": TupleArrays, "opt-in-only": OptInOnly, "trusts-pickle": TrustsPickle,
-            "pickles-objects": PicklesObjects}
+    return {"tuple": TupleArrays, "opt-in-only": OptInOnly}
 
 
 @pytest.mark.parametrize(("name", "broken"), [
     ("pickle-fallback", "tuple"),
     ("pickle-fallback", "opt-in-only"),
-    ("pickle-fallback-decode", "tuple"),
     ("pickle-fallback-decode", "opt-in-only"),
-    ("pickle-fallback-other-rejected", "trusts-pickle"),
-    ("pickle-fallback-object-refused", "pickles-objects"),
 ])
 def test_a_codec_wrong_about_the_ndarray_pickle_fallback_fails(
         name: str, broken: str, codec_target: CodecTarget) -> None:
-    """Power: a codec for 0.7.3 that writes an ndarray in the tuple form, allows an array's
-    pickle only with the opt-in, unpickles any stream, or pickles an object array fails the
-    fallback check about it (the reference passes: the test above)."""
+    """Power: a codec for 0.7.3 that writes an ndarray in the tuple form fails the round trip,
+    and one that allows an array's pickle only with an opt-in the release does not have fails
+    both fallback checks (the reference passes: the test above)."""
     codec = codec_target(_broken_fallbacks()[broken], "0.7.3")
     status, message = _status("0.7.3", f"codec/ndarray/{name}", codec)
     assert status == FAILED, message
@@ -462,3 +444,172 @@ def test_reference_passes_every_applicable_codec_check(version: str) -> None:
         target.close()
     failed = [f"{r.check.id}: {r.message}" for r in results if r.status == FAILED]
     assert failed == []
+
+
+# --- the insecure-serialization opt-in per release ------------------------------------------
+
+
+def test_the_pickle_opt_in_follows_the_release() -> None:
+    """load(X) carries X's opt-in from history/constants.toml [[pickle_opt_in]]: none before
+    0.9.0 (the opt-in clauses do not hold there, tensors.pickle-without-opt-in does, and the
+    pickle extension types are allowed always), VLLM_ALLOW_INSECURE_SERIALIZATION from 0.9.0;
+    the reference codec follows it."""
+    from enginewire.reference.codec import Codec
+    from enginewire.spec.history.release_facts import pickle_opt_in_since
+
+    assert pickle_opt_in_since() == ("0.9.0", "VLLM_ALLOW_INSECURE_SERIALIZATION")
+    for version, setting in (("0.7.3", None), ("0.8.3", None), ("0.8.5", None),
+                             ("0.9.0", "VLLM_ALLOW_INSECURE_SERIALIZATION"),
+                             ("0.33.0", "VLLM_ALLOW_INSECURE_SERIALIZATION")):
+        spec = load(version)
+        surface = spec.surface("tensors")
+        assert surface.pickle_opt_in == setting, version
+        opt_in = setting is not None
+        for clause in ("tensors.ext-pickle-opt-in", "tensors.insecure-function-cloudpickle",
+                       "structs.no-implicit-pickle"):
+            assert (clause in spec.clauses) == opt_in, (version, clause)
+        assert ("tensors.pickle-without-opt-in" in spec.clauses) != opt_in, version
+        pickle_ext = next(e for e in surface.ext_codes if e.name == "pickle")
+        assert pickle_ext.allowed.startswith("always") != opt_in, (version, pickle_ext)
+        assert Codec(version=version).pickle_allowed != opt_in, version
+        assert Codec(version=version, allow_insecure=True).pickle_allowed
+
+
+def test_a_release_without_the_opt_in_pickles_both_ways() -> None:
+    """The reference for 0.8.5 encodes a Fraction in utility args as Ext 1 and decodes it
+    back, and for 0.7.3 sends an ndarray (its pickle fallback) with no insecure option; the
+    reference for 0.9.0 refuses both without the option."""
+    import fractions
+
+    import numpy as np
+
+    from enginewire.reference.codec import Codec
+    from enginewire.reference.errors import ProtocolError
+
+    value = (1, "m", (fractions.Fraction(1, 3),))
+    frames = Codec(version="0.8.5").encode("utility", value)
+    assert Codec(version="0.8.5").decode("utility", frames)[2] == (fractions.Fraction(1, 3),)
+    with pytest.raises(ProtocolError) as caught:
+        Codec(version="0.9.0").encode("utility", value)
+    assert caught.value.clause == "structs.no-implicit-pickle"
+    with pytest.raises(ProtocolError) as caught:
+        Codec(version="0.9.0").decode("utility", frames)
+    assert caught.value.clause == "tensors.ext-pickle-opt-in"
+    array = np.arange(3, dtype="<i8")
+    sent = Codec(version="0.7.3").encode("utility", (1, "m", (array,)))
+    [got] = Codec(version="0.7.3").decode("utility", sent)[2]
+    assert np.array_equal(got, array)
+
+
+@pytest.mark.parametrize("version", ["0.7.3", "0.8.5"])
+@pytest.mark.parametrize("pattern", ["codec/ext/pickle-in-any-rejected",
+                                     "codec/ext/pickle-rejected",
+                                     "codec/ext/insecure-function-cloudpickle",
+                                     "codec/no-implicit-pickle"])
+def test_opt_in_checks_are_not_applicable_before_the_release_that_introduced_it(
+        version: str, pattern: str) -> None:
+    status, message = _status(version, pattern)
+    assert status == NOT_APPLICABLE, (status, message)
+    assert (f"vLLM {version} has no insecure-serialization opt-in "
+            "(VLLM_ALLOW_INSECURE_SERIALIZATION came in vLLM 0.9.0)") in message, message
+
+
+def _opt_in_demanding_codec(version: str) -> object:
+    """A reference codec for ``version`` that demands the opt-in whatever the release:
+    it refuses to pickle and unpickle unless built with the insecure option (the newest
+    releases' behaviour, wrong before 0.9.0)."""
+    from enginewire.conformance.targets import reference as reference_module
+    from enginewire.reference.codec import Codec
+
+    class Demanding(Codec):
+        def __init__(self, **options):  # type: ignore[no-untyped-def]
+            super().__init__(**options)
+            self.pickle_allowed = self.allow_insecure
+
+    class DemandingCodec(reference_module.ReferenceCodec):
+        def make_codec(self, threshold, insecure):  # type: ignore[no-untyped-def]
+            return Demanding(threshold=threshold, allow_insecure=insecure,
+                             version=self.version)
+
+    return DemandingCodec(version=version)
+
+
+@pytest.mark.parametrize("version", ["0.7.3", "0.8.3", "0.8.5"])
+@pytest.mark.parametrize("direction", ["encode", "decode"])
+def test_a_codec_that_demands_the_opt_in_fails_before_it_existed(version: str,
+                                                                   direction: str) -> None:
+    """Power: at a release without the opt-in the reference passes
+    codec/ext/pickle-without-opt-in/*, and a codec that still demands the opt-in fails them;
+    from 0.9.0 on they are NOT APPLICABLE, naming the opt-in."""
+    pattern = f"codec/ext/pickle-without-opt-in/{direction}"
+    status, message = _status(version, pattern)
+    assert status == PASSED, message
+    status, message = _status(version, pattern, _opt_in_demanding_codec(version))
+    assert status == FAILED, message
+    assert f"vLLM {version}" in message and "without any opt-in" in message, message
+    status, message = _status("0.9.0", pattern)
+    assert status == NOT_APPLICABLE and "only with the opt-in " \
+        "VLLM_ALLOW_INSECURE_SERIALIZATION, from vLLM 0.9.0 on" in message, message
+
+
+# --- the UTILITY payload of 0.7.3-0.9.0 ---------------------------------------------------------
+
+
+def _utility_codec(version: str, accept: str) -> object:
+    """A reference codec for ``version`` whose UTILITY decoder is lax in one way:
+    ``short`` fills a payload one item short with empty args, ``call-id`` reads a string
+    call_id as its integer. Each still rejects the newest layout's bad payload at 0.9.0
+    (a four-item payload is too long there, and [0, 7, 'is_sleeping'] has an int as
+    method), which is what the checks sent before they followed the release."""
+    import msgspec
+
+    from enginewire.conformance.targets import reference as reference_module
+    from enginewire.spec.history.release_facts import utility_payload_at
+
+    items = utility_payload_at(version)
+
+    class Lax(reference_module.ReferenceCodec):
+        def decode(self, kind, frames):  # type: ignore[no-untyped-def]
+            if kind == "utility" and len(frames) == 2:
+                payload = msgspec.msgpack.decode(bytes(frames[1]))
+                if accept == "short" and len(payload) == len(items) - 1:
+                    payload = [*payload, []]
+                if accept == "call-id" and len(payload) == len(items):
+                    at = items.index("call_id")
+                    if isinstance(payload[at], str) and payload[at].isdigit():
+                        payload[at] = int(payload[at])
+                frames = [frames[0], msgspec.msgpack.encode(payload)]
+            return super().decode(kind, frames)
+
+    return Lax(version=version)
+
+
+@pytest.mark.parametrize(("pattern", "accept", "said"), [
+    ("codec/reject/utility-short", "short",
+     "a utility payload of 2 items (call_id, method), one short of the release's 3 "
+     "(call_id, method, args)"),
+    ("codec/reject/utility-call-id-string", "call-id",
+     "a utility payload whose call_id (item 0 of call_id, method, args) is the string '7'"),
+])
+def test_utility_payload_checks_follow_the_release(pattern: str, accept: str,
+                                                   said: str) -> None:
+    """At 0.9.0 the UTILITY payload is [call_id, method, args]: the reference passes both
+    checks on evidence (a valid UTILITY of the release decodes), and a codec that accepts
+    the release's bad payload fails with a message that describes that payload."""
+    import msgspec
+
+    from enginewire.reference.errors import ProtocolError
+
+    status, message = _status("0.9.0", pattern)
+    assert status == PASSED, message
+    lax = _utility_codec("0.9.0", accept)
+    status, message = _status("0.9.0", pattern, lax)
+    assert status == FAILED, message
+    assert message.startswith(f"utility: {said}: decode('utility') accepted"), message
+    old = [0, 7, "is_sleeping"] if accept == "short" else [0, "7", "is_sleeping", []]
+    type_byte = bytes(load("0.9.0").request_type_byte("UTILITY"))
+    with pytest.raises(ProtocolError) as caught:  # what the checks sent before: not caught
+        lax.decode("utility", [type_byte, msgspec.msgpack.encode(old)])  # type: ignore[attr-defined]
+    assert caught.value.clause == "frames.payload-matches-type", caught.value
+    description = select(all_checks(), patterns=[pattern])[0].description
+    assert "three" not in description and "four" not in description

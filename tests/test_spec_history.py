@@ -819,3 +819,101 @@ def test_consistency_fails_when_the_utility_items_leave_the_frames_spec(tmp_path
     [payload] = [f.payload for m in old.messages if m.kind == "utility"
                  for f in m.frames if f.content == "msgpack"]
     assert payload == "tuple[int, str, tuple[any, ...]]"
+
+
+_SERIAL_NO_OPT_IN = '''
+import pickle
+class MsgpackEncoder:
+    def enc_hook(self, obj):
+        if isinstance(obj, FunctionType):
+            return msgpack.Ext(CUSTOM_TYPE_CLOUDPICKLE, cloudpickle.dumps(obj))
+        return msgpack.Ext(CUSTOM_TYPE_PICKLE, pickle.dumps(obj))
+class MsgpackDecoder:
+    def ext_hook(self, code, data):
+        if code == CUSTOM_TYPE_PICKLE:
+            return pickle.loads(data)
+'''
+
+_SERIAL_OPT_IN = '''
+import pickle
+from vllm import envs
+class MsgpackEncoder:
+    def __init__(self):
+        if envs.VLLM_ALLOW_INSECURE_SERIALIZATION:
+            _log_insecure_serialization_warning()
+    def enc_hook(self, obj):
+        if not envs.VLLM_ALLOW_INSECURE_SERIALIZATION:
+            raise TypeError("Set VLLM_ALLOW_INSECURE_SERIALIZATION=1")
+        return msgpack.Ext(CUSTOM_TYPE_PICKLE, pickle.dumps(obj))
+class MsgpackDecoder:
+    def ext_hook(self, code, data):
+        if envs.VLLM_ALLOW_INSECURE_SERIALIZATION:
+            if code == CUSTOM_TYPE_PICKLE:
+                return pickle.loads(data)
+        raise NotImplementedError(code)
+'''
+
+_ENVS = '''
+environment_variables = {
+    "VLLM_ALLOW_INSECURE_SERIALIZATION":
+    lambda: bool(int(os.getenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "0"))),
+}
+'''
+
+
+@pytest.mark.parametrize(("serial", "envs", "expected"), [
+    (_SERIAL_NO_OPT_IN, _ENVS, {}),
+    (_SERIAL_OPT_IN, _ENVS, {"setting": "VLLM_ALLOW_INSECURE_SERIALIZATION",
+                             "guards": ["decoder", "encoder"]}),
+    # A guard naming no setting of vllm/envs.py is no opt-in a user can give.
+    (_SERIAL_OPT_IN, "environment_variables = {}\n", {}),
+])
+def test_protocol_facts_read_the_pickle_opt_in(tmp_path: Path, serial: str, envs: str,
+                                               expected: dict[str, object]) -> None:
+    """The setting whose truth guards the decoder's pickle.loads and whose falsity makes
+    the encoder raise before its pickle fallback, declared in vllm/envs.py, is the opt-in
+    (a warning logged under the same test guards nothing)."""
+    from enginewire.spec.history.protocol_facts import pickle_opt_in
+
+    wheel = tmp_path / "t.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("vllm/v1/serial_utils.py", serial)
+        archive.writestr("vllm/envs.py", envs)
+    with WheelSource(wheel) as source:
+        assert pickle_opt_in(source) == expected
+
+
+def test_committed_pickle_opt_in_says_what_the_wheels_had() -> None:
+    """0.8.5's serial_utils.py pickles and unpickles unconditionally; 0.9.0 guards both with
+    VLLM_ALLOW_INSECURE_SERIALIZATION (the re-derivation test compares the whole file)."""
+    from enginewire.spec.history.constants import constants_at
+
+    assert constants_at("0.8.5", "pickle_opt_in") == {"setting": "none"}
+    assert constants_at("0.7.3", "pickle_opt_in") == {"setting": "none"}
+    for version in ("0.9.0", "0.33.0"):
+        assert constants_at(version, "pickle_opt_in") == {
+            "setting": "VLLM_ALLOW_INSECURE_SERIALIZATION", "guards": ["decoder", "encoder"]}
+
+
+def test_consistency_fails_when_the_opt_in_leaves_its_clauses(tmp_path: Path) -> None:
+    """A [[pickle_opt_in]] row that moves the opt-in to 0.9.1 disagrees with the ranges of the
+    clauses about it (they hold from 0.9.0); one that drops it at the newest release
+    disagrees with tensors.toml."""
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "history" / "constants.toml"
+    text = path.read_text()
+    head, tail = text.split("[[pickle_opt_in]]", 1)
+    moved = tail.replace('versions = "0.9.0+"', 'versions = "0.9.1+"', 1).replace(
+        'versions = "0.7.3-0.8.5"', 'versions = "0.7.3-0.9.0"', 1)
+    path.write_text(head + "[[pickle_opt_in]]" + moved)
+    found = consistency.problems(data)
+    assert any("[[pickle_opt_in]] at 0.9.0: no opt-in, but tensors.ext-pickle-opt-in holds"
+               in p for p in found), found
+    assert any("at 0.9.0: no opt-in, but tensors.pickle-without-opt-in does not hold" in p
+               for p in found), found
+    path.write_text(head + "[[pickle_opt_in]]" + tail.replace(
+        '"VLLM_ALLOW_INSECURE_SERIALIZATION"', '"VLLM_INSECURE"', 1))
+    found = consistency.problems(data)
+    assert any("setting at 0.33.0 is 'VLLM_INSECURE', tensors.toml names "
+               "'VLLM_ALLOW_INSECURE_SERIALIZATION'" in p for p in found), found

@@ -118,8 +118,9 @@ _SAMPLES_LOCK = threading.Lock()
 def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
     """A valid message of ``kind`` for ``spec``'s release: ``(neutral value, frames)``. A
     golden vector of the kind recorded for that release that must decode, else the spec's
-    sample of the kind's struct (its required fields) as the reference codec encodes it;
-    None when the suite has neither."""
+    sample of the kind's struct (its required fields), the release's plain init map or a
+    UTILITY call in the release's items (:func:`utility_value`: no client index up to
+    0.9.0) as the reference codec encodes it; None when the suite has none of these."""
     from enginewire.conformance.oracle.golden import load_vectors, payload_type
     from enginewire.conformance.oracle.samples import Sampler
 
@@ -134,7 +135,11 @@ def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
         vector = min(golden, key=lambda v: sum(len(f) for f in v.frames))
         found = (vector.value, list(vector.frames))
     else:
-        from enginewire.spec.history.release_facts import init_message_at, init_message_value
+        from enginewire.spec.history.release_facts import (
+            init_message_at,
+            init_message_value,
+            utility_value,
+        )
 
         struct = kind if kind in spec.structs else payload_type(kind)
         value: Any = None
@@ -144,6 +149,9 @@ def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
             # The release's plain init map (0.9.0: history/constants.toml [[init_message]]).
             value = init_message_value(spec.version, inputs=["ipc:///tmp/ew-in"],
                                        outputs=["ipc:///tmp/ew-out"])
+        elif kind == "utility":
+            value = utility_value(spec.version, client_index=0, call_id=7,
+                                  method="is_sleeping", args=[])
         if value is not None:
             from enginewire.conformance.targets.reference import ReferenceCodec
 

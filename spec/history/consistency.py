@@ -14,6 +14,10 @@
   response as the first input message, one socket pair per client;
 - the UTILITY payload's items derived for the newest release (``[[utility_payload]]``) type
   as the frames surface's utility payload;
+- the insecure-serialization opt-in (``[[pickle_opt_in]]``): the newest release's setting is
+  the one ``tensors.toml`` names, and at every release the clauses about the opt-in
+  (:data:`OPT_IN_CLAUSES`) hold exactly where the release has it and
+  ``tensors.pickle-without-opt-in`` exactly where it has none;
 - every default fits its field's type with the structs of each release it holds for;
 - ``history/changes.toml`` lists exactly the struct changes the struct files show between
   consecutive releases (so an array struct that changes other than by appending defaulted
@@ -54,6 +58,7 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
             specs[version] = load(version, data_dir)
         except SpecError as exc:
             found.append(f"release {version} does not load: {exc}")
+    found.extend(_check_pickle_opt_in(data_dir, releases, specs))
     found.extend(_check_append_only(data_dir, releases, specs))
     found.extend(_check_defaults(specs))
     return found
@@ -180,6 +185,44 @@ def _check_utility_payload(data_dir: Path, releases: list[str]) -> list[str]:
         return [f"history/constants.toml: UTILITY items {items} at {newest} type as "
                 f"{derived}, frames.toml says {payload}"]
     return []
+
+
+#: The clauses that speak of the insecure-serialization opt-in: they hold from the release
+#: that introduced it; ``tensors.pickle-without-opt-in`` before it.
+OPT_IN_CLAUSES = ("tensors.ext-pickle-opt-in", "tensors.insecure-function-cloudpickle",
+                  "structs.no-implicit-pickle")
+NO_OPT_IN_CLAUSE = "tensors.pickle-without-opt-in"
+
+
+def _check_pickle_opt_in(data_dir: Path, releases: list[str],
+                         specs: dict[str, Spec]) -> list[str]:
+    """The ``[[pickle_opt_in]]`` rows agree with the tensors surface and with the ranges of
+    the clauses about the opt-in (module docstring)."""
+    from .constants import constants_at
+
+    out = []
+    newest = releases[-1]
+    setting = constants_at(newest, "pickle_opt_in", data_dir).get("setting")
+    if newest in specs:
+        with (data_dir / "tensors.toml").open("rb") as handle:
+            named = tomllib.load(handle).get("pickle_opt_in")
+        if setting != named:
+            out.append(f"history/constants.toml: [[pickle_opt_in]] setting at {newest} is "
+                       f"{setting!r}, tensors.toml names {named!r}")
+    for version, spec in specs.items():
+        row = constants_at(version, "pickle_opt_in", data_dir)
+        if not row:
+            continue
+        has = row.get("setting") not in (None, "none")
+        where = f"history/constants.toml [[pickle_opt_in]] at {version}"
+        for clause in OPT_IN_CLAUSES:
+            if (clause in spec.clauses) != has:
+                out.append(f"{where}: {'an' if has else 'no'} opt-in, but {clause} "
+                           f"{'does not hold' if has else 'holds'} there (its versions)")
+        if (NO_OPT_IN_CLAUSE in spec.clauses) == has:
+            out.append(f"{where}: {'an' if has else 'no'} opt-in, but {NO_OPT_IN_CLAUSE} "
+                       f"{'holds' if has else 'does not hold'} there (its versions)")
+    return out
 
 
 def _check_transport(data_dir: Path, releases: list[str]) -> list[str]:

@@ -1,6 +1,6 @@
 """The tables of ``spec/data/history/constants.toml`` (request types, extension codes, tensor
 threshold and form, ring constants, handshake keys, ready response) as they stand at one
-release: :func:`constants_at`.
+release: :func:`constants_at`; :func:`constant_rows` gives a table's rows.
 
 Imports nothing of the spec but :mod:`..versions`, so that the loader reads the tables
 (a release's tensors surface) without an import cycle.
@@ -18,13 +18,20 @@ from ..versions import VersionRange
 _DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
 
+def constant_rows(table: str, data_dir: Path | None = None
+                  ) -> list[tuple[VersionRange, dict[str, Any]]]:
+    """Every row of one table of ``history/constants.toml``, newest range first: its range
+    and its values; [] where the file or the table is missing."""
+    path = (data_dir or _DATA_DIR) / "history" / "constants.toml"
+    if not path.exists():
+        return []
+    with path.open("rb") as handle:
+        rows = tomllib.load(handle).get(table, [])
+    return [(VersionRange.parse(r["versions"]), dict(r["values"])) for r in rows]
+
+
 def constants_at(version: str, table: str, data_dir: Path | None = None) -> dict[str, Any]:
     """One table of ``history/constants.toml`` (``request_types``, ``ext_codes``, ...) as it
     stands at ``version``; {} where the file or the table is missing."""
-    path = (data_dir or _DATA_DIR) / "history" / "constants.toml"
-    if not path.exists():
-        return {}
-    with path.open("rb") as handle:
-        rows = tomllib.load(handle).get(table, [])
-    return next((dict(r["values"]) for r in rows if version in VersionRange.parse(r["versions"])),
-                {})
+    return next((values for versions, values in constant_rows(table, data_dir)
+                 if version in versions), {})

@@ -37,9 +37,13 @@ from typing import Any
 from ..versions import parse_version
 from .extract import ClassFacts, FieldFacts, WheelSource
 from .protocol_facts import (
+    ENVS_MODULE,
+    SERIAL_MODULE,
+    SHM_MODULE,
     chunk_framing,
     handshake_keys,
     init_message,
+    pickle_opt_in,
     ready_response,
     tensor_form,
     utility_payload,
@@ -47,11 +51,9 @@ from .protocol_facts import (
 from .transport_facts import transport
 from .wheels import write_releases
 
-#: Where vLLM keeps the non-struct facts (module, name).
+#: Where vLLM keeps the non-struct facts (module, name); the serial, envs and ring modules
+#: are :mod:`.protocol_facts`'.
 ENGINE_MODULE = "vllm.v1.engine"
-SERIAL_MODULE = "vllm.v1.serial_utils"
-ENVS_MODULE = "vllm.envs"
-SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 THRESHOLD_ENV = "VLLM_MSGPACK_ZERO_COPY_THRESHOLD"
 
 #: spec encoding -> extracted kinds that travel the same way.
@@ -81,6 +83,8 @@ class ReleaseFacts:
     tensor_form: dict[str, int | str] = field(default_factory=dict)
     #: The UTILITY payload's items (:func:`.protocol_facts.utility_payload`).
     utility_payload: list[str] = field(default_factory=list)
+    #: The insecure-serialization opt-in (:func:`.protocol_facts.pickle_opt_in`).
+    pickle_opt_in: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,6 +149,7 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.init_message = init_message(source)
         facts.tensor_form = tensor_form(source)
         facts.utility_payload = utility_payload(source)
+        facts.pickle_opt_in = pickle_opt_in(source)
     return facts
 
 
@@ -610,6 +615,11 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
         ("utility_payload", "the UTILITY request's payload items in order, as the engine "
          "unpacks them (none: no UTILITY request)",
          lambda r: {"items": list(r.utility_payload) or "none"}),
+        ("pickle_opt_in", "the setting a side turns on before vllm/v1/serial_utils.py "
+         "unpickles extension types pickle and cloudpickle (decoder) or falls back to pickle "
+         "for a value its hooks cannot carry (encoder), and the sides it guards (none: both "
+         "pickle and unpickle without any opt-in)",
+         lambda r: dict(r.pickle_opt_in) or {"setting": None}),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")

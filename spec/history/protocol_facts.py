@@ -32,6 +32,12 @@
   data]`` tuple of ``obj.numpy()``, so numpy's ``dtype.str``) or ``tuple`` (the tuple with the
   torch dtype name, ``_encode_tensor``); and the inline threshold where it is a module
   constant instead of an environment variable (``obj.nbytes < MIN_NOCOPY_BUF_SIZE``).
+- :func:`pickle_opt_in`: the setting a side must turn on before ``vllm/v1/serial_utils.py``
+  unpickles or pickles: the ``envs.NAME`` whose truth guards the decoder's ``pickle.loads``
+  (``if envs.NAME: ... pickle.loads(data)``) and the ``envs.NAME`` whose falsity makes the
+  encoder refuse before its pickle fallback (``if not envs.NAME: raise ...``), each declared
+  in ``vllm/envs.py``; ``{}`` where neither is guarded (vLLM 0.7.3-0.8.5 pickle and unpickle
+  without asking: VLLM_ALLOW_INSECURE_SERIALIZATION came in 0.9.0).
 
 Each returns plain data for ``history/constants.toml``; an empty result means the wheel has no
 such code (the history then records ``none``).
@@ -47,6 +53,8 @@ from .extract import WheelSource
 #: Folders whose modules hold the engine side of the handshake, over all releases.
 HANDSHAKE_FOLDERS = ("vllm/v1/engine", "vllm/v1")
 SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
+SERIAL_MODULE = "vllm.v1.serial_utils"
+ENVS_MODULE = "vllm.envs"
 STATUSES = ("HELLO", "READY")
 
 
@@ -233,8 +241,6 @@ def chunk_framing(source: WheelSource) -> dict[str, int | str]:
     return {}
 
 
-SERIAL_MODULE = "vllm.v1.serial_utils"
-
 
 def _isinstance_of(test: ast.expr, suffix: str) -> bool:
     """``test`` is (or starts with) ``isinstance(<name>, <...>.suffix)``."""
@@ -286,3 +292,59 @@ def tensor_form(source: WheelSource) -> dict[str, int | str]:
         # An array the hook has no branch for falls through to the pickle fallback.
         found.setdefault("ndarray", "pickle")
     return dict(sorted(found.items()))
+
+
+
+def _env_setting(test: ast.expr) -> tuple[str, bool] | None:
+    """``(NAME, True)`` for the test ``envs.NAME``, ``(NAME, False)`` for ``not envs.NAME``;
+    None for any other test."""
+    negated = isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not)
+    inner = test.operand if isinstance(test, ast.UnaryOp) and negated else test
+    if (isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
+            and inner.value.id == "envs"):
+        return inner.attr, not negated
+    return None
+
+
+def _calls(nodes: list[ast.stmt], dotted: str) -> bool:
+    """Whether ``nodes`` call ``dotted`` (``pickle.loads``) anywhere."""
+    return any(isinstance(node, ast.Call) and ast.unparse(node.func) == dotted
+               for statement in nodes for node in ast.walk(statement))
+
+
+def _declared_settings(source: WheelSource) -> set[str]:
+    """The string constants of ``vllm/envs.py`` (its settings' names are among them)."""
+    filename = source.module_file(ENVS_MODULE)
+    if filename is None:
+        return set()
+    return {node.value for node in ast.walk(source.tree(filename))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def pickle_opt_in(source: WheelSource) -> dict[str, Any]:
+    """``{"setting": NAME, "guards": ["decoder", "encoder"]}`` (the sides the wheel guards
+    with it) or ``{}`` (see the module docstring)."""
+    filename = source.module_file(SERIAL_MODULE)
+    if filename is None:
+        return {}
+    declared = _declared_settings(source)
+    guards: dict[str, set[str]] = {}
+    for function in ast.walk(source.tree(filename)):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        pickles = _calls(function.body, "pickle.dumps")
+        for node in ast.walk(function):
+            setting = _env_setting(node.test) if isinstance(node, ast.If) else None
+            if setting is None or setting[0] not in declared:
+                continue
+            name, required = setting
+            assert isinstance(node, ast.If)
+            if required and _calls(node.body, "pickle.loads"):
+                guards.setdefault(name, set()).add("decoder")
+            elif not required and pickles and any(isinstance(s, ast.Raise) for s in node.body):
+                # ``if not envs.NAME: raise ...`` in the function that falls back to pickle.
+                guards.setdefault(name, set()).add("encoder")
+    if not guards:
+        return {}
+    name = max(sorted(guards), key=lambda n: len(guards[n]))
+    return {"setting": name, "guards": sorted(guards[name])}

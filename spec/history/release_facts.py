@@ -32,6 +32,10 @@ handshake keys and the form of the ready response live in ``history/constants.to
   does), from its ``[[transport]]`` and ``[[ready_response]]`` rows;
 - :func:`utility_payload_at`, :func:`utility_value`, :func:`utility_fields`: the UTILITY
   payload's items at a release (no client index up to 0.9.0) and a payload in that form;
+- :func:`pickle_opt_in_since`, :func:`pickle_opt_in_gap`, :func:`pickle_free_gap`: the
+  release that introduced the insecure-serialization opt-in (``[[pickle_opt_in]]``: 0.9.0),
+  and why a check of the opt-in (a release without it) or of pickle without it (a release
+  with it) does not apply;
 - :func:`handshake_on_input`, :func:`init_message_value`, :func:`init_addresses`: a release
   that holds the handshake on its input socket (0.9.0: HELLO, a plain init map naming the
   output, READY as the ready response) and its init message in the release's form.
@@ -49,7 +53,8 @@ from typing import Any
 
 from ..loader import REFERENCE_VLLM_VERSION, UTILITY_ITEM_TYPES, load
 from ..schema import HandshakeMessage, MapKey
-from .constants import constants_at
+from ..versions import format_version
+from .constants import constant_rows, constants_at
 
 #: The HELLO/READY keys whose values are the engine's own state (the message kind, where it
 #: runs, whether it was started headless); every other key reports a value (READY's
@@ -376,3 +381,41 @@ def clients_gap(version: str) -> str | None:
         return (f"vLLM {version}'s engine opens one input and one output socket, not one pair "
                 "per front-end client (history/constants.toml [[transport]])")
     return None
+
+
+def pickle_opt_in_since() -> tuple[str, str] | None:
+    """``(release, setting)``: the first release of the newest run of releases that guard
+    pickle with an opt-in, and its setting (history/constants.toml ``[[pickle_opt_in]]``,
+    newest range first); None where the newest release has none."""
+    since: tuple[str, str] | None = None
+    for versions, values in constant_rows("pickle_opt_in"):
+        setting = values.get("setting")
+        if not isinstance(setting, str) or setting == "none":
+            break
+        since = (format_version(versions.low), setting)
+    return since
+
+
+def pickle_opt_in_gap(spec: Any) -> str | None:
+    """Why a check of the insecure-serialization opt-in (pickle refused without it) does not
+    apply at ``spec``'s release (None: the release has the opt-in)."""
+    if spec.surface("tensors").pickle_opt_in is not None:
+        return None
+    since = pickle_opt_in_since()
+    came = (f"{since[1]} came in vLLM {since[0]}" if since is not None
+            else "no release of the history has one")
+    return (f"vLLM {spec.version} has no insecure-serialization opt-in ({came}): both ends "
+            "pickle and unpickle without one (tensors.pickle-without-opt-in; "
+            "history/constants.toml [[pickle_opt_in]])")
+
+
+def pickle_free_gap(spec: Any) -> str | None:
+    """Why a check that pickle travels without any opt-in does not apply at ``spec``'s
+    release (None: it does, the release has no opt-in)."""
+    setting = spec.surface("tensors").pickle_opt_in
+    if setting is None:
+        return None
+    since = pickle_opt_in_since()
+    came = f", from vLLM {since[0]} on" if since is not None else ""
+    return (f"vLLM {spec.version} pickles only with the opt-in {setting}{came} "
+            "(tensors.ext-pickle-opt-in; history/constants.toml [[pickle_opt_in]])")
