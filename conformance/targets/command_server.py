@@ -169,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--input")
     parser.add_argument("--output")
     parser.add_argument("--engines", type=int, default=1)
+    parser.add_argument("--version", default=None, metavar="X",
+                        help="the vLLM release the target follows, as for check --version "
+                             "(the reference: its layouts, handshake keys and sockets); "
+                             "pass {version} in a --target-cmd. Default or empty: the spec's "
+                             "reference release")
     parser.add_argument("--role", choices=("frontend", "engine", "both"), default=None,
                         help="codec: the role to declare in the hello answer (default: the "
                              "target codec's own)")
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                              "that implements nothing; the suite must pass none of its checks)")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    target = load_target(args.target)
+    target = load_target(args.target, version=args.version or None)
     server = _Server(target.surface(args.surface), args.surface)
     server.role = args.role
     server.unsupported = list(args.unsupported)

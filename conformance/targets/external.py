@@ -130,8 +130,8 @@ def split_command(text: str) -> tuple[str, str]:
 
 def command_surfaces(commands: Sequence[str], version: str | None = None) -> dict[str, Any]:
     """The surfaces of ``--target-cmd`` entries; ``version``: the vLLM release the suite
-    checks (an engine command's ``{version}`` and the addresses its launch gives; None: the
-    spec's reference release)."""
+    checks (every command's ``{version}``, and the addresses an engine's launch gives; None:
+    the spec's reference release)."""
     surfaces: dict[str, Any] = {}
     for text in commands:
         surface, command = split_command(text)
@@ -139,9 +139,10 @@ def command_surfaces(commands: Sequence[str], version: str | None = None) -> dic
             raise TargetError(f"--target-cmd {text!r}: empty command")
         if surface in surfaces:
             raise TargetError(f"--target-cmd: two commands for {surface}")
-        surfaces[surface] = (CommandEngine(command, version) if surface == "engine" else {
-            "frontend": CommandFrontend, "codec": CommandCodec, "ring": CommandRing,
-        }[surface](command))
+        surfaces[surface] = {
+            "engine": CommandEngine, "frontend": CommandFrontend, "codec": CommandCodec,
+            "ring": CommandRing,
+        }[surface](command, version=version)
     return surfaces
 
 
@@ -165,6 +166,20 @@ def _argv(template: str, **values: Any) -> list[str]:
                           f"{', '.join(sorted(filled))})") from None
     except (ValueError, IndexError) as exc:
         raise TargetError(f"cannot fill the placeholders of {template!r}: {exc}") from None
+
+
+class CommandSurface:
+    """One ``--target-cmd`` command: ``version`` is the vLLM release the suite checks (None:
+    the spec's reference release), filled into ``{version}`` whenever the program starts."""
+
+    def __init__(self, command: str, version: str | None = None) -> None:
+        self.command = command
+        self.version = version or REFERENCE_VLLM_VERSION
+        self.placeholders = placeholders(command)
+
+    def argv(self, **values: Any) -> list[str]:
+        """The program's argv: ``values`` and ``{version}`` filled into the command."""
+        return _argv(self.command, version=self.version, **values)
 
 
 class CommandFailed(ValueError):
@@ -300,14 +315,8 @@ class LineRpc:
 # --- surfaces ----------------------------------------------------------------------------
 
 
-class CommandEngine:
-    """An engine program started per engine (module doc): ``version`` is the vLLM release the
-    suite checks (None: the spec's reference release)."""
-
-    def __init__(self, command: str, version: str | None = None) -> None:
-        self.command = command
-        self.version = version or REFERENCE_VLLM_VERSION
-        self.placeholders = placeholders(command)
+class CommandEngine(CommandSurface):
+    """An engine program started per engine (module doc)."""
 
     def start_engine(self, launch: Any) -> ProcessPeer:
         direct = launch.handshake_address is None
@@ -329,11 +338,11 @@ class CommandEngine:
                 "an engine command takes one {engine_input} and one {engine_output}; the "
                 f"launch gives {len(launch.input_addresses)} input and "
                 f"{len(launch.output_addresses)} output addresses")
-        return ProcessPeer(_argv(
-            self.command, handshake=launch.handshake_address or "",
+        return ProcessPeer(self.argv(
+            handshake=launch.handshake_address or "",
             engine_input=launch.input_addresses[0] if direct else "",
             engine_output=launch.output_addresses[0] if direct else "",
-            version=self.version, rank=launch.engine_index, dp_size=launch.dp_size,
+            rank=launch.engine_index, dp_size=launch.dp_size,
             local=launch.local, remote=not launch.local, headless=launch.headless,
             init_timeout=launch.init_timeout,
         ))
@@ -378,13 +387,12 @@ class _CommandFrontendClient:
         return self.rpc.peer.alive()
 
 
-class CommandFrontend:
-    def __init__(self, command: str) -> None:
-        self.command = command
+class CommandFrontend(CommandSurface):
+    """A front-end program started per front end (module doc)."""
 
     def start_frontend(self, launch: Any) -> _CommandFrontendClient:
-        return _CommandFrontendClient(LineRpc(_argv(
-            self.command, handshake=launch.handshake_address, input=launch.input_address,
+        return _CommandFrontendClient(LineRpc(self.argv(
+            handshake=launch.handshake_address, input=launch.input_address,
             output=launch.output_address, engines=launch.engine_count,
         )))
 
@@ -417,11 +425,14 @@ def codec_declaration(rpc: LineRpc) -> dict[str, Any]:
     return {"role": role, "unsupported": list(unsupported)}
 
 
-class CommandCodec:
+class CommandCodec(CommandSurface):
+    """A codec program, started once and shared by its threshold variants (module doc)."""
+
     def __init__(self, command: str, rpc: LineRpc | None = None,
                  threshold: int | None = None,
-                 declaration: dict[str, Any] | None = None) -> None:
-        self.command = command
+                 declaration: dict[str, Any] | None = None, *,
+                 version: str | None = None) -> None:
+        super().__init__(command, version)
         self._rpc = rpc
         self.threshold = threshold
         self._declaration = declaration
@@ -429,7 +440,7 @@ class CommandCodec:
     @property
     def rpc(self) -> LineRpc:
         if self._rpc is None:
-            self._rpc = LineRpc(_argv(self.command))
+            self._rpc = LineRpc(self.argv())
         return self._rpc
 
     @property
@@ -450,7 +461,8 @@ class CommandCodec:
         return frozenset(self.declaration["unsupported"])
 
     def with_threshold(self, threshold: int) -> CommandCodec:
-        return CommandCodec(self.command, self.rpc, threshold, self.declaration)
+        return CommandCodec(self.command, self.rpc, threshold, self.declaration,
+                            version=self.version)
 
     def encode(self, kind: str, value: Any) -> list[bytes]:
         from enginewire.conformance.oracle.golden import to_json
@@ -507,15 +519,17 @@ class _CommandRingEnd:
             pass
 
 
-class CommandRing:
-    def __init__(self, command: str) -> None:
-        self.command = command
+class CommandRing(CommandSurface):
+    """A ring program, restarted if it has exited (module doc)."""
+
+    def __init__(self, command: str, version: str | None = None) -> None:
+        super().__init__(command, version)
         self._rpc: LineRpc | None = None
 
     @property
     def rpc(self) -> LineRpc:
         if self._rpc is None or not self._rpc.peer.alive():
-            self._rpc = LineRpc(_argv(self.command))
+            self._rpc = LineRpc(self.argv())
         return self._rpc
 
     def create_writer(self, *, n_reader: int, max_chunk_bytes: int,
