@@ -2,11 +2,17 @@
 in-process target, so any Python implementation can also be checked as an external program,
 and as a worked example of the protocols::
 
-    enginewire check --target none \\
-        --target-cmd "codec=python -m enginewire.conformance.targets.command_server --surface codec"
-    enginewire check --target none --target-cmd "frontend=python -m \\
+    enginewire check --target none --version 0.9.1 --target-cmd "codec=python -m \\
+        enginewire.conformance.targets.command_server --surface codec --version {version}"
+    enginewire check --target none --version 0.9.1 --target-cmd "frontend=python -m \\
         enginewire.conformance.targets.command_server --surface frontend --handshake {handshake} \\
-        --input {input} --output {output} --engines {engines}"
+        --input {input} --output {output} --engines {engines} --version {version}"
+
+``--version X`` builds the target for vLLM release X as ``check --version X`` does
+(:func:`~enginewire.conformance.targets.resolve.load_target`: the reference codec follows X's
+layouts, its front end X's handshake and sockets); ``{version}`` passes on the release the
+suite checks. Without it the reference speaks the newest release, and an older release's
+codec and front-end checks fail (``tests/test_command_server_releases.py``).
 
 Each request line is handled on its own thread (the ring's collective start needs that);
 answers are written whole, one per line, under a lock.

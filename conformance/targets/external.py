@@ -5,7 +5,11 @@ the placeholders: ``{engine_input}`` or ``{engine_output}`` means ``engine``, ``
 ``{output}`` ``frontend``, ``{handshake}`` ``engine``; anything else is ``codec`` unless
 written ``ring=...``. The command is split like a shell would, then the placeholders are filled
 into its words each time the suite starts the program (a value stays one word; a placeholder
-with nothing to fill at this release becomes an empty word).
+with nothing to fill at this release becomes an empty word; a placeholder the surface does not
+know is a :class:`TargetError` naming the known ones). ``{version}`` is filled for every
+surface: the release the suite checks (``check --version X``; the spec's reference release
+without it), for a program that speaks more than one release's layouts, handshake keys and
+sockets.
 
 ``engine`` -- started once per engine the suite needs::
 
@@ -24,9 +28,7 @@ Where the engine learns its addresses depends on the release the suite checks (`
   output addresses the engine opens that release's sockets on (binding those the release's
   engine binds: its output PUSH at 0.7.3-0.8.2, its input at 0.8.3). Empty from 0.9.0, where
   the handshake names them.
-- ``{version}``: the release the suite checks (``check --version``; the spec's reference
-  release without it), for a program that speaks more than one release's layouts, handshake
-  keys and sockets. Filled at every release.
+- ``{version}``: the release the suite checks, as for every surface. Filled at every release.
 
 A command needs the placeholders of the release's addresses: without ``{engine_input}`` and
 ``{engine_output}`` at 0.7.3-0.8.5, or without ``{handshake}`` from 0.9.0, the suite does not
@@ -57,28 +59,33 @@ this request: the check is NOT IMPLEMENTED, never passed or failed; raised as
 :mod:`enginewire.conformance.oracle.golden` (``{"$tensor": {...}}``, ``{"$set": [...]}``, ...);
 frames and buffers are lists of hex strings.
 
-- ``frontend`` (``{handshake} {input} {output} {engines}`` filled in; the program binds them):
+- ``frontend`` (``{handshake} {input} {output} {engines} {version}`` filled in; the program
+  binds the three addresses):
   ``wait_ready {timeout}``; ``add {engine, request}``; ``abort {engine, request_ids}``;
   ``utility {engine, method, args, timeout}`` -> ``result``; ``outputs {timeout}`` ->
   ``outputs``; ``stop``.
-- ``codec``: ``hello {}`` -> ``role``, ``unsupported`` (both optional; asked once, before
-  anything else): the program's declaration of what it implements, as an in-process codec's
-  attributes of the same names (``contract`` "Roles"): ``role`` is ``"frontend"`` (encodes
-  what a front end sends, decodes the rest), ``"engine"`` (the reverse) or ``"both"`` (the
-  default); ``unsupported`` lists ``"encode:KIND"`` / ``"decode:KIND"`` (or ``"encode:*"``)
-  and codec capabilities it lacks (``"codec.threshold"``, ``"codec.insecure"``).
-  Checks outside the role are NOT APPLICABLE, checks needing an unsupported operation NOT
-  IMPLEMENTED, in both cases without sending the program anything. A program that answers
-  ``hello`` with ``"unsupported"`` or ``"error"`` (one that predates it) declares nothing:
-  role ``both``. Then ``encode {kind, value, threshold}`` -> ``frames``; ``decode {kind,
-  frames, threshold}`` -> ``value`` (``threshold`` null: the spec's default).
-- ``ring``: ``create_writer {n_reader, max_chunk_bytes, max_chunks}`` -> ``id``, ``handle``;
-  ``attach_reader {handle, rank}`` -> ``id``; ``wait_until_ready {id, timeout}``; ``enqueue {id,
-  buffers, timeout}``; ``dequeue {id, timeout}`` -> ``buffers``; ``close {id}``. The suite
-  pickles and unpickles; the program only moves ``[main, oob...]`` buffers through the ring.
+- ``codec`` (``{version}`` filled in): ``hello {}`` -> ``role``, ``unsupported`` (both
+  optional; asked once, before anything else): the program's declaration of what it implements,
+  as an in-process codec's attributes of the same names (``contract`` "Roles"): ``role`` is
+  ``"frontend"`` (encodes what a front end sends, decodes the rest), ``"engine"`` (the reverse)
+  or ``"both"`` (the default); ``unsupported`` lists ``"encode:KIND"`` / ``"decode:KIND"`` (or
+  ``"encode:*"``) and codec capabilities it lacks (``"codec.threshold"``,
+  ``"codec.insecure"``). Checks outside the role are NOT APPLICABLE, checks needing an
+  unsupported operation NOT IMPLEMENTED, in both cases without sending the program anything. A
+  program that answers ``hello`` with ``"unsupported"`` or ``"error"`` (one that predates it)
+  declares nothing: role ``both``. Then ``encode {kind, value, threshold}`` -> ``frames``;
+  ``decode {kind, frames, threshold}`` -> ``value`` (``threshold`` null: the spec's default).
+- ``ring`` (``{version}`` filled in): ``create_writer {n_reader, max_chunk_bytes, max_chunks}``
+  -> ``id``, ``handle``; ``attach_reader {handle, rank}`` -> ``id``; ``wait_until_ready {id,
+  timeout}``; ``enqueue {id, buffers, timeout}``; ``dequeue {id, timeout}`` -> ``buffers``;
+  ``close {id}``. The suite pickles and unpickles; the program only moves ``[main, oob...]``
+  buffers through the ring.
 
-``python -m enginewire.conformance.targets.command_server --surface S --target T`` serves these
-protocols for any in-process target; it is also a worked example.
+``python -m enginewire.conformance.targets.command_server --surface S --target T --version
+{version}`` serves these protocols for any in-process target (``--version`` makes the reference
+target follow that release, as ``check --version`` does; without it the program speaks the
+newest release's layouts and handshake, and fails an older release's codec and front-end
+checks); it is also a worked example.
 """
 
 from __future__ import annotations
