@@ -1,6 +1,7 @@
 """Codec, ring and front-end programs (``check --target-cmd SURFACE=COMMAND --version X``) at
-an older release: ``{version}`` is filled for every surface, and the worked example
-``command_server --version {version}`` serves the reference target of release X.
+older releases (the codec at 0.9.1, the front end at 0.9.1 and 0.8.5): ``{version}`` is filled
+for every surface, and the worked example ``command_server --version {version}`` serves the
+reference target of release X.
 
 The same program without ``--version {version}`` speaks the newest release's layouts and
 handshake, and fails where the honest command passes (the placeholder matters).
@@ -37,8 +38,12 @@ FRONTEND = (f"frontend={SERVER} --surface frontend --handshake {{handshake}} --i
 #: EngineCoreOutputs' field count, SamplingParams' fields.
 CODEC_CHECKS = ["codec/message/hello/round-trip", "codec/message/outputs/round-trip",
                 "codec/struct/declared-fields-only"]
-#: Front-end checks that need the release's handshake (0.9.1's init map and ready response).
-FRONTEND_CHECKS = ["frontend/handshake/init-answers-hello", "frontend/requests/add-frames"]
+#: Front-end checks that need the release's handshake (0.9.1's init map and ready response)
+#: or, at 0.8.5, which has none, its input and output sockets.
+FRONTEND_CHECKS = {
+    "0.9.1": ["frontend/handshake/init-answers-hello", "frontend/requests/add-frames"],
+    "0.8.5": ["frontend/requests/add-frames", "frontend/requests/abort-frames"],
+}
 
 
 def _run(version: str, command: str, patterns: list[str],
@@ -110,18 +115,21 @@ def test_command_server_codec_without_version_fails_at_0_9_1() -> None:
     assert all(status == PASSED for status, _ in honest.values()), honest
 
 
-def test_command_server_frontend_at_0_9_1_passes_through_check(capsys: Any) -> None:
-    code, out = _check(capsys, FRONTEND, "0.9.1", FRONTEND_CHECKS)
+@pytest.mark.parametrize("version", sorted(FRONTEND_CHECKS))
+def test_command_server_frontend_passes_through_check(capsys: Any, version: str) -> None:
+    checks = FRONTEND_CHECKS[version]
+    code, out = _check(capsys, FRONTEND, version, checks)
     assert code == 0, out[-3000:]
-    assert out.strip().splitlines()[-1] == f"{len(FRONTEND_CHECKS)} passed, 0 failed", (
-        out[-3000:])
+    assert out.strip().splitlines()[-1] == f"{len(checks)} passed, 0 failed", out[-3000:]
 
 
-def test_command_server_frontend_without_version_fails_at_0_9_1() -> None:
-    """Power: without ``--version {version}`` the front end answers HELLO with 0.33.0's
-    handshake, which a 0.9.1 engine never completes."""
-    # Shorter waits: the init map this front end never sends would not come later either.
-    by_id = _run("0.9.1", FRONTEND.replace(" --version {version}", ""), FRONTEND_CHECKS,
-                 timeout_scale=0.3)
-    assert sorted(by_id) == sorted(FRONTEND_CHECKS)
+@pytest.mark.parametrize("version", sorted(FRONTEND_CHECKS))
+def test_command_server_frontend_without_version_fails(version: str) -> None:
+    """Power: without ``--version {version}`` the front end speaks 0.33.0: at 0.9.1 it answers
+    HELLO with the newest init map, which that release's engine never completes; at 0.8.5 it
+    waits for a handshake that release's engine never starts."""
+    # Shorter waits: what this front end never sends would not come later either.
+    by_id = _run(version, FRONTEND.replace(" --version {version}", ""),
+                 FRONTEND_CHECKS[version], timeout_scale=0.3)
+    assert sorted(by_id) == sorted(FRONTEND_CHECKS[version])
     assert all(status == FAILED for status, _ in by_id.values()), by_id
