@@ -97,6 +97,16 @@ def test_an_unknown_placeholder_stays_a_clear_error() -> None:
         codec.argv()
 
 
+def test_command_server_refuses_an_unknown_release(capsys: Any) -> None:
+    """An unknown ``--version`` is a usage error naming the releases, not a traceback."""
+    from enginewire.conformance.targets.command_server import main as serve
+
+    with pytest.raises(SystemExit) as exited:
+        serve(["--surface", "codec", "--version", "9.9.9"])
+    assert exited.value.code == 2
+    assert "vLLM 9.9.9 is not a release the spec was derived from" in capsys.readouterr().err
+
+
 # --- the worked example at 0.9.1 ---------------------------------------------------------
 
 

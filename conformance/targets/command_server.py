@@ -29,8 +29,9 @@ import threading
 from typing import Any
 
 from enginewire.conformance.oracle.golden import from_json, to_json
-from enginewire.conformance.targets.contract import FrontendLaunch, RingHandle
+from enginewire.conformance.targets.contract import FrontendLaunch, RingHandle, TargetError
 from enginewire.conformance.targets.resolve import load_target
+from enginewire.spec.loader import UnknownVersionError
 
 
 class _Server:
@@ -190,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="codec: answer every encode and decode with an error (a stub "
                              "that implements nothing; the suite must pass none of its checks)")
     args = parser.parse_args(argv)
+    try:
+        target = load_target(args.target, version=args.version or None)
+    except (TargetError, UnknownVersionError) as exc:
+        parser.error(str(exc))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    target = load_target(args.target, version=args.version or None)
     server = _Server(target.surface(args.surface), args.surface)
     server.role = args.role
     server.unsupported = list(args.unsupported)
