@@ -231,6 +231,45 @@ def test_an_exception_escaping_a_check_fails_it_with_its_clause(spec: Any) -> No
     assert "Traceback" in (result.traceback or "")
 
 
+def test_a_failure_a_probe_refuses_is_not_implemented(spec: Any) -> None:
+    """A check that waited without looking at the target's probes and failed: the runner asks
+    them once more before the clean-ups. A probe raising ``NotImplementedError`` makes the
+    verdict NOT IMPLEMENTED naming it; a probe that answers leaves the failure (and a
+    passing check is not asked)."""
+    from enginewire.conformance.framework.evidence import probe_while_waiting
+
+    asked: list[str] = []
+
+    def probe(refuses: bool) -> Any:
+        def alive() -> bool:
+            asked.append("alive")
+            if refuses:
+                raise Unsupported("engine.alive: no code for it")
+            return True
+        return alive
+
+    def waits_then(refuses: bool, fails: bool = True) -> Any:
+        def body(engine: Any, ctx: Any) -> None:
+            probe_while_waiting("the engine peer's alive", probe(refuses))
+            if fails:
+                raise CheckFailure("nothing came on input 0: the engine's ready message")
+        return Check("engine/test/waits", ("identity.little-endian-rank",), "engine", body,
+                     "waits")
+
+    target = Target("t", engine=object())
+    refused = run_check(waits_then(True), target, spec)
+    assert (refused.status, refused.message) == (
+        NOT_IMPLEMENTED, "the target does not implement the engine peer's alive "
+                         "(Unsupported: engine.alive: no code for it)")
+    assert refused.reproduction is None
+    misbehaved = run_check(waits_then(False), target, spec)
+    assert (misbehaved.status, misbehaved.message) == (
+        FAILED, "nothing came on input 0: the engine's ready message")
+    asked.clear()
+    assert run_check(waits_then(True, fails=False), target, spec).status == PASSED
+    assert asked == []
+
+
 def test_unsupported_capability_is_not_implemented_without_running(spec: Any) -> None:
     no_threshold = ReferenceCodec()
     no_threshold.unsupported = ("codec.threshold",)
