@@ -231,6 +231,45 @@ def test_an_exception_escaping_a_check_fails_it_with_its_clause(spec: Any) -> No
     assert "Traceback" in (result.traceback or "")
 
 
+def test_a_failure_a_probe_refuses_is_not_implemented(spec: Any) -> None:
+    """A check that waited without looking at the target's probes and failed: the runner asks
+    them once more before the clean-ups. A probe raising ``NotImplementedError`` makes the
+    verdict NOT IMPLEMENTED naming it; a probe that answers leaves the failure (and a
+    passing check is not asked)."""
+    from enginewire.conformance.framework.evidence import probe_while_waiting
+
+    asked: list[str] = []
+
+    def probe(refuses: bool) -> Any:
+        def alive() -> bool:
+            asked.append("alive")
+            if refuses:
+                raise Unsupported("engine.alive: no code for it")
+            return True
+        return alive
+
+    def waits_then(refuses: bool, fails: bool = True) -> Any:
+        def body(engine: Any, ctx: Any) -> None:
+            probe_while_waiting("the engine peer's alive", probe(refuses))
+            if fails:
+                raise CheckFailure("nothing came on input 0: the engine's ready message")
+        return Check("engine/test/waits", ("identity.little-endian-rank",), "engine", body,
+                     "waits")
+
+    target = Target("t", engine=object())
+    refused = run_check(waits_then(True), target, spec)
+    assert (refused.status, refused.message) == (
+        NOT_IMPLEMENTED, "the target does not implement the engine peer's alive "
+                         "(Unsupported: engine.alive: no code for it)")
+    assert refused.reproduction is None
+    misbehaved = run_check(waits_then(False), target, spec)
+    assert (misbehaved.status, misbehaved.message) == (
+        FAILED, "nothing came on input 0: the engine's ready message")
+    asked.clear()
+    assert run_check(waits_then(True, fails=False), target, spec).status == PASSED
+    assert asked == []
+
+
 def test_unsupported_capability_is_not_implemented_without_running(spec: Any) -> None:
     no_threshold = ReferenceCodec()
     no_threshold.unsupported = ("codec.threshold",)
@@ -299,20 +338,41 @@ def assert_nothing_passes(result: Any) -> None:
             assert r.check.surface == "codec", r
 
 
-def test_every_check_refuses_to_pass_a_target_with_code_for_nothing(spec: Any) -> None:
+#: Releases whose engine and front end the suite meets over another transport than the
+#: newest release's (history/constants.toml ``[[transport]]``): no handshake, the engine
+#: connecting its input (0.7.3); no handshake, its b"READY" on the input (0.8.4); the
+#: handshake on the input socket (0.9.0). The newest release (None) is the fourth.
+RELEASES = [None, "0.7.3", "0.8.4", "0.9.0"]
+
+
+def _release(version: str | None) -> Any:
+    return load() if version is None else load(version)
+
+
+def _ran(result: Any) -> list[Any]:
+    """The verdicts about the target: neither NOT APPLICABLE nor SKIPPED."""
+    return [r for r in result.results if r.status not in (NOT_APPLICABLE, SKIPPED)]
+
+
+@pytest.mark.parametrize("version", RELEASES, ids=lambda v: v or "newest")
+def test_every_check_refuses_to_pass_a_target_with_code_for_nothing(version: str | None) -> None:
     """Every registered check, of every surface, with --strict, against a target whose every
-    operation raises ``contract.Unsupported``: none passes (a check that passes on such a
-    target passed without evidence), and each ends at once (the first call refuses)."""
+    operation raises ``contract.Unsupported``, at the newest release and at the releases
+    whose engine and front end speak another transport: none passes or fails (a check that
+    passes on such a target passed without evidence), and each ends at once (the first call
+    refuses)."""
     target = refusing_target()
     assert set(target.implemented()) == set(SURFACES)
     assert all(target.has(capability) for capability in CAPABILITIES)
     assert all(target.applies(mode) for mode in MODES)
     checks = all_checks()
     assert {c.surface for c in checks} == set(SURFACES)
-    result = run(checks, target, spec, strict=True)
+    result = run(checks, target, _release(version), strict=True)
     assert len(result.results) == len(checks)
     assert_nothing_passes(result)
-    assert result.count(NOT_IMPLEMENTED) > 0.9 * len(checks)
+    assert result.count(NOT_IMPLEMENTED) > 0.9 * len(_ran(result))
+    assert {r.check.surface for r in result.results if r.status == NOT_IMPLEMENTED} \
+        == set(SURFACES)
 
 
 #: The operations that hand out an object (a derived codec, a ring end, an executor or worker,
@@ -323,23 +383,35 @@ HANDED_OUT = frozenset({
     "start_worker", "start_engine", "start_frontend"})
 
 
+@pytest.mark.parametrize("version", RELEASES, ids=lambda v: v or "newest")
 def test_objects_handed_out_by_a_target_with_code_for_nothing_pass_no_check(
-        spec: Any) -> None:
+        version: str | None) -> None:
     """The target hands out codecs, ring ends, engines and front-end clients, and every
     operation of those refuses, also on a check's background thread (a reader's
     wait_until_ready, the front end's wait_ready) and while the suite waits (a running
-    engine's alive): no check passes, and none waits for the suite's peers to time out. The
-    one failure: a handed-out reader attached to a ring whose handle names a tensor arena,
-    which a reader without the arena must refuse."""
+    engine's alive), with or without the release's handshake: no check passes, none waits
+    for the suite's peers to time out, and every engine check the release has is NOT
+    IMPLEMENTED naming the refused alive(). The one failure: a handed-out reader attached to
+    a ring whose handle names a tensor arena, which a reader without the arena must refuse.
+    At an older release only the surfaces the suite meets over the release's transport run
+    (engine, front end): the others do not wait on the target's peers."""
     checks = all_checks()
-    result = run(checks, refusing_target(HANDED_OUT), spec, strict=True)
+    if version is not None:
+        checks = [c for c in checks if c.surface in ("engine", "frontend")]
+    result = run(checks, refusing_target(HANDED_OUT), _release(version), strict=True)
     failed = [r for r in result.results if r.status == FAILED]
-    assert [r.check.id for r in failed] == ["ring/reader/refuses-tensor-arena"]
+    assert [r.check.id for r in failed] \
+        == ([] if version else ["ring/reader/refuses-tensor-arena"])
     result.results = [r for r in result.results if r.status != FAILED]
     assert_nothing_passes(result)
     refused_hello = select(checks, patterns=["frontend/handshake/*"])
     assert {r.status for r in result.results if r.check in refused_hello} \
         <= {NOT_IMPLEMENTED, NOT_APPLICABLE}
+    engine = [r for r in _ran(result) if r.check.surface == "engine"]
+    assert engine
+    wrong = [f"{r.check.id}: {r.status} {r.message}" for r in engine
+             if r.status != NOT_IMPLEMENTED or "start_engine().alive" not in r.message]
+    assert not wrong, "\n".join(wrong)
 
 
 class DeafFrontends:

@@ -212,6 +212,31 @@ def test_peers_of_another_transport_fail_at_a_release_without_the_handshake() ->
     assert [r.status for r in _run("0.8.2", checks, scale=POWER_SCALE)] == [PASSED, PASSED]
 
 
+class _BigEndianIdentityEngine(ReferenceEngine):
+    """An engine that writes its rank big-endian in its identity (rank 3: 00 03)."""
+
+    def __init__(self, options: EngineOptions) -> None:
+        super().__init__(options)
+        self.connection.identity = self.connection.identity[::-1]
+
+
+def test_an_engine_with_a_wrong_identity_fails_at_0_8_4() -> None:
+    """At 0.8.4, without the handshake, the engine's b"READY" on the input names its
+    identity: an engine whose identity is its rank big-endian FAILS the identity checks (it
+    runs and refuses nothing, so the waits that make a refusing engine NOT IMPLEMENTED leave
+    its verdict alone); the honest engine passes them."""
+    checks = ["engine/identity/rank-3", "engine/identity/rank-258", "engine/dp/three-identities"]
+    target = reference_target("0.8.4")
+    target.engine = ReferenceEngines(engine_class=_BigEndianIdentityEngine, version="0.8.4")
+    results = _run("0.8.4", checks, target, POWER_SCALE)
+    assert [r.status for r in results] == [FAILED] * 3, [r.message for r in results]
+    messages = {r.check.id: r.message for r in results}
+    assert messages["engine/identity/rank-3"].startswith(
+        "engine 3 identifies as 0003 (2 bytes), expected 0300"), messages
+    assert "expected 0000, 0100, 0200" in messages["engine/dp/three-identities"], messages
+    assert [r.status for r in _run("0.8.4", checks, scale=POWER_SCALE)] == [PASSED] * 3
+
+
 class _NewestLayoutEngine(ReferenceEngine):
     """An engine built for an older release that still writes the newest struct layouts."""
 

@@ -39,6 +39,7 @@ from enginewire.conformance.peers.zmq_peers import (
     decode,
     encode,
     identity_of,
+    recv,
     require_clients,
     require_handshake,
     require_identity,
@@ -117,10 +118,10 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
 
 def recv_input(front: SuiteFrontend, ctx: Any) -> list[bytes]:
     """The first message on input 0 (a release without the handshake: its ready message)."""
-    sock = front.input_sockets[0]
-    if not sock.poll(int(ctx.wait(10.0) * 1000)):
-        raise CheckFailure("nothing came on input 0: the engine's ready message")
-    return sock.recv_multipart()
+    try:
+        return recv(front.input_sockets[0], ctx.wait(10.0), "the engine's ready message")
+    except TimeoutError as exc:
+        raise CheckFailure("nothing came on input 0: the engine's ready message") from exc
 
 
 # --- handshake -----------------------------------------------------------------------------
@@ -662,7 +663,12 @@ def _three(engine: EngineSurface, ctx: CheckContext) -> None:
         raise CheckFailure(f"identities {sorted(i.hex() for i in hellos)}, expected "
                            "0000, 0100, 0200")
     for _ in range(0 if front.on_input else 3):  # on the input, READY was the response
-        front.input_sockets[0].recv_multipart()  # ready responses
+        try:
+            recv(front.input_sockets[0], deadline - time.monotonic(),
+                 "a ready response on input 0")
+        except TimeoutError as exc:
+            raise CheckFailure(f"READY from {sorted(i.hex() for i in readies)}, but "
+                               f"{_why(exc)}") from exc
     _three_serve(front, ctx, hellos, deadline)
 
 
@@ -671,12 +677,14 @@ def _three_without_handshake(front: SuiteFrontend, ctx: Any) -> None:
     b"READY" names its identity, and each routed request is answered by its engine."""
     deadline = time.monotonic() + ctx.wait(12.0)
     identities: set[bytes] = set()
-    sock = front.input_sockets[0]
     while len(identities) < 3:
-        if not sock.poll(int(max(deadline - time.monotonic(), 0.0) * 1000)):
+        try:
+            frames = recv(front.input_sockets[0], deadline - time.monotonic(),
+                          "the engines' ready messages")
+        except TimeoutError as exc:
             raise CheckFailure(f"ready messages from {sorted(i.hex() for i in identities)} "
-                               "only")
-        identities.add(sock.recv_multipart()[0])
+                               "only") from exc
+        identities.add(frames[0])
     _three_serve(front, ctx, identities, deadline)
 
 

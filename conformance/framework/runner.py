@@ -4,6 +4,12 @@ Every check runs in a worker thread joined with the check's time limit: a target
 turns into a failure ("timed out after N s"), the check's clean-up callbacks then close its
 sockets and stop its processes, and the run goes on. Checks run one at a time, in registry
 order, so a report is reproducible.
+
+A verdict rests on evidence (:func:`_weigh`): before the clean-ups of a check that failed or
+timed out, the target's probes (:func:`~enginewire.conformance.framework.evidence.
+probe_while_waiting`: a running engine's ``alive``) are asked once more, so a target that
+refused (``NotImplementedError``) is NOT IMPLEMENTED, not FAILED, whichever wait of the
+check ran out.
 """
 
 from __future__ import annotations
@@ -115,6 +121,11 @@ def run_check(
     worker.start()
     worker.join(limit)
     hung = worker.is_alive()
+    if hung or verdict.get("status") == FAILED:
+        # Before the clean-ups stop the target's peers: a failure that a refusal explains
+        # (a running engine's alive() says it has no code for it) is NOT IMPLEMENTED, also
+        # where the check waited without looking (evidence.refused).
+        _evidence.refused()
     ctx.close()
     if hung:
         worker.join(1.0)

@@ -313,21 +313,31 @@ class _Net:
 REFUSAL_LOOK_S = 0.05
 
 
-def recv(sock: zmq.Socket, timeout: float, what: str) -> list[bytes]:
-    """The next multipart message on ``sock`` within ``timeout`` seconds, else
-    ``TimeoutError``. Raises ``contract.Unsupported`` at once when the target, on another
-    thread of the check, said it has no code for an operation (:func:`~enginewire.conformance.
-    framework.evidence.refused`): the check is NOT IMPLEMENTED then, whatever would come."""
+def wait_for(sock: zmq.Socket, timeout: float, what: str, event: int = zmq.POLLIN) -> None:
+    """Return once ``sock`` has ``event`` (a message to read; ``zmq.POLLOUT``: a connected
+    peer to take one) within ``timeout`` seconds, else raise ``TimeoutError`` ("``what``:
+    nothing within N s"). Raises ``contract.Unsupported`` at once when the target, on another
+    thread of the check or through a probe (a running engine's ``alive``), said it has no code
+    for an operation (:func:`~enginewire.conformance.framework.evidence.refused`): the check
+    is NOT IMPLEMENTED then, whatever would come. Every wait of a suite peer for the target
+    goes through here, with or without the release's handshake."""
     deadline = time.monotonic() + max(timeout, 0.0)
     while True:
         left = deadline - time.monotonic()
-        if sock.poll(int(max(min(left, REFUSAL_LOOK_S), 0.0) * 1000)):
-            return sock.recv_multipart()
+        if sock.poll(int(max(min(left, REFUSAL_LOOK_S), 0.0) * 1000), event):
+            return
         refusal = refused()
         if refusal is not None:
             raise Unsupported(f"{what}: the target has no code for {refusal}")
         if left <= 0:
             raise TimeoutError(f"{what}: nothing within {timeout:g} s")
+
+
+def recv(sock: zmq.Socket, timeout: float, what: str) -> list[bytes]:
+    """The next multipart message on ``sock`` within ``timeout`` seconds, else
+    ``TimeoutError``; ``contract.Unsupported`` once the target refused (:func:`wait_for`)."""
+    wait_for(sock, timeout, what)
+    return sock.recv_multipart()
 
 
 @dataclass
@@ -465,10 +475,8 @@ class SuiteFrontend:
         responses: list[list[bytes]] = []
         if self.transport.readiness == "pipe":
             for client, sock in enumerate(self.input_sockets):
-                remaining = max(deadline - time.monotonic(), 0.0)
-                if not sock.poll(int(remaining * 1000), zmq.POLLOUT):
-                    raise TimeoutError(f"the engine connecting input {client}: nothing within "
-                                       f"{timeout:g} s")
+                wait_for(sock, deadline - time.monotonic(),
+                         f"the engine connecting input {client}", zmq.POLLOUT)
             return Handshake(identity, {}, {}, responses)
         for client, sock in enumerate(self.input_sockets):
             got = recv(sock, deadline - time.monotonic(), f"the ready message on input {client}")
