@@ -40,9 +40,9 @@
   without asking: VLLM_ALLOW_INSECURE_SERIALIZATION came in 0.9.0).
 
 - :func:`engine_core_dead`: the sentinel an engine sends on its output socket as its last
-  message when it dies: the bytes of the class constant ``ENGINE_CORE_DEAD`` (``b"ENGINE_CORE_DEAD"``,
-  ``EngineCoreProc`` in ``vllm/v1/engine/core.py``: 0.8.5 on); ``{}`` where the wheel has
-  none (0.7.3-0.8.4: an engine dies without a word on the wire).
+  message when it dies: the bytes of the class constant ``ENGINE_CORE_DEAD``
+  (``b"ENGINE_CORE_DEAD"``, ``EngineCoreProc`` in ``vllm/v1/engine/core.py``: 0.8.5 on);
+  ``{}`` where the wheel has none (0.7.3-0.8.4: an engine dies without a word on the wire).
 - :func:`dp_coordinator`: the DP coordinator, the process that owns the coordinator_input,
   coordinator_output and stats_publish channels: the class ``DPCoordinator`` of
   ``vllm/v1/engine/coordinator.py`` (0.9.1 on); ``{}`` where the wheel has no such module.
