@@ -145,6 +145,10 @@ MESSAGE_SAMPLES: dict[str, Any] = {
 }
 
 
+#: The message kinds :func:`message_sample` builds.
+SAMPLED_KINDS = frozenset({*MESSAGE_SAMPLES, "ready_response"})
+
+
 def message_spec(spec: Any, kind: str) -> Any:
     """The frames surface's message ``kind`` (CheckSkip where the spec has none)."""
     for message in spec.surface("frames").messages:
@@ -211,10 +215,10 @@ _NO_VALUE = object()
 
 def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
     """A valid message of ``kind`` for ``spec``'s release: ``(neutral value, frames)``. A
-    golden vector of the kind recorded for that release that must decode, else the spec's
-    sample of the kind's struct (its required fields) or the message's sample laid out as
-    the release sends it (:func:`message_sample`: the release's plain init map, a UTILITY call
-    in the release's items, HELLO with the release's keys, a literal frame) as the reference
+    golden vector of the kind recorded for that release that must decode, else the message's
+    sample laid out as the release sends it (:func:`message_sample`: the release's plain init
+    map, a UTILITY call in the release's items, HELLO with the release's keys, a literal
+    frame) or the spec's sample of the kind's struct (its required fields), as the reference
     codec of that release encodes it; None when the suite has none of these. Raises
     :class:`NotInRelease` (the check is NOT APPLICABLE, saying why) where the release has no
     such message (:func:`message_sample`)."""
@@ -235,17 +239,22 @@ def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
         vector = min(golden, key=lambda v: sum(len(f) for f in v.frames))
         found = (vector.value, list(vector.frames))
     else:
+        from enginewire.spec.history.release_facts import message_gap
+
         messages = {m.kind for m in spec.surface("frames").messages}
         struct = kind if kind in spec.structs else (
             payload_type(kind) if kind in messages else None)
         value: Any = _NO_VALUE
-        if struct is not None and struct in spec.structs:
-            value = Sampler(spec).required(struct)
-        elif kind in MESSAGE_SAMPLES:
+        gap = message_gap(spec, kind) if kind in messages else None
+        if gap is not None:
+            found = gap
+        elif kind in messages and kind in SAMPLED_KINDS:
             try:
                 value = message_sample(spec, kind)
             except NotInRelease as exc:
                 found = str(exc)
+        elif struct is not None and struct in spec.structs:
+            value = Sampler(spec).required(struct)
         if value is not _NO_VALUE:
             from enginewire.conformance.targets.reference import ReferenceCodec
 
