@@ -174,6 +174,18 @@ def ready_form(spec: Any) -> str:
     return form
 
 
+def require_message(spec: Any, *kinds: str) -> None:
+    """NOT APPLICABLE (:class:`NotInRelease`, saying why) where ``spec``'s release lacks one
+    of the message ``kinds`` (``release_facts.message_gap``: ENGINE_CORE_DEAD before 0.8.5,
+    the DP coordinator's messages before 0.9.1)."""
+    from enginewire.spec.history.release_facts import message_gap
+
+    for kind in kinds:
+        gap = message_gap(spec, kind)
+        if gap is not None:
+            raise NotInRelease(gap)
+
+
 def message_sample(spec: Any, kind: str) -> Any:
     """The sample of message ``kind`` (:data:`MESSAGE_SAMPLES`) laid out as the run's release
     sends it; the ready response of a release that sends a literal frame is None (the codec
@@ -185,12 +197,9 @@ def message_sample(spec: Any, kind: str) -> Any:
     from enginewire.spec.history.release_facts import (
         engine_handshake_map,
         handshake_message_at,
-        message_gap,
     )
 
-    gap = message_gap(spec, kind)
-    if gap is not None:
-        raise NotInRelease(gap)
+    require_message(spec, kind)
     if kind == "ready_response":
         if ready_form(spec) != "struct":
             return None

@@ -47,6 +47,7 @@ from enginewire.conformance.checks._helpers import (
     message_sample,
     message_spec,
     ready_form,
+    require_message,
     require_rejection,
 )
 from enginewire.conformance.framework.context import CheckContext
@@ -65,7 +66,6 @@ from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
 from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
-    message_gap,
     pickle_free_gap,
     pickle_opt_in_gap,
     utility_fields,
@@ -1491,12 +1491,9 @@ def _unsubscribe_told_apart(codec: CodecSurface, ctx: CheckContext) -> None:
     """On coordinator_input and stats_publish the unsubscription (the single frame the spec
     gives coordinator_unsubscribe / stats_unsubscribe) decodes as that kind and as nothing
     else: not as the subscription, and the subscription not as it. NOT APPLICABLE where the
-    release has no DP coordinator (:func:`message_gap`: no such channels, no such
-    messages)."""
-    for kind in (k for pair in _SUBSCRIPTION_PAIRS for k in pair):
-        gap = message_gap(ctx.spec, kind)
-        if gap is not None:
-            raise NotInRelease(gap)
+    release has no DP coordinator (:func:`require_message`: no such channels, no
+    such messages)."""
+    require_message(ctx.spec, *(k for pair in _SUBSCRIPTION_PAIRS for k in pair))
     for subscribe, unsubscribe in _SUBSCRIPTION_PAIRS:
         sub_frames = _literal_frames(ctx.spec, subscribe)
         unsub_frames = _literal_frames(ctx.spec, unsubscribe)
