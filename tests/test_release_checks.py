@@ -15,7 +15,12 @@ from typing import Any
 import pytest
 
 from enginewire.conformance.framework.evidence import for_release
-from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, PASSED
+from enginewire.conformance.framework.outcomes import (
+    FAILED,
+    NOT_APPLICABLE,
+    NOT_IMPLEMENTED,
+    PASSED,
+)
 from enginewire.conformance.framework.registry import all_checks, select
 from enginewire.conformance.framework.runner import run_check
 from enginewire.conformance.oracle.samples import minimal_request
@@ -164,6 +169,16 @@ def test_older_release_checks_pass_in_the_release_layout(version: str, pattern: 
     # Not a refusal: with a valid UTILITY of the release as evidence it would pass.
     ("0.7.3", "codec/message/untyped-payload-no-oob",
      "vLLM 0.7.3 has no inline threshold for tensors"),
+    # Messages a release lacks (history/constants.toml [[engine_core_dead]],
+    # [[dp_coordinator]], [[handshake]]): NOT APPLICABLE, never NOT IMPLEMENTED.
+    ("0.8.4", "codec/reject/engine-core-dead-extra-frame",
+     "vLLM 0.8.4 has no ENGINE_CORE_DEAD"),
+    ("0.8.4", "codec/message/engine-core-dead/frames", "the sentinel came in vLLM 0.8.5"),
+    ("0.8.4", "codec/reject/hello-not-a-map", "vLLM 0.8.4 has no HELLO/READY handshake"),
+    ("0.9.0", "codec/message/unsubscribe-told-apart", "vLLM 0.9.0 has no DP coordinator"),
+    ("0.7.3", "codec/message/unsubscribe-told-apart",
+     "vllm/v1/engine/coordinator.py came in vLLM 0.9.1"),
+    ("0.9.0", "codec/message/start-dp-wave/frames", "no coordinator_input channel"),
 ])
 def test_what_a_release_lacks_is_not_applicable_with_the_reason(version: str, pattern: str,
                                                                 reason: str) -> None:
@@ -444,6 +459,8 @@ def test_reference_passes_every_applicable_codec_check(version: str) -> None:
         target.close()
     failed = [f"{r.check.id}: {r.message}" for r in results if r.status == FAILED]
     assert failed == []
+    # Every refusal the reference makes is backed by a valid message of its kind.
+    assert [r.check.id for r in results if r.status == NOT_IMPLEMENTED] == []
 
 
 # --- the insecure-serialization opt-in per release ------------------------------------------
@@ -613,3 +630,119 @@ def test_utility_payload_checks_follow_the_release(pattern: str, accept: str,
     assert caught.value.clause == "frames.payload-matches-type", caught.value
     description = select(all_checks(), patterns=[pattern])[0].description
     assert "three" not in description and "four" not in description
+
+
+# --- valid samples of every message at the releases before the handshake and coordinator -----
+
+#: 0.7.3 and 0.8.4 (no HELLO/READY handshake, no ENGINE_CORE_DEAD, no DP coordinator) and
+#: 0.9.0 (HELLO on the input socket and ENGINE_CORE_DEAD, still no DP coordinator).
+OLD_RELEASES = ["0.7.3", "0.8.4", "0.9.0"]
+
+#: kind -> the reject checks of that kind which found no valid sample at these releases
+#: (NOT IMPLEMENTED against the reference), and the releases among them that have the kind.
+SAMPLED_REJECTS: dict[str, tuple[list[str], list[str]]] = {
+    "abort": (["codec/reject/abort-not-array", "codec/reject/abort-not-strings",
+               "codec/reject/extra-frame-after-abort", "codec/reject/sentinel-wakeup",
+               "codec/reject/type-frame-empty", "codec/reject/wrong-type-for-kind"],
+              OLD_RELEASES),
+    "engine_core_dead": (["codec/reject/engine-core-dead-extra-frame",
+                          "codec/reject/engine-core-dead-wrong-bytes"], ["0.9.0"]),
+    "hello": (["codec/reject/hello-not-a-map", "codec/reject/hello-two-frames"], ["0.9.0"]),
+}
+
+
+@pytest.mark.parametrize("version", OLD_RELEASES)
+def test_every_message_of_an_old_release_has_a_valid_sample(version: str) -> None:
+    """valid_sample gives every message kind the release has a message the reference of that
+    release decodes, and says NOT APPLICABLE (NotInRelease) for a kind it lacks."""
+    from enginewire.conformance.checks._helpers import valid_sample
+    from enginewire.conformance.framework.registry import NotInRelease
+    from enginewire.conformance.targets.reference import ReferenceCodec
+
+    spec = load(version)
+    codec = ReferenceCodec(version=version)
+    sampled, lacking, none = [], [], []
+    for message in spec.surface("frames").messages:
+        try:
+            sample = valid_sample(message.kind, spec)
+        except NotInRelease:
+            lacking.append(message.kind)
+            continue
+        if sample is None:
+            none.append(message.kind)
+            continue
+        codec.decode(message.kind, list(sample[1]))  # raises where the sample is not valid
+        sampled.append(message.kind)
+    assert none == []
+    assert {"add", "abort", "utility", "outputs"} <= set(sampled)
+    assert {"coordinator_subscribe", "stats_subscribe", "start_dp_wave"} <= set(lacking)
+    has = {kind for kind, (_checks, releases) in SAMPLED_REJECTS.items()
+           if version in releases}
+    assert has <= set(sampled) and not (set(SAMPLED_REJECTS) - has) & set(sampled)
+
+
+def _results(version: str, patterns: list[str], codec: object = None) -> dict[str, Any]:
+    """The results of the checks ``patterns`` against the reference built for ``version``
+    (its codec replaced by ``codec`` where given), by check id."""
+    target = reference_target(version)
+    if codec is not None:
+        target.codec = codec
+    spec = load(version)
+    try:
+        return {item.id: run_check(item, target, spec)
+                for item in select(all_checks(), patterns=patterns)}
+    finally:
+        target.close()
+
+
+@pytest.mark.parametrize("version", OLD_RELEASES)
+def test_no_message_check_lacks_a_sample_at_an_old_release(version: str) -> None:
+    """Against the reference, no message or reject check of an old release is NOT
+    IMPLEMENTED: each refusal is backed by a valid message of the release, or the release
+    lacks the kind and the check is NOT APPLICABLE."""
+    results = _results(version, ["codec/message/*", "codec/reject/*"])
+    assert [i for i, r in results.items() if r.status == NOT_IMPLEMENTED] == []
+    assert [i for i, r in results.items() if r.status == FAILED] == []
+    for checks, releases in SAMPLED_REJECTS.values():
+        want = PASSED if version in releases else NOT_APPLICABLE
+        assert {i: results[i].status for i in checks} == dict.fromkeys(checks, want)
+    assert results["codec/message/unsubscribe-told-apart"].status == NOT_APPLICABLE
+
+
+def _accepting(version: str, kind: str) -> object:
+    """A reference codec for ``version`` that accepts whatever it is given as ``kind``:
+    frames it would reject decode as nothing. A valid message of the kind still decodes, so
+    the checks have their evidence that it implements the kind."""
+    from enginewire.conformance.targets import reference as reference_module
+
+    class Accepting(reference_module.ReferenceCodec):
+        def decode(self, asked, frames):  # type: ignore[no-untyped-def]
+            try:
+                return super().decode(asked, frames)
+            except Exception:
+                if asked != kind:
+                    raise
+                return None
+
+    return Accepting(version=version)
+
+
+@pytest.mark.parametrize(("version", "kind"), [
+    (version, kind) for kind, (_checks, releases) in SAMPLED_REJECTS.items()
+    for version in releases])
+def test_reject_checks_now_run_at_old_releases_fail_a_codec_that_accepts(version: str,
+                                                                         kind: str) -> None:
+    checks, _releases = SAMPLED_REJECTS[kind]
+    results = _results(version, checks, _accepting(version, kind))
+    assert {i: r.status for i, r in results.items()} == dict.fromkeys(checks, FAILED)
+    assert all(f"decode({kind!r}) accepted the frames" in r.message for r in results.values())
+
+
+def test_unsubscribe_told_apart_runs_once_the_coordinator_exists() -> None:
+    """0.9.1 has the DP coordinator: the check runs there and passes on the reference, and
+    fails a codec that takes the unsubscription for a subscription."""
+    assert _results("0.9.1", ["codec/message/unsubscribe-told-apart"])[
+        "codec/message/unsubscribe-told-apart"].status == PASSED
+    result = _results("0.9.1", ["codec/message/unsubscribe-told-apart"],
+                      _accepting("0.9.1", "coordinator_subscribe"))
+    assert result["codec/message/unsubscribe-told-apart"].status == FAILED

@@ -127,6 +127,22 @@ def test_a_request_type_that_came_later_is_not_applicable() -> None:
     assert "0.17.1 has no request type WAKEUP" in older.message
 
 
+#: The conversation checks of ENGINE_CORE_DEAD (history/constants.toml [[engine_core_dead]]:
+#: 0.8.5 on).
+DEAD_CHECKS = ["engine/dead/sentinel-last", "frontend/outputs/dead-fails-pending-call",
+               "frontend/outputs/dead-near-miss", "frontend/outputs/engine-core-dead"]
+
+
+def test_engine_core_dead_checks_are_not_applicable_before_the_sentinel() -> None:
+    """0.8.4's engine dies without ENGINE_CORE_DEAD: its checks are NOT APPLICABLE, saying
+    so; at 0.8.5, the first release with the sentinel, the front end's checks of it pass."""
+    results = _run("0.8.4", DEAD_CHECKS)
+    assert [r.status for r in results] == [NOT_APPLICABLE] * len(DEAD_CHECKS)
+    assert all("vLLM 0.8.4 has no ENGINE_CORE_DEAD" in r.message for r in results)
+    results = _run("0.8.5", DEAD_CHECKS[1:])
+    assert [r.status for r in results] == [PASSED] * 3, [r.message for r in results]
+
+
 def test_channel_ends_follow_the_release() -> None:
     """open_socket's ends at 0.8.2: a PUSH input the front end binds, a PULL engine input,
     an output PUSH the engine binds, high-water marks only where the socket type has them."""

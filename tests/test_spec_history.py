@@ -917,3 +917,82 @@ def test_consistency_fails_when_the_opt_in_leaves_its_clauses(tmp_path: Path) ->
     found = consistency.problems(data)
     assert any("setting at 0.33.0 is 'VLLM_INSECURE', tensors.toml names "
                "'VLLM_ALLOW_INSECURE_SERIALIZATION'" in p for p in found), found
+
+
+# --- ENGINE_CORE_DEAD and the DP coordinator per release -------------------------------------
+
+
+_DEAD_CORE = '''
+class EngineCoreProc(EngineCore):
+    ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"
+'''
+_COORDINATOR = '''
+class DPCoordinator:
+    def __init__(self, parallel_config):
+        pass
+'''
+
+
+@pytest.mark.parametrize(("files", "dead", "coordinator"), [
+    ({"vllm/v1/engine/core.py": _DEAD_CORE,
+      "vllm/v1/engine/coordinator.py": _COORDINATOR},
+     {"literal": "ENGINE_CORE_DEAD"}, {"class": "DPCoordinator"}),
+    ({"vllm/v1/engine/core.py": _DEAD_CORE}, {"literal": "ENGINE_CORE_DEAD"}, {}),
+    ({"vllm/v1/engine/core.py": "class EngineCoreProc(EngineCore):\n    pass\n",
+      "vllm/v1/engine/coordinator.py": "class Other:\n    pass\n"}, {}, {}),
+])
+def test_protocol_facts_read_the_sentinel_and_the_coordinator(
+        tmp_path: Path, files: dict[str, str], dead: dict[str, str],
+        coordinator: dict[str, str]) -> None:
+    """The sentinel is the bytes bound to ENGINE_CORE_DEAD; the coordinator is the class
+    DPCoordinator of vllm/v1/engine/coordinator.py; a wheel without them has neither."""
+    from enginewire.spec.history.protocol_facts import dp_coordinator, engine_core_dead
+
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    with WheelSource(wheel) as source:
+        assert engine_core_dead(source) == dead
+        assert dp_coordinator(source) == coordinator
+
+
+def test_committed_message_history_says_what_the_wheels_had() -> None:
+    """ENGINE_CORE_DEAD came in 0.8.5 (EngineCoreProc's class constant), the DP coordinator
+    (vllm/v1/engine/coordinator.py) in 0.9.1; message_gap names what a release lacks and
+    nothing for the kinds it has."""
+    from enginewire.spec.history.release_facts import (
+        dp_coordinator_at,
+        engine_core_dead_at,
+        message_gap,
+    )
+
+    assert [engine_core_dead_at(v) for v in ("0.7.3", "0.8.4", "0.8.5", "0.33.0")] == [
+        None, None, b"ENGINE_CORE_DEAD", b"ENGINE_CORE_DEAD"]
+    assert [dp_coordinator_at(v) for v in ("0.7.3", "0.9.0", "0.9.1", "0.33.0")] == [
+        None, None, "DPCoordinator", "DPCoordinator"]
+    gap = message_gap(load("0.8.4"), "engine_core_dead")
+    assert gap is not None and "0.8.4 has no ENGINE_CORE_DEAD" in gap and "0.8.5" in gap
+    coordinated = [m.kind for m in load().surface("frames").messages
+                   if m.channel in ("coordinator_input", "coordinator_output", "stats_publish")]
+    assert {"coordinator_subscribe", "stats_unsubscribe", "start_dp_wave"} <= set(coordinated)
+    for kind in coordinated:
+        gap = message_gap(load("0.9.0"), kind)
+        assert gap is not None and "0.9.0 has no DP coordinator" in gap and "0.9.1" in gap
+        assert message_gap(load("0.9.1"), kind) is None
+    for kind in ("abort", "add", "utility", "outputs"):
+        assert message_gap(load("0.7.3"), kind) is None
+    assert message_gap(load("0.8.5"), "engine_core_dead") is None
+
+
+def test_consistency_fails_when_the_sentinel_or_the_coordinator_leave_the_spec(
+        tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(DATA_DIR, data)
+    path = data / "history" / "constants.toml"
+    text = path.read_text()
+    path.write_text(text.replace('"literal" = "ENGINE_CORE_DEAD"', '"literal" = "DEAD"', 1)
+                    .replace('"class" = "DPCoordinator"', '"class" = "none"', 1))
+    found = consistency.problems(data)
+    assert any("ENGINE_CORE_DEAD at 0.33.0 is 'DEAD'" in p for p in found), found
+    assert any("the DP coordinator at 0.33.0 is 'none'" in p for p in found), found

@@ -9,8 +9,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from enginewire.conformance.framework.evidence import note_not_implemented
-from enginewire.conformance.framework.registry import CheckFailure, CheckSkip, Reproduction
+from enginewire.conformance.framework.evidence import in_release, note_not_implemented
+from enginewire.conformance.framework.registry import (
+    CheckFailure,
+    CheckSkip,
+    NotInRelease,
+    Reproduction,
+)
+from enginewire.conformance.oracle.samples import Sampler, minimal_outputs, minimal_request
 from enginewire.conformance.oracle.strict import layout_releases, type_problems
 from enginewire.conformance.oracle.values import complete, differences, neutral
 from enginewire.conformance.oracle.wire import (
@@ -111,48 +117,154 @@ class NoEvidence(NotImplementedError):
     would pass), so the check is NOT IMPLEMENTED."""
 
 
-_SAMPLES: dict[tuple[str, str], tuple[Any, list[bytes]] | None] = {}
+#: A valid value of each message kind of the frames surface, written for the newest layout;
+#: None for a kind of literal frames only. :func:`message_sample` lays it out as a release
+#: sends it.
+MESSAGE_SAMPLES: dict[str, Any] = {
+    "hello": {"status": "HELLO", "local": True, "headless": False},
+    "ready": {"status": "READY", "local": True, "headless": False},
+    "init": {"addresses": {"inputs": ["ipc:///tmp/ew-in"], "outputs": ["ipc:///tmp/ew-out"]},
+             "parallel_config": {}},
+    "add": minimal_request(),
+    "abort": ["req-0", "req-1"],
+    "utility": [0, 7, "is_sleeping", []],
+    "outputs": minimal_outputs(),
+    "engine_core_dead": None,
+    "utility_reply": {"engine_index": 0, "outputs": [], "timestamp": 2.5,
+                      "utility_output": {"call_id": 9, "failure_message": None,
+                                         "result": {"type_info": None, "value": [1, 2]}}},
+    "start_dp_wave": [3, 1],
+    "coordinator_outputs": {"engine_index": 1, "outputs": [], "timestamp": 3.5,
+                            "wave_complete": 2},
+    "stats_update": [[[1, 2, 0.5], [0, 3, 0.25]], 4, True],
+    "coordinator_subscribe": None,
+    "coordinator_unsubscribe": None,
+    "coordinator_ready": None,
+    "stats_subscribe": None,
+    "stats_unsubscribe": None,
+}
+
+
+#: The message kinds :func:`message_sample` builds.
+SAMPLED_KINDS = frozenset({*MESSAGE_SAMPLES, "ready_response"})
+
+
+def message_spec(spec: Any, kind: str) -> Any:
+    """The frames surface's message ``kind`` (CheckSkip where the spec has none)."""
+    for message in spec.surface("frames").messages:
+        if message.kind == kind:
+            return message
+    raise CheckSkip(f"the spec has no message kind {kind!r}")
+
+
+def ready_form(spec: Any) -> str:
+    """How the run's release sends the ready response (``history/constants.toml``
+    ``ready_response``): ``struct`` (a msgpack EngineCoreReadyResponse), ``empty`` (one empty
+    frame) or ``READY`` (the literal bytes); NOT APPLICABLE where it sends none, or only the
+    handshake's READY map (``handshake``)."""
+    from enginewire.spec.history.release_facts import ready_response_at
+
+    form = ready_response_at(spec.version)
+    if form == "none":
+        raise NotInRelease(f"vLLM {spec.version} has no ready response (its engine sends "
+                           "nothing first on an input socket)")
+    if form == "handshake":
+        raise NotInRelease(f"vLLM {spec.version} has no ready response of its own (its engine "
+                           "holds the HELLO/READY handshake on the input socket itself)")
+    return form
+
+
+def require_message(spec: Any, *kinds: str) -> None:
+    """NOT APPLICABLE (:class:`NotInRelease`, saying why) where ``spec``'s release lacks one
+    of the message ``kinds`` (``release_facts.message_gap``: ENGINE_CORE_DEAD before 0.8.5,
+    the DP coordinator's messages before 0.9.1)."""
+    from enginewire.spec.history.release_facts import message_gap
+
+    for kind in kinds:
+        gap = message_gap(spec, kind)
+        if gap is not None:
+            raise NotInRelease(gap)
+
+
+def message_sample(spec: Any, kind: str) -> Any:
+    """The sample of message ``kind`` (:data:`MESSAGE_SAMPLES`) laid out as the run's release
+    sends it; the ready response of a release that sends a literal frame is None (the codec
+    writes the literal). NOT APPLICABLE (:class:`NotInRelease`, saying why) where the release
+    has no such message: no HELLO/READY handshake, no ready response, ENGINE_CORE_DEAD or a
+    DP coordinator's message before the release had them (``message_gap``), or a value the
+    release has no field for."""
+    from enginewire.conformance.peers.zmq_peers import READY_KEY_VALUES
+    from enginewire.spec.history.release_facts import (
+        engine_handshake_map,
+        handshake_message_at,
+    )
+
+    require_message(spec, kind)
+    if kind == "ready_response":
+        if ready_form(spec) != "struct":
+            return None
+        return Sampler(spec).required("EngineCoreReadyResponse")
+    if kind in ("hello", "ready"):
+        message = handshake_message_at(spec, kind.upper())
+        if message is None:
+            raise NotInRelease(f"vLLM {spec.version} has no HELLO/READY handshake")
+        sample = MESSAGE_SAMPLES[kind]
+        return engine_handshake_map(message, local=sample["local"],
+                                    headless=sample["headless"], values=READY_KEY_VALUES)
+    return in_release(MESSAGE_SAMPLES[kind], kind, spec)
+
+
+#: (release, kind) -> a valid sample, None (the suite has none) or the reason the release
+#: has no such message (NOT APPLICABLE).
+_SAMPLES: dict[tuple[str, str], tuple[Any, list[bytes]] | str | None] = {}
 _SAMPLES_LOCK = threading.Lock()
+#: No value built (a literal-only message's value is None).
+_NO_VALUE = object()
 
 
 def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
     """A valid message of ``kind`` for ``spec``'s release: ``(neutral value, frames)``. A
-    golden vector of the kind recorded for that release that must decode, else the spec's
-    sample of the kind's struct (its required fields), the release's plain init map or a
-    UTILITY call in the release's items (:func:`utility_value`: no client index up to
-    0.9.0) as the reference codec encodes it; None when the suite has none of these."""
+    golden vector of the kind recorded for that release that must decode, else the message's
+    sample laid out as the release sends it (:func:`message_sample`: the release's plain init
+    map, a UTILITY call in the release's items, HELLO with the release's keys, a literal
+    frame) or the spec's sample of the kind's struct (its required fields), as the reference
+    codec of that release encodes it; None when the suite has none of these. Raises
+    :class:`NotInRelease` (the check is NOT APPLICABLE, saying why) where the release has no
+    such message (:func:`message_sample`)."""
     from enginewire.conformance.oracle.golden import load_vectors, payload_type
-    from enginewire.conformance.oracle.samples import Sampler
 
     key = (str(spec.version), kind)
     with _SAMPLES_LOCK:
-        if key in _SAMPLES:
-            return _SAMPLES[key]
-    found: tuple[Any, list[bytes]] | None = None
+        known = key in _SAMPLES
+        cached = _SAMPLES.get(key)
+    if isinstance(cached, str):
+        raise NotInRelease(cached)
+    if known:
+        return cached
+    found: tuple[Any, list[bytes]] | str | None = None
     golden = [v for v in load_vectors() if v.kind == kind and v.expect == "decode"
               and v.vllm_version == spec.version]
     if golden:
         vector = min(golden, key=lambda v: sum(len(f) for f in v.frames))
         found = (vector.value, list(vector.frames))
     else:
-        from enginewire.spec.history.release_facts import (
-            init_message_at,
-            init_message_value,
-            utility_value,
-        )
+        from enginewire.spec.history.release_facts import message_gap
 
-        struct = kind if kind in spec.structs else payload_type(kind)
-        value: Any = None
-        if struct is not None and struct in spec.structs:
+        messages = {m.kind for m in spec.surface("frames").messages}
+        struct = kind if kind in spec.structs else (
+            payload_type(kind) if kind in messages else None)
+        value: Any = _NO_VALUE
+        gap = message_gap(spec, kind) if kind in messages else None
+        if gap is not None:
+            found = gap
+        elif kind in messages and kind in SAMPLED_KINDS:
+            try:
+                value = message_sample(spec, kind)
+            except NotInRelease as exc:
+                found = str(exc)
+        elif struct is not None and struct in spec.structs:
             value = Sampler(spec).required(struct)
-        elif kind == "init" and init_message_at(spec.version).get("form") == "map":
-            # The release's plain init map (0.9.0: history/constants.toml [[init_message]]).
-            value = init_message_value(spec.version, inputs=["ipc:///tmp/ew-in"],
-                                       outputs=["ipc:///tmp/ew-out"])
-        elif kind == "utility":
-            value = utility_value(spec.version, client_index=0, call_id=7,
-                                  method="is_sleeping", args=[])
-        if value is not None:
+        if value is not _NO_VALUE:
             from enginewire.conformance.targets.reference import ReferenceCodec
 
             try:
@@ -163,6 +275,8 @@ def valid_sample(kind: str, spec: Any) -> tuple[Any, list[bytes]] | None:
                 found = (value, frames)
     with _SAMPLES_LOCK:
         _SAMPLES[key] = found
+    if isinstance(found, str):
+        raise NotInRelease(found)
     return found
 
 
@@ -171,7 +285,8 @@ def require_kind_evidence(codec: Any, kind: str, spec: Any, operation: str = "de
     """Evidence that ``codec`` implements ``kind``: it decodes (``operation`` ``decode``) or
     encodes (``encode``) a valid message of the kind (:func:`valid_sample`). A refusal of
     invalid input counts as a pass only with it; without it :class:`NoEvidence` (NOT
-    IMPLEMENTED)."""
+    IMPLEMENTED). Where ``spec``'s release has no such message, :class:`NotInRelease` (NOT
+    APPLICABLE, saying why)."""
     if spec is None:
         spec = getattr(codec, "run_spec", None)
     if spec is None:

@@ -35,6 +35,7 @@ from enginewire.conformance.checks._carriers import (
     tuple_dtype,
 )
 from enginewire.conformance.checks._helpers import (
+    MESSAGE_SAMPLES,
     as_bytes,
     decode,
     encode,
@@ -43,6 +44,10 @@ from enginewire.conformance.checks._helpers import (
     expect_value,
     expect_wire,
     field_value,
+    message_sample,
+    message_spec,
+    ready_form,
+    require_message,
     require_rejection,
 )
 from enginewire.conformance.framework.context import CheckContext
@@ -55,15 +60,12 @@ from enginewire.conformance.framework.registry import (
     check,
     require_field,
 )
-from enginewire.conformance.oracle.samples import Sampler, minimal_outputs, minimal_request
+from enginewire.conformance.oracle.samples import Sampler, minimal_request
 from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
-from enginewire.conformance.peers.zmq_peers import READY_KEY_VALUES
 from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
-    engine_handshake_map,
-    handshake_message_at,
     pickle_free_gap,
     pickle_opt_in_gap,
     utility_fields,
@@ -1358,79 +1360,14 @@ def _slices(codec: CodecSurface, ctx: CheckContext) -> None:
 # --- message kinds -------------------------------------------------------------------------
 
 #: A sample value for every message kind the codec surface names.
-MESSAGE_SAMPLES: dict[str, Any] = {
-    "hello": {"status": "HELLO", "local": True, "headless": False},
-    "ready": {"status": "READY", "local": True, "headless": False},
-    "init": {"addresses": {"inputs": ["ipc:///tmp/ew-in"], "outputs": ["ipc:///tmp/ew-out"]},
-             "parallel_config": {}},
-    "add": minimal_request(),
-    "abort": ["req-0", "req-1"],
-    "utility": [0, 7, "is_sleeping", []],
-    "outputs": minimal_outputs(),
-    "engine_core_dead": None,
-    "utility_reply": {"engine_index": 0, "outputs": [], "timestamp": 2.5,
-                      "utility_output": {"call_id": 9, "failure_message": None,
-                                         "result": {"type_info": None, "value": [1, 2]}}},
-    "start_dp_wave": [3, 1],
-    "coordinator_outputs": {"engine_index": 1, "outputs": [], "timestamp": 3.5,
-                            "wave_complete": 2},
-    "stats_update": [[[1, 2, 0.5], [0, 3, 0.25]], 4, True],
-    "coordinator_subscribe": None,
-    "coordinator_unsubscribe": None,
-    "coordinator_ready": None,
-    "stats_unsubscribe": None,
-}
-
-
-def _message(spec: Any, kind: str) -> Any:
-    for message in spec.surface("frames").messages:
-        if message.kind == kind:
-            return message
-    raise CheckSkip(f"the spec has no message kind {kind!r}")
-
-
 #: The one frame of each ready-response form that is no msgpack struct.
 _READY_LITERALS = {"empty": b"", "READY": b"READY"}
-
-
-def _ready_form(spec: Any) -> str:
-    """How the run's release sends the ready response (``history/constants.toml``
-    ``ready_response``): ``struct`` (a msgpack EngineCoreReadyResponse), ``empty`` (one empty
-    frame) or ``READY`` (the literal bytes); NOT APPLICABLE where it sends none, or only the
-    handshake's READY map (``handshake``)."""
-    from enginewire.spec.history.release_facts import ready_response_at
-
-    form = ready_response_at(spec.version)
-    if form == "none":
-        raise NotInRelease(f"vLLM {spec.version} has no ready response (its engine sends "
-                           "nothing first on an input socket)")
-    if form == "handshake":
-        raise NotInRelease(f"vLLM {spec.version} has no ready response of its own (its engine "
-                           "holds the HELLO/READY handshake on the input socket itself)")
-    return form
-
-
-def _sample(spec: Any, kind: str) -> Any:
-    """The sample of ``kind`` laid out as the run's release sends it; the ready response of a
-    release that sends a literal frame is None (the codec writes the literal)."""
-    if kind == "ready_response":
-        if _ready_form(spec) != "struct":
-            return None
-        return Sampler(spec).required("EngineCoreReadyResponse")
-    if kind in ("hello", "ready"):
-        message = handshake_message_at(spec, kind.upper())
-        if message is None:
-            raise NotInRelease(f"vLLM {spec.version} has no HELLO/READY handshake")
-        sample = MESSAGE_SAMPLES[kind]
-        return engine_handshake_map(message, local=sample["local"],
-                                    headless=sample["headless"], values=READY_KEY_VALUES)
-    return in_release(MESSAGE_SAMPLES[kind], kind, spec)
 
 
 def _ready_literal(spec: Any, kind: str) -> bytes | None:
     """The literal frame of the ready response at the run's release, None for a struct (or
     another kind)."""
-    return _READY_LITERALS.get(_ready_form(spec)) if kind == "ready_response" else None
+    return _READY_LITERALS.get(ready_form(spec)) if kind == "ready_response" else None
 
 
 def _check_frames(spec: Any, kind: str, frames: list[bytes], value: Any) -> list[str]:
@@ -1441,7 +1378,7 @@ def _check_frames(spec: Any, kind: str, frames: list[bytes], value: Any) -> list
             return [f"vLLM {spec.version}'s ready response is the one frame {literal!r}, got "
                     f"{[bytes(f) for f in frames]!r}"]
         return []
-    message = _message(spec, kind)
+    message = message_spec(spec, kind)
     problems: list[str] = []
     position = 0
     for frame_spec in message.frames:
@@ -1501,7 +1438,7 @@ def _register_message_checks() -> None:
         slug = kind.replace("_", "-")
 
         def run(codec: Any, ctx: Any, *, _kind: str = kind) -> None:
-            value = _sample(ctx.spec, _kind)
+            value = message_sample(ctx.spec, _kind)
             frames = encode(codec, _kind, value)
             problems = _check_frames(ctx.spec, _kind, frames, value)
             if problems:
@@ -1518,7 +1455,7 @@ def _register_message_checks() -> None:
             continue
 
         def run_trip(codec: Any, ctx: Any, *, _kind: str = kind) -> None:
-            value = _sample(ctx.spec, _kind)
+            value = message_sample(ctx.spec, _kind)
             frames = encode(codec, _kind, value)
             decoded = decode(codec, _kind, frames)
             if _ready_literal(ctx.spec, _kind) is not None:
@@ -1527,7 +1464,7 @@ def _register_message_checks() -> None:
                                        f"{neutral(decoded)!r}, expected no value",
                                        Reproduction(sent=frames))
                 return
-            payload = next(f.payload for f in _message(ctx.spec, _kind).frames
+            payload = next(f.payload for f in message_spec(ctx.spec, _kind).frames
                            if f.content == "msgpack")
             expect_value(decoded, value, payload, ctx.spec, what=f"{_kind} round trip",
                          sent=frames)
@@ -1545,7 +1482,7 @@ _SUBSCRIPTION_PAIRS = (("coordinator_subscribe", "coordinator_unsubscribe"),
 
 def _literal_frames(spec: Any, kind: str) -> list[bytes]:
     """The frames of a literal-only message kind, as the spec writes them."""
-    return [bytes.fromhex(f.literal_hex or "") for f in _message(spec, kind).frames]
+    return [bytes.fromhex(f.literal_hex or "") for f in message_spec(spec, kind).frames]
 
 
 @check("codec/message/unsubscribe-told-apart",
@@ -1553,7 +1490,10 @@ def _literal_frames(spec: Any, kind: str) -> list[bytes]:
 def _unsubscribe_told_apart(codec: CodecSurface, ctx: CheckContext) -> None:
     """On coordinator_input and stats_publish the unsubscription (the single frame the spec
     gives coordinator_unsubscribe / stats_unsubscribe) decodes as that kind and as nothing
-    else: not as the subscription, and the subscription not as it."""
+    else: not as the subscription, and the subscription not as it. NOT APPLICABLE where the
+    release has no DP coordinator (:func:`require_message`: no such channels, no
+    such messages)."""
+    require_message(ctx.spec, *(k for pair in _SUBSCRIPTION_PAIRS for k in pair))
     for subscribe, unsubscribe in _SUBSCRIPTION_PAIRS:
         sub_frames = _literal_frames(ctx.spec, subscribe)
         unsub_frames = _literal_frames(ctx.spec, unsubscribe)
@@ -1593,7 +1533,7 @@ def _control_plain(codec: CodecSurface, ctx: CheckContext) -> None:
     absent: list[str] = []
     for kind in ("hello", "ready", "init", "ready_response"):
         try:
-            value = _sample(ctx.spec, kind)
+            value = message_sample(ctx.spec, kind)
             literal = _ready_literal(ctx.spec, kind)
         except NotInRelease as exc:
             absent.append(str(exc))
@@ -1621,7 +1561,7 @@ def _control_plain(codec: CodecSurface, ctx: CheckContext) -> None:
 
 
 def _payload_of(codec: Any, kind: str, spec: Any) -> list[bytes]:
-    return encode(codec, kind, _sample(spec, kind))
+    return encode(codec, kind, message_sample(spec, kind))
 
 
 def _utility_items(spec: Any, *, call_id: Any = 7) -> list[Any]:
@@ -1724,8 +1664,9 @@ def _bad_input(codec: Any, spec: Any, kind: str, what: str | tuple[str, Callable
     """The malformed frames of a :data:`_BAD_INPUT` entry at ``spec``'s release and the
     account of them for messages; NOT APPLICABLE (naming the release) where the release
     lacks what the entry changes."""
+    valid = _payload_of(codec, kind, spec)  # NOT APPLICABLE where the release lacks the kind
     try:
-        frames = [bytes(f) for f in make(_payload_of(codec, kind, spec), spec)]
+        frames = [bytes(f) for f in make(valid, spec)]
     except NotInRelease as exc:
         raise NotInRelease(f"vLLM {spec.version}'s {exc}") from None
     said = what if isinstance(what, str) else what[1](spec)
@@ -1738,7 +1679,7 @@ def _register_bad_input() -> None:
         def run(codec: Any, ctx: Any, *, _kind: str = kind, _clauses: list = clauses,
                 _what: Any = what, _make: Any = make) -> None:
             frames, said = _bad_input(codec, ctx.spec, _kind, _what, _make)
-            expect_rejection(codec, _kind, frames, _clauses, said)
+            expect_rejection(codec, _kind, frames, _clauses, said, spec=ctx.spec)
 
         check(f"codec/reject/{suffix}", clauses=clauses, surface="codec",
               description=f"decoding {kind} rejects {_described(what)}")(run)

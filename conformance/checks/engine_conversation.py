@@ -20,7 +20,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from enginewire.conformance.checks._helpers import check_high_water_marks, require_ipv6_loopback
+from enginewire.conformance.checks._helpers import (
+    check_high_water_marks,
+    require_ipv6_loopback,
+    require_message,
+)
 from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.evidence import in_release, probe_while_waiting
 from enginewire.conformance.framework.registry import (
@@ -712,7 +716,9 @@ def _three_serve(front: SuiteFrontend, ctx: Any, identities: set[bytes],
        surface="engine", requires=["engine.die"], timeout=PEER_TIMEOUT)
 def _dies(engine: EngineSurface, ctx: CheckContext) -> None:
     """A failing engine sends the 16-byte ENGINE_CORE_DEAD on every output and then
-    nothing (on its one output where the release has one pair)."""
+    nothing (on its one output where the release has one pair). NOT APPLICABLE before the
+    release had the sentinel (:func:`require_message`: 0.8.5)."""
+    require_message(ctx.spec, "engine_core_dead")
     front = _frontend(ctx, clients=2 if clients_gap(ctx.spec.version) is None else 1)
     peer = _launch(engine, ctx, front)
     _handshake(front, ctx)

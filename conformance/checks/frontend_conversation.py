@@ -21,7 +21,11 @@ from typing import Any
 
 import msgspec
 
-from enginewire.conformance.checks._helpers import check_high_water_marks, note_refusal
+from enginewire.conformance.checks._helpers import (
+    check_high_water_marks,
+    note_refusal,
+    require_message,
+)
 from enginewire.conformance.framework.context import CheckContext
 from enginewire.conformance.framework.registry import (
     CheckFailure,
@@ -660,7 +664,9 @@ def _near_miss(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """'ENGINE_CORE_DEAD' plus a second frame is not the sentinel: the engine is not dead.
 
     Reading it may fail as a malformed message (see frontend/outputs/garbage-survived), but
-    the front end's next request still reaches the engine."""
+    the front end's next request still reaches the engine. NOT APPLICABLE before the
+    release had the sentinel (:func:`require_message`)."""
+    require_message(ctx.spec, "engine_core_dead")
     client, (engine,) = _running(frontend, ctx)
     sent = engine.push_raw([ENGINE_CORE_DEAD, b""])
     try:
@@ -687,8 +693,9 @@ def _near_miss(frontend: FrontendSurface, ctx: CheckContext) -> None:
 def _dead_fails_call(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """A utility call waiting when ENGINE_CORE_DEAD arrives fails at once.
 
-    It must not be left waiting for a reply that cannot come."""
-
+    It must not be left waiting for a reply that cannot come. NOT APPLICABLE before the
+    release had the sentinel (:func:`require_message`)."""
+    require_message(ctx.spec, "engine_core_dead")
     client, (engine,) = _running(frontend, ctx)
     outcome: dict[str, Any] = {}
     call_timeout = ctx.wait(15.0)
@@ -717,7 +724,9 @@ def _dead_fails_call(frontend: FrontendSurface, ctx: CheckContext) -> None:
        surface="frontend", timeout=PEER_TIMEOUT)
 def _dead(frontend: FrontendSurface, ctx: CheckContext) -> None:
     """ENGINE_CORE_DEAD fails waiting reads with a ConnectionError, later sends fail, and
-    nothing more reaches the engine."""
+    nothing more reaches the engine. NOT APPLICABLE before the release had the sentinel
+    (:func:`require_message`)."""
+    require_message(ctx.spec, "engine_core_dead")
     client, (engine,) = _running(frontend, ctx)
     client.add_request(minimal_request("req-d"), 0)
     _request(engine, ctx, "add_request")

@@ -14,6 +14,10 @@
   response as the first input message, one socket pair per client;
 - the UTILITY payload's items derived for the newest release (``[[utility_payload]]``) type
   as the frames surface's utility payload;
+- the sentinel of a dying engine derived for the newest release (``[[engine_core_dead]]``)
+  is the literal frames.toml gives engine_core_dead, and the newest release has a DP
+  coordinator (``[[dp_coordinator]]``) exactly where the transport surface has channels
+  with a coordinator end;
 - the insecure-serialization opt-in (``[[pickle_opt_in]]``): the newest release's setting is
   the one ``tensors.toml`` names, and at every release the clauses about the opt-in
   (:data:`OPT_IN_CLAUSES`) hold exactly where the release has it and
@@ -52,6 +56,7 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
     found.extend(_check_handshake(data_dir, releases))
     found.extend(_check_transport(data_dir, releases))
     found.extend(_check_utility_payload(data_dir, releases))
+    found.extend(_check_messages(data_dir, releases))
     specs = {}
     for version in releases:
         try:
@@ -185,6 +190,31 @@ def _check_utility_payload(data_dir: Path, releases: list[str]) -> list[str]:
         return [f"history/constants.toml: UTILITY items {items} at {newest} type as "
                 f"{derived}, frames.toml says {payload}"]
     return []
+
+
+def _check_messages(data_dir: Path, releases: list[str]) -> list[str]:
+    """The ``[[engine_core_dead]]`` and ``[[dp_coordinator]]`` rows of the newest release
+    agree with the frames and transport surfaces (module docstring)."""
+    from .constants import constants_at
+
+    newest = releases[-1]
+    spec = load(newest, data_dir)
+    out = []
+    literal = constants_at(newest, "engine_core_dead", data_dir).get("literal")
+    sentinel = next((f.literal_hex for m in spec.surface("frames").messages
+                     if m.kind == "engine_core_dead" for f in m.frames), None)
+    derived = literal.encode("ascii").hex() if isinstance(literal, str) and literal != "none" \
+        else None
+    if derived != sentinel:
+        out.append(f"history/constants.toml: ENGINE_CORE_DEAD at {newest} is {literal!r}, "
+                   f"frames.toml gives engine_core_dead the bytes {sentinel}")
+    coordinator = constants_at(newest, "dp_coordinator", data_dir).get("class")
+    owned = sorted(c.name for c in spec.surface("transport").channels
+                   if any(e.role == "coordinator" for e in c.ends))
+    if (isinstance(coordinator, str) and coordinator != "none") != bool(owned):
+        out.append(f"history/constants.toml: the DP coordinator at {newest} is "
+                   f"{coordinator!r}, transport.toml has coordinator channels {owned}")
+    return out
 
 
 #: The clauses that speak of the insecure-serialization opt-in: they hold from the release

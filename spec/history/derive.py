@@ -41,6 +41,8 @@ from .protocol_facts import (
     SERIAL_MODULE,
     SHM_MODULE,
     chunk_framing,
+    dp_coordinator,
+    engine_core_dead,
     handshake_keys,
     init_message,
     pickle_opt_in,
@@ -85,6 +87,10 @@ class ReleaseFacts:
     utility_payload: list[str] = field(default_factory=list)
     #: The insecure-serialization opt-in (:func:`.protocol_facts.pickle_opt_in`).
     pickle_opt_in: dict[str, Any] = field(default_factory=dict)
+    #: The sentinel of a dying engine (:func:`.protocol_facts.engine_core_dead`).
+    engine_core_dead: dict[str, Any] = field(default_factory=dict)
+    #: The DP coordinator (:func:`.protocol_facts.dp_coordinator`).
+    dp_coordinator: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -150,6 +156,8 @@ def extract_release(version: str, wheel: Path, structs: dict[str, SpecStruct],
         facts.tensor_form = tensor_form(source)
         facts.utility_payload = utility_payload(source)
         facts.pickle_opt_in = pickle_opt_in(source)
+        facts.engine_core_dead = engine_core_dead(source)
+        facts.dp_coordinator = dp_coordinator(source)
     return facts
 
 
@@ -620,6 +628,13 @@ def write_history(data_dir: Path, releases: list[ReleaseFacts],
          "for a value its hooks cannot carry (encoder), and the sides it guards (none: both "
          "pickle and unpickle without any opt-in)",
          lambda r: dict(r.pickle_opt_in) or {"setting": None}),
+        ("engine_core_dead", "the sentinel a dying engine sends as its last message on every "
+         "output socket, the bytes of EngineCoreProc.ENGINE_CORE_DEAD (none: the engine dies "
+         "without one)", lambda r: dict(r.engine_core_dead) or {"literal": None}),
+        ("dp_coordinator", "the DP coordinator process, which owns the coordinator_input, "
+         "coordinator_output and stats_publish channels: its class in "
+         "vllm/v1/engine/coordinator.py (none: no coordinator, no such channels)",
+         lambda r: dict(r.dp_coordinator) or {"class": None}),
     ]
     for key, what, get in tables:
         lines.append(f"# {what}")

@@ -39,6 +39,14 @@
   in ``vllm/envs.py``; ``{}`` where neither is guarded (vLLM 0.7.3-0.8.5 pickle and unpickle
   without asking: VLLM_ALLOW_INSECURE_SERIALIZATION came in 0.9.0).
 
+- :func:`engine_core_dead`: the sentinel an engine sends on its output socket as its last
+  message when it dies: the bytes of the class constant ``ENGINE_CORE_DEAD``
+  (``b"ENGINE_CORE_DEAD"``, ``EngineCoreProc`` in ``vllm/v1/engine/core.py``: 0.8.5 on);
+  ``{}`` where the wheel has none (0.7.3-0.8.4: an engine dies without a word on the wire).
+- :func:`dp_coordinator`: the DP coordinator, the process that owns the coordinator_input,
+  coordinator_output and stats_publish channels: the class ``DPCoordinator`` of
+  ``vllm/v1/engine/coordinator.py`` (0.9.1 on); ``{}`` where the wheel has no such module.
+
 Each returns plain data for ``history/constants.toml``; an empty result means the wheel has no
 such code (the history then records ``none``).
 """
@@ -56,6 +64,9 @@ SHM_MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 SERIAL_MODULE = "vllm.v1.serial_utils"
 ENVS_MODULE = "vllm.envs"
 STATUSES = ("HELLO", "READY")
+COORDINATOR_MODULE = "vllm.v1.engine.coordinator"
+COORDINATOR_CLASS = "DPCoordinator"
+SENTINEL_NAME = "ENGINE_CORE_DEAD"
 
 
 def _files(source: WheelSource) -> list[str]:
@@ -348,3 +359,30 @@ def pickle_opt_in(source: WheelSource) -> dict[str, Any]:
         return {}
     name = max(sorted(guards), key=lambda n: len(guards[n]))
     return {"setting": name, "guards": sorted(guards[name])}
+
+
+def engine_core_dead(source: WheelSource) -> dict[str, Any]:
+    """``{"literal": "ENGINE_CORE_DEAD"}`` (the sentinel's bytes, as ASCII) or ``{}`` (see the
+    module docstring): a bytes constant bound to the name ``ENGINE_CORE_DEAD`` in vLLM's
+    engine modules (the class attribute ``EngineCoreProc.ENGINE_CORE_DEAD``)."""
+    for filename in _files(source):
+        if SENTINEL_NAME not in source.text(filename):
+            continue
+        for node in ast.walk(source.tree(filename)):
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                    and isinstance(node.value.value, bytes)):
+                continue
+            if any(isinstance(t, ast.Name) and t.id == SENTINEL_NAME for t in node.targets):
+                return {"literal": node.value.value.decode("ascii")}
+    return {}
+
+
+def dp_coordinator(source: WheelSource) -> dict[str, Any]:
+    """``{"class": "DPCoordinator"}`` or ``{}`` (see the module docstring)."""
+    filename = source.module_file(COORDINATOR_MODULE)
+    if filename is None:
+        return {}
+    for node in source.tree(filename).body:
+        if isinstance(node, ast.ClassDef) and node.name == COORDINATOR_CLASS:
+            return {"class": node.name}
+    return {}

@@ -36,6 +36,11 @@ handshake keys and the form of the ready response live in ``history/constants.to
   release that introduced the insecure-serialization opt-in (``[[pickle_opt_in]]``: 0.9.0),
   and why a check of the opt-in (a release without it) or of pickle without it (a release
   with it) does not apply;
+- :func:`engine_core_dead_at`, :func:`dp_coordinator_at`, :func:`message_gap`: the sentinel
+  a dying engine sends (``[[engine_core_dead]]``: 0.8.5 on), the DP coordinator
+  (``[[dp_coordinator]]``: 0.9.1 on), and why a message kind of the frames surface does not
+  exist at a release (ENGINE_CORE_DEAD before its sentinel, every kind on a channel the DP
+  coordinator owns before the coordinator);
 - :func:`handshake_on_input`, :func:`init_message_value`, :func:`init_addresses`: a release
   that holds the handshake on its input socket (0.9.0: HELLO, a plain init map naming the
   output, READY as the ready response) and its init message in the release's form.
@@ -419,3 +424,56 @@ def pickle_free_gap(spec: Any) -> str | None:
     came = f", from vLLM {since[0]} on" if since is not None else ""
     return (f"vLLM {spec.version} pickles only with the opt-in {setting}{came} "
             "(tensors.ext-pickle-opt-in; history/constants.toml [[pickle_opt_in]])")
+
+
+def engine_core_dead_at(version: str) -> bytes | None:
+    """The bytes a dying engine of ``version`` sends as its last message on every output
+    socket (``b"ENGINE_CORE_DEAD"``), or None where it sends none (history/constants.toml
+    ``[[engine_core_dead]]``)."""
+    literal = constants_at(version, "engine_core_dead").get("literal")
+    return literal.encode("ascii") if isinstance(literal, str) and literal != "none" else None
+
+
+def dp_coordinator_at(version: str) -> str | None:
+    """The DP coordinator's class at ``version`` (``DPCoordinator``), or None where the
+    release has no coordinator (history/constants.toml ``[[dp_coordinator]]``)."""
+    name = constants_at(version, "dp_coordinator").get("class")
+    return name if isinstance(name, str) and name != "none" else None
+
+
+def _since(table: str, key: str) -> str | None:
+    """The first release of the newest run of ``table``'s rows that hold a value under
+    ``key`` (newest range first); None where the newest row holds none."""
+    since: str | None = None
+    for versions, values in constant_rows(table):
+        value = values.get(key)
+        if not isinstance(value, str) or value == "none":
+            break
+        since = format_version(versions.low)
+    return since
+
+
+def message_gap(spec: Any, kind: str) -> str | None:
+    """Why the frames surface's message ``kind`` does not exist at ``spec``'s release (None:
+    it does, or the history says nothing of it): ``engine_core_dead`` where the release's
+    engine has no sentinel, and every kind on a channel the DP coordinator owns (a channel
+    with a ``coordinator`` end: coordinator_input, coordinator_output, stats_publish) where
+    the release has no coordinator."""
+    version = spec.version
+    if kind == "engine_core_dead" and engine_core_dead_at(version) is None:
+        since = _since("engine_core_dead", "literal")
+        came = f": the sentinel came in vLLM {since}" if since is not None else ""
+        return (f"vLLM {version} has no ENGINE_CORE_DEAD (its engine dies without a last "
+                f"message on the output socket{came}; history/constants.toml "
+                "[[engine_core_dead]])")
+    message = next((m for m in spec.surface("frames").messages if m.kind == kind), None)
+    if message is None or dp_coordinator_at(version) is not None:
+        return None
+    owned = {c.name for c in spec.surface("transport").channels
+             if any(e.role == "coordinator" for e in c.ends)}
+    if message.channel not in owned:
+        return None
+    since = _since("dp_coordinator", "class")
+    came = f": vllm/v1/engine/coordinator.py came in vLLM {since}" if since is not None else ""
+    return (f"vLLM {version} has no DP coordinator{came}, so no {kind} message: no "
+            f"{message.channel} channel (history/constants.toml [[dp_coordinator]])")
