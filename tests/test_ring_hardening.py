@@ -157,8 +157,8 @@ def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
         mutated_streams.append(stream)
         if _leaf_stream(stream):
             assert not _has_global(stream)
-    # PickleCodec.decode writes the test out: it hands exactly the streams that pass it (or
-    # the checks after it) to pickle.loads, and every other one to the allow-list.
+    # PickleCodec.decode hands exactly the streams that pass the leaf test (or the checks after
+    # it) to pickle.loads, and every other one to the allow-list.
     from enginewire.reference.ring import payload
 
     loaded: list[bytes] = []

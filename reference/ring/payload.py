@@ -158,7 +158,6 @@ def _leaf_heads(total: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
 
 
 _MEMOIZE_STOP = pickle.MEMOIZE + pickle.STOP
-_STOP_BYTE = pickle.STOP
 
 
 def _leaf_stream(data: bytes) -> bool:
@@ -172,7 +171,7 @@ def _leaf_stream(data: bytes) -> bool:
     """
     memoized, plain = _LEAF_HEADS.get(len(data)) or _leaf_heads(len(data))
     return ((data.endswith(_MEMOIZE_STOP) and data.startswith(memoized))
-            or (data.endswith(_STOP_BYTE) and data.startswith(plain)))
+            or (data.endswith(pickle.STOP) and data.startswith(plain)))
 
 
 #: In-band streams up to this size are copied and searched for vLLM's module name, so that
@@ -446,12 +445,7 @@ class PickleCodec:
                 data = bytes(main)
             else:
                 return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
-            # _leaf_stream(data), written out: the ring's common message pays one Python
-            # call less (tests/test_ring_hardening.py checks both on the same streams).
-            memoized, plain = _LEAF_HEADS.get(len(data)) or _leaf_heads(len(data))
-            if ((data.endswith(_MEMOIZE_STOP) and data.startswith(memoized))
-                    or (data.endswith(_STOP_BYTE) and data.startswith(plain))
-                    or _names_no_global(data) or _opcodes_no_global(data)):
+            if _leaf_stream(data) or _names_no_global(data) or _opcodes_no_global(data):
                 # One bytes or str object, or no opcode that loads a global: nothing in the
                 # stream can be called, so the C unpickler's fast path is as safe as the
                 # allow-list. The checks read a private copy: the writer cannot change what

@@ -222,11 +222,7 @@ class MessageQueue:
 
     # Every attribute, declared once; ``_init_common`` gives each its reader/writer-neutral
     # value and the constructors fill in those of their end.
-    _codec: PayloadCodec
-    #: The codec's ``encode`` and ``decode``, bound when the codec is set (one attribute
-    #: load per message instead of two and a method binding).
-    _encode: Callable[[Any], list[Buffer]]
-    _decode: Callable[[Buffer, Sequence[Buffer]], Any]
+    codec: PayloadCodec
     wait_policy: WaitPolicy
     handle: Handle
     is_writer: bool
@@ -341,17 +337,6 @@ class MessageQueue:
         except BaseException:
             res.close()
             raise
-
-    @property
-    def codec(self) -> PayloadCodec:
-        """The payload codec of this end; settable."""
-        return self._codec
-
-    @codec.setter
-    def codec(self, codec: PayloadCodec) -> None:
-        self._codec = codec
-        self._encode = codec.encode
-        self._decode = codec.decode
 
     def _init_common(self, codec: str | PayloadCodec, wait: WaitPolicy) -> None:
         self.codec = get_codec(codec)
@@ -548,7 +533,7 @@ class MessageQueue:
 
     def enqueue(self, obj: Any, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Encode ``obj`` with the codec and broadcast it (:meth:`enqueue_buffers`)."""
-        buffers = self._encode(obj)
+        buffers = self.codec.encode(obj)
         writer = self._writer
         if writer is not None and self._publish_directly and len(buffers) == 1:
             # The common message, one pickle stream that fits, in one protocol call: the
@@ -747,7 +732,7 @@ class MessageQueue:
                 if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
                     self._drain_notify(now)
                 # Copied before the release: the writer may reuse the slot meanwhile.
-                return self._decode(got, ())
+                return self.codec.decode(got, ())
             return self._dequeue_rest(got, True, timeout)
         return self._dequeue_rest(None, False, timeout)
 
