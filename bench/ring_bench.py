@@ -516,10 +516,17 @@ class RingBench:
                               lambda: send(None), workers, release)
 
     def latency(self, text: str, target: Any, readers: int) -> tuple[dict[str, float], list]:
-        """p50 and p99 delay (µs) of messages sent at a low rate, and every delay (µs)."""
+        """p50 and p99 delay (µs) of messages sent at a low rate through ``target``'s ring,
+        and every delay (µs)."""
+        return self._measure_latency(*self._open_ring(text, target, readers,
+                                                      self.config.base_chunks, latency=True))
+
+    def _measure_latency(self, send: Callable[[Any], None], workers: list[_Worker],
+                         release: Callable[[bool], None]) -> tuple[dict[str, float], list]:
+        """Trickle the latency payload through an open contender (its ``send``, None ending
+        it; its readers' ``workers``; its ``release(failed)``, called in any case): p50 and
+        p99 delay (µs) and every delay (µs)."""
         payload = self.payload(self.config.latency_payload)
-        send, workers, release = self._open_ring(text, target, readers, self.config.base_chunks,
-                                                 latency=True)
         failed = True
         try:
             sent = self._trickle(send, payload)
@@ -699,17 +706,9 @@ class RingBench:
                               lambda: push(None), workers, release)
 
     def zmq_latency(self, readers: int) -> tuple[dict[str, float], list]:
-        payload = self.payload(self.config.latency_payload)
-        push, workers, release = self._open_zmq(readers, self.config.base_chunks, latency=True)
-        failed = True
-        try:
-            sent = self._trickle(push, payload)
-            push(None)
-            reports = self.pool.reports(workers)
-            failed = False
-        finally:
-            release(failed)
-        return _delays(reports, sent)
+        """:meth:`latency` of the ZMQ PUSH/PULL baseline."""
+        return self._measure_latency(*self._open_zmq(readers, self.config.base_chunks,
+                                                     latency=True))
 
     def _open_zmq(self, readers: int, hwm: int, *, latency: bool, first_worker: int = 0,
                   ) -> tuple[Callable[[Any], None], list[_Worker], Callable[[bool], None]]:

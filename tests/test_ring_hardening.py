@@ -149,12 +149,38 @@ def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
                    pickle.dumps(bytearray(b"x" * 40), protocol=2), b"\x80\x05\x95" + bytes(9),
                    _malicious(Path("/nonexistent"))):
         assert not _leaf_stream(stream), stream[:16]
+    mutated_streams = []
     for _ in range(2000):  # mutated leaf streams: whatever passes holds no global opcode
         mutated = bytearray(blob[:40])
         mutated[rng.randrange(40)] = rng.randrange(256)
         stream = bytes(mutated) + b"\x94."
+        mutated_streams.append(stream)
         if _leaf_stream(stream):
             assert not _has_global(stream)
+    # PickleCodec.decode hands exactly the streams that pass the leaf test (or the checks after
+    # it) to pickle.loads, and every other one to the allow-list.
+    from enginewire.reference.ring import payload
+
+    loaded: list[bytes] = []
+    loads = pickle.loads
+
+    def recording_loads(data: bytes, **kwargs: Any) -> Any:
+        loaded.append(bytes(data))
+        return loads(data, **kwargs)
+
+    codec = PickleCodec()
+    for stream in [pickle.dumps(value, protocol=5) for value in leaves] + mutated_streams:
+        loaded.clear()
+        payload.pickle.loads = recording_loads  # type: ignore[attr-defined]
+        try:
+            codec.decode(stream, [])
+        except Exception:  # noqa: BLE001 - a mutated stream may be refused or broken
+            pass
+        finally:
+            payload.pickle.loads = loads  # type: ignore[attr-defined]
+        fast = (_leaf_stream(stream) or payload._names_no_global(stream)
+                or payload._opcodes_no_global(stream))
+        assert (loaded == [stream]) == fast, stream[:16]
 
 
 def test_plain_leaves_pickle_to_the_bytes_of_the_kept_pickler() -> None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -588,3 +589,50 @@ def test_enqueue_calls_a_subclass_enqueue_buffers(ring_env: RingEnv) -> None:
         writer.enqueue(b"small", timeout=1)
         assert reader.dequeue(timeout=1) == b"small"
     assert sent == [[pickle.dumps(b"small", pickle.HIGHEST_PROTOCOL)]]
+
+
+def test_a_miss_yields_once_and_checks_again_before_the_wait(
+        ring_env: RingEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """enqueue and dequeue, finding the chunk not free or nothing readable, give the processor
+    away once and check again before they build a wait (_wait_for): what another process did
+    meanwhile (here, the yield itself publishes or reads) is found without the wait; a timeout
+    of 0 allows one check and no yield; a second miss goes on into the wait as before."""
+    from enginewire.reference.ring import queue as queue_module
+
+    writer, reader = pair(ring_env, max_chunk_bytes=256, max_chunks=1)
+    waits: list[str] = []
+    turns: list[Callable[[], object]] = []
+
+    def counting_wait(queue: MessageQueue) -> Callable[..., object]:
+        original = queue._wait_for
+
+        def wait_for(*args: object, **kwargs: object) -> object:
+            waits.append(str(kwargs["clause"]))
+            return original(*args, **kwargs)  # type: ignore[arg-type]
+
+        return wait_for
+
+    def first_turn() -> None:  # what the other end does while this one is off the processor
+        if turns:
+            turns.pop()()
+
+    monkeypatch.setattr(queue_module, "_sched_yield", first_turn)
+    with writer, reader:
+        monkeypatch.setattr(writer, "_wait_for", counting_wait(writer))
+        monkeypatch.setattr(reader, "_wait_for", counting_wait(reader))
+        turns.append(lambda: writer.enqueue(b"during the yield", timeout=1))
+        assert reader.dequeue(timeout=1) == b"during the yield"
+        writer.enqueue(b"fills the ring", timeout=1)
+        turns.append(lambda: received.append(reader.dequeue(timeout=1)))
+        received: list[object] = []
+        writer.enqueue(b"after the yield", timeout=1)
+        assert received == [b"fills the ring"] and waits == []
+        assert reader.dequeue(timeout=1) == b"after the yield"
+        turns.append(lambda: writer.enqueue(b"never", timeout=1))
+        with pytest.raises(ProtocolTimeout):
+            reader.dequeue(timeout=0)
+        assert len(turns) == 1 and waits == ["ring.reader.timeout"]  # no yield at timeout 0
+        turns.clear()
+        with pytest.raises(ProtocolTimeout):
+            reader.dequeue(timeout=0.01)  # nothing during the yield: the wait, as before
+        assert waits == ["ring.reader.timeout"] * 2

@@ -35,6 +35,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import math
+import os
 import threading
 import time
 import weakref
@@ -107,6 +108,10 @@ def _release_view(view: memoryview) -> None:
 
 def _never() -> bool:
     return False
+
+
+#: The yield of the first turn of a wait (:meth:`MessageQueue.dequeue`).
+_sched_yield = os.sched_yield
 
 
 def _release_views(views: list[memoryview]) -> None:
@@ -540,6 +545,10 @@ class MessageQueue:
                 if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
                     head = cached_single_head(size) or single_head(size)
                     notify_readers = writer.try_publish(head, first, FIRST_DATA)
+                    if notify_readers is None and (timeout is None or timeout > 0):
+                        # The wait's first turn, before the wait is built (see dequeue).
+                        _sched_yield()
+                        notify_readers = writer.try_publish(head, first, FIRST_DATA)
                     if notify_readers is None:
                         notify_readers = self._wait_to_publish(writer.try_publish, head, first,
                                                                timeout)
@@ -710,6 +719,14 @@ class MessageQueue:
             # released (RingReader.try_read_single); any other outcome goes on in
             # _dequeue_rest with what it found.
             got = reader.try_read_single(SCAN_BYTES_MAX)
+            if got is None and (timeout is None or timeout > 0):
+                # The first turn of a wait, taken here before the wait is built (a partial,
+                # the wait's stages: _wait_for): give the processor away once and check
+                # again. Where processes outnumber cores the message is most often written
+                # by then (the writer needed the processor), and building the wait costs more
+                # than the read.
+                _sched_yield()
+                got = reader.try_read_single(SCAN_BYTES_MAX)
             if type(got) is bytes:
                 now = time.monotonic()
                 if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
