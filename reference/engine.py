@@ -84,7 +84,15 @@ from .connection import (
 )
 from .errors import ProtocolError, ProtocolTimeout
 from .session import EngineSession, get_field
-from .transport import ChannelSocket, open_socket, readable, receive_frames, send_frames
+from .transport import (
+    ChannelSocket,
+    open_socket,
+    poll_items,
+    readable,
+    receive_frames,
+    send_frames,
+    wait_readable,
+)
 
 log = logging.getLogger("enginewire.engine")
 
@@ -289,7 +297,8 @@ class ReferenceEngine:
     """One scripted engine core. :meth:`run` blocks until it stops or dies.
 
     A thin loop over an :class:`~enginewire.reference.connection.EngineConnection`: one
-    ``zmq.Poller.poll`` per batch of ready input sockets, each message handed to
+    poll per batch of ready input sockets
+    (:func:`~enginewire.reference.transport.wait_readable`), each message handed to
     ``connection.receive``, each event acted on, each answer encoded by ``connection.send`` and
     written to its socket. Work per message is bounded: tokens are computed one per step
     (:func:`scripted_token`), never as a list of ``max_tokens``; the record of rejected
@@ -538,10 +547,9 @@ class ReferenceEngine:
             sock.socket.send_multipart(frames)
 
     def _serve(self) -> int:
-        poller = zmq.Poller()
-        for sock in self._inputs:
-            poller.register(sock.socket, zmq.POLLIN)
-        poll, dying, stopping = poller.poll, self._die.is_set, self._stop.is_set
+        # One poll over every input socket (zmq_poll, as zmq.Poller.poll calls it).
+        items = poll_items([sock.socket for sock in self._inputs])
+        dying, stopping = self._die.is_set, self._stop.is_set
         clock, step_delay = time.monotonic, self.options.step_delay
         busy_turns = 0
         while True:
@@ -557,7 +565,7 @@ class ReferenceEngine:
                 wait_ms = 0
             # One poll per batch: read what each ready socket holds (bounded), so a burst of
             # requests joins one step.
-            ready = poll(wait_ms)
+            ready = wait_readable(items, wait_ms)
             for index, (sock, _) in enumerate(ready):
                 # (Checked at the top of this loop before the first socket; _drain checks
                 # between messages.)

@@ -53,7 +53,15 @@ from .connection import (
 )
 from .errors import EngineDeadError, ProtocolError, ProtocolTimeout
 from .session import FrontendSession, get_field
-from .transport import ChannelSocket, open_socket, readable, receive_frames, send_frames
+from .transport import (
+    ChannelSocket,
+    open_socket,
+    poll_items,
+    readable,
+    receive_frames,
+    send_frames,
+    wait_readable,
+)
 
 #: Most messages one :meth:`ReferenceFrontend.pump` reads after its poll, so a flood of outputs
 #: cannot hold off the caller (as the engine bounds its reads per poll).
@@ -135,8 +143,7 @@ class ReferenceFrontend:
                 self._handshake = self._open("handshake", handshake_address or ipc_address())
             self._input = self._open("input", input_address or ipc_address())
             self._output = self._open("output", output_address or ipc_address())
-            self._output_poller = zmq.Poller()
-            self._output_poller.register(self._output.socket, zmq.POLLIN)
+            self._output_items = poll_items([self._output.socket])
         except BaseException:
             self.close()
             raise
@@ -326,9 +333,9 @@ class ReferenceFrontend:
         session = self.connection.session
         if session.dead:
             return False
-        # One Poller for the front end's life (Socket.poll builds and registers a new one on
-        # every call).
-        if not self._output_poller.poll(max(0, int(timeout * 1000))):
+        # The output socket's poll items are built once (Socket.poll builds and registers a
+        # new Poller on every call).
+        if not wait_readable(self._output_items, max(0, int(timeout * 1000))):
             return False
         sock, outputs = self._output.socket, self._outputs
         for _ in range(MAX_MESSAGES_PER_PUMP):

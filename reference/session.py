@@ -521,12 +521,14 @@ class FrontendSession:
             listed = field(outputs, "finished_requests", None)
             if listed:
                 tracked.difference_update(listed)
-            for output in field(outputs, "outputs", None) or ():
-                if isinstance(output, msgspec.Struct):
-                    if getattr(output, "finish_reason", None) is not None:
-                        tracked.discard(getattr(output, "request_id", None))
-                elif get_field(output, "finish_reason") is not None:
-                    tracked.discard(get_field(output, "request_id"))
+            items = field(outputs, "outputs", None) or ()
+            try:  # the codec's structs (every decoded step): one pass, attributes only
+                finished = [output.request_id for output in items
+                            if output.finish_reason is not None]
+            except AttributeError:  # maps, or a struct of a release without the fields
+                finished = [get_field(output, "request_id") for output in items
+                            if get_field(output, "finish_reason") is not None]
+            tracked.difference_update(finished)
         return _action(transition, link.rank, outputs)
 
     def receive_engine_dead(self) -> list[Action]:

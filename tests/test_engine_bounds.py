@@ -123,7 +123,8 @@ def test_one_poll_per_batch(serve, monkeypatch) -> None:
     while len(finished) < 20:
         for output in running.frontend.get_output(TIMEOUT).outputs:
             finished.add(output.request_id)
-    # The engine's one Poller.poll covers every input socket; it never polls one by one.
+    # The engine's one poll (transport.wait_readable) covers every input socket; it never
+    # polls one by one.
     assert socket_polls == []
 
 

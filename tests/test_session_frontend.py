@@ -205,6 +205,26 @@ def test_no_send_before_ready_response() -> None:
     assert session.pending_calls == {}
 
 
+def test_finished_requests_untracked_from_maps_and_structs() -> None:
+    """Finished outputs stop being tracked whatever form the outputs have: the codec's
+    structs, maps, or both in one message (the fast path over attributes falls back)."""
+    from enginewire.reference import structs
+
+    session = running()
+    for request_id in ("s1", "s2", "m1", "m2", "x"):
+        session.send_add(0, request_id)
+    decoded = structs.EngineCoreOutputs(engine_index=0, outputs=[
+        structs.EngineCoreOutput(request_id="s1", new_token_ids=[1]),
+        structs.EngineCoreOutput(request_id="s2", new_token_ids=[],
+                                 finish_reason=structs.FinishReason.STOP)])
+    session.receive_outputs(decoded)
+    assert session.engines[0].requests == {"s1", "m1", "m2", "x"}
+    mixed = outputs(0, [out("s1", finish_reason=1), {"request_id": "m1"},
+                        {"request_id": "m2", "finish_reason": 0}])
+    session.receive_outputs(mixed)
+    assert session.engines[0].requests == {"m1", "x"}
+
+
 def test_send_to_unmanaged_engine() -> None:
     session = running()
     with pytest.raises(StateError) as caught:
