@@ -17,7 +17,8 @@ hook that can carry the tensor out of band), and any other target through its co
 
 Decoding starts from the frames the contender itself encoded, as a receiver gets them: the
 msgpack frame as ``bytes``, out-of-band frames as ``bytearray``. A figure is the mean time of
-one call over a batch that lasts about ``codec_seconds``.
+one call over batches that last about ``codec_seconds`` in all, the contenders of a workload and
+operation taking turns batch by batch (:func:`time_calls`).
 """
 
 from __future__ import annotations
@@ -207,13 +208,44 @@ def surface_operations(surface: Any) -> dict[str, Operations]:
 
 def time_call(call: Callable[[], Any], seconds: float) -> float:
     """Mean seconds of the calling thread's CPU time per call over a batch lasting about
-    ``seconds`` (after one warm-up call and a calibration). Garbage collection stays on: its
-    cost is part of decoding objects.
+    ``seconds`` (after one warm-up call and a calibration): :func:`time_calls` of one call in
+    one burst."""
+    return time_calls([call], seconds, 1)[0]
+
+
+def time_calls(calls: Sequence[Callable[[], Any]], seconds: float, bursts: int,
+               ) -> list[float]:
+    """Mean seconds of the calling thread's CPU time per call of each of ``calls``, the calls
+    taking turns in ``bursts`` bursts (A B C, C B A, A B C, ...) that together last about
+    ``seconds`` per call. Each call is warmed up and calibrated first. Garbage collection
+    stays on: its cost is part of decoding objects.
 
     CPU time, not wall time: a call is single-threaded work, and on a shared machine the wall
-    clock also counts the time the scheduler gives other processes in the middle of a batch,
-    which varies from batch to batch and would land on one contender and not the next."""
+    clock also counts the time the scheduler gives other processes in the middle of a batch.
+    Turns, not one batch each: what the machine does meanwhile (another process's cache
+    traffic, a core's clock) then falls on every contender alike instead of on whichever one
+    was timing then. An exception from a call propagates (the caller records the cell as
+    missing)."""
     clock = time.thread_time
+    batches = [_batch(call, seconds, clock) for call in calls]
+    spent = [0.0] * len(calls)
+    made = [0] * len(calls)
+    gc.collect()
+    for burst in range(bursts):
+        order = range(len(calls)) if burst % 2 == 0 else reversed(range(len(calls)))
+        for index in order:
+            call = calls[index]
+            count = max(1, batches[index] // bursts)
+            start = clock()
+            for _ in range(count):
+                call()
+            spent[index] += clock() - start
+            made[index] += count
+    return [total / count for total, count in zip(spent, made, strict=True)]
+
+
+def _batch(call: Callable[[], Any], seconds: float, clock: Callable[[], float]) -> int:
+    """How many calls of ``call`` last about ``seconds`` (after one warm-up call)."""
     call()
     count = 1
     while True:
@@ -225,9 +257,4 @@ def time_call(call: Callable[[], Any], seconds: float) -> float:
             break
         count *= 4
     per_call = elapsed / count
-    batch = max(1, int(seconds / per_call)) if per_call > 0 else count
-    gc.collect()
-    start = clock()
-    for _ in range(batch):
-        call()
-    return (clock() - start) / batch
+    return max(1, int(seconds / per_call)) if per_call > 0 else count

@@ -59,6 +59,9 @@ class BenchConfig:
     latency_interval: float = 0.005
     # --- codec ---
     codec_seconds: float = 0.2
+    #: The contenders of a codec cell take turns in this many bursts of ``codec_seconds /
+    #: codec_bursts`` each (see ``codec_bench.time_calls``).
+    codec_bursts: int = 10
     # --- peers ---
     transports: tuple[str, ...] = TRANSPORTS
     round_trips: int = 200
@@ -111,6 +114,8 @@ class BenchConfig:
             raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if self.ring_bursts < 1:
             raise ValueError(f"ring_bursts must be >= 1, got {self.ring_bursts}")
+        if self.codec_bursts < 1:
+            raise ValueError(f"codec_bursts must be >= 1, got {self.codec_bursts}")
         unknown = set(self.benches) - set(BENCHES)
         if unknown:
             raise ValueError(f"unknown bench(es) {sorted(unknown)}: use {', '.join(BENCHES)}")

@@ -453,19 +453,40 @@ class Run:
     def codec_steps(self, texts: list[str], round_index: int) -> Iterator[Step]:
         from enginewire.bench.codec_bench import OPERATIONS, WORKLOADS
 
-        seconds = self.config.codec_seconds
         for workload in WORKLOADS:
             for operation in OPERATIONS:
-                case = {"workload": workload}
-                metric = f"{operation}_us"
-                contenders = []
-                for name in [*texts, MSGSPEC]:
-                    call = getattr(self.codec_ops[name][workload], operation)
-                    contenders.append((name, _pair(partial(_micros, metric, call, seconds))))
-                for name, measure in _rotate(contenders, round_index):
-                    yield Step(f"codec {workload} {operation} {name}",
-                               _bind(self._record, "codec", case, name, measure,
-                                     {metric: ("µs", "lower")}))
+                names = _rotate([*texts, MSGSPEC], round_index)
+                yield Step(f"codec {workload} {operation} {' '.join(names)}",
+                           partial(self._codec_turns, workload, operation, names))
+
+    def _codec_turns(self, workload: str, operation: str, names: list[str],
+                     round_index: int) -> None:
+        """Time ``operation`` of ``workload`` for every contender in ``names``, taking turns
+        in ``codec_bursts`` bursts (:func:`~.codec_bench.time_calls`), and record each. A
+        contender whose call raises is timed alone, so its error is its own missing sample
+        and not its neighbours'."""
+        from enginewire.bench.codec_bench import time_calls
+
+        config = self.config
+        metric = f"{operation}_us"
+        case = {"workload": workload}
+        units = {metric: ("µs", "lower")}
+        calls = {name: getattr(self.codec_ops[name][workload], operation) for name in names}
+        failing: dict[str, str] = {}
+        for name, call in calls.items():
+            try:
+                call()
+            except Exception as exc:  # a failed cell is a missing sample, not a failed run
+                failing[name] = f"{type(exc).__name__}: {exc}"
+        timed = [name for name in names if name not in failing]
+        seconds = time_calls([calls[name] for name in timed], config.codec_seconds,
+                             config.codec_bursts) if timed else []
+        figures = dict(zip(timed, seconds, strict=True))
+        for name in names:
+            series = self._series("codec", metric, *units[metric], case, name)
+            value = figures.get(name)
+            self.results.record(series, round_index,
+                                None if value is None else value * 1e6, failing.get(name))
 
     def peers_steps(self, round_index: int) -> Iterator[Step]:
         from enginewire.bench.peer_bench import TAPPED

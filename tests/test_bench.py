@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from enginewire.bench import commands, report, rounds
+from enginewire.bench import codec_bench, commands, report, rounds
 from enginewire.bench.config import KIB, MIB, BenchConfig
 from enginewire.bench.results import SCHEMA, Results
 from enginewire.bench.stats import paired_ratios, percentile, spread
@@ -251,7 +251,7 @@ def test_star_and_product_grids() -> None:
 @pytest.mark.parametrize("overrides", [
     {"rounds": 0}, {"benches": ("ring", "disk")}, {"payloads": (8,)},
     {"payloads": (32 * MIB,)}, {"chunks": (1,)}, {"transports": ("udp",)}, {"grid": "cube"},
-    {"engine_step_delay": -0.001},
+    {"engine_step_delay": -0.001}, {"ring_bursts": 0}, {"codec_bursts": 0},
 ])
 def test_invalid_configurations(overrides: dict) -> None:
     with pytest.raises(ValueError):
@@ -524,6 +524,38 @@ def test_the_contenders_of_a_cell_take_turns_burst_by_burst() -> None:
     by_name = {s.contender: s for s in results.series}
     assert by_name["a"].samples == [(100 + 200 + 300 + 400) / 2.0]
     assert by_name["c"].samples == [None] and "lost a reader" in by_name["c"].errors[0]
+
+
+def test_codec_contenders_take_turns_burst_by_burst() -> None:
+    """time_calls: each call warmed up and calibrated, then A B C, C B A, ... with a burst's
+    share of each call's batch; one figure per call, CPU seconds per call."""
+    log: list[str] = []
+    calls = [lambda n=name: log.append(n) for name in "abc"]
+    figures = codec_bench.time_calls(calls, 0.002, 4)
+    assert len(figures) == 3 and all(f >= 0 for f in figures)
+    # Runs of one letter: the calibrations (a, b, c), then the bursts a b c, c b a, a b c,
+    # c b a, where the last call of a burst and the first of the next one make one run.
+    runs = [name for index, name in enumerate(log) if index == 0 or log[index - 1] != name]
+    assert runs == ["a", "b", "c", "a", "b", "c", "b", "a", "b", "c", "b", "a"]
+
+
+def test_a_codec_contender_that_raises_is_its_own_missing_sample() -> None:
+    """One step times every contender of a codec cell in turns; one that raises is recorded
+    missing with its error, the others still get their figure."""
+    config = replace(TINY, codec_seconds=0.002)
+    results = Results(config=config.to_builtins(), environment={}, targets=["reference"])
+    run = rounds.Run(config, results)
+
+    def broken() -> None:
+        raise ValueError("no such frame")
+
+    run.codec_ops = {"reference": {"prompt_embeds": codec_bench.Operations(broken, broken)},
+                     "msgspec": {"prompt_embeds": codec_bench.Operations(int, int)}}
+    run._codec_turns("prompt_embeds", "encode", ["reference", "msgspec"], 0)
+    by_name = {s.contender: s for s in results.series}
+    assert by_name["reference"].samples == [None]
+    assert "no such frame" in by_name["reference"].errors[0]
+    assert by_name["msgspec"].samples[0] is not None and by_name["msgspec"].samples[0] >= 0
 
 
 def test_a_parked_ring_resumes_for_every_burst(tmp_path: Path) -> None:
