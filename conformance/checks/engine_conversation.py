@@ -73,7 +73,19 @@ def _launch(engine: Any, ctx: Any, front: SuiteFrontend, rank: int = 0, **option
     ctx.on_cleanup(lambda: peer.stop(3.0))
     # An engine whose alive() says it has no code for it ends the suite's waits at once.
     probe_while_waiting("the engine peer's alive", peer.alive)
+    exit_failure = getattr(peer, "exit_failure", None)  # an engine program's (targets.external)
+    if exit_failure is not None:
+        probe_while_waiting("the engine program's start",
+                            lambda: _started_or_raise(exit_failure, front))
     return peer
+
+
+def _started_or_raise(exit_failure: Any, front: SuiteFrontend) -> None:
+    """Raise the engine program's start failure if it exited before sending ``front``
+    anything (its first message)."""
+    failure = None if front.heard else exit_failure()
+    if failure is not None:
+        raise failure
 
 
 def _handshake(front: SuiteFrontend, ctx: Any, rank: int = 0) -> Any:
@@ -120,6 +132,7 @@ def recv_input(front: SuiteFrontend, ctx: Any) -> list[bytes]:
     sock = front.input_sockets[0]
     if not sock.poll(int(ctx.wait(10.0) * 1000)):
         raise CheckFailure("nothing came on input 0: the engine's ready message")
+    front.heard = True
     return sock.recv_multipart()
 
 
@@ -677,6 +690,7 @@ def _three_without_handshake(front: SuiteFrontend, ctx: Any) -> None:
             raise CheckFailure(f"ready messages from {sorted(i.hex() for i in identities)} "
                                "only")
         identities.add(sock.recv_multipart()[0])
+        front.heard = True
     _three_serve(front, ctx, identities, deadline)
 
 

@@ -4,6 +4,10 @@ Every check runs in a worker thread joined with the check's time limit: a target
 turns into a failure ("timed out after N s"), the check's clean-up callbacks then close its
 sockets and stop its processes, and the run goes on. Checks run one at a time, in registry
 order, so a report is reproducible.
+
+A target whose program cannot start (``contract.TargetStartError``: not found, not executable,
+exited before serving anything) gets no verdicts: :func:`run_check` and :func:`run` raise it
+after the check's clean-up, whatever the check made of it, as loading the target would have.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from enginewire.conformance.framework.registry import (
     NotImplementedSurface,
     NotInRelease,
 )
-from enginewire.conformance.targets.contract import MODES, OutsideRole, Target
+from enginewire.conformance.targets.contract import MODES, OutsideRole, Target, TargetError
 
 ProgressCallback = Callable[[int, int, Check, "CheckResult | None"], None]
 
@@ -50,7 +54,8 @@ def run_check(
     timeout_scale: float = 1.0,
     options: dict[str, Any] | None = None,
 ) -> CheckResult:
-    """Run one check and return its verdict; never raises for anything the check does."""
+    """Run one check and return its verdict; never raises for anything the check does, except
+    a target that fails to start (a :class:`TargetError`: the module doc)."""
     level = item.level(spec)
     if level != "MUST" and not strict:
         return CheckResult(item, level, NOT_RUN, f"{level} check: runs with --strict")
@@ -74,6 +79,8 @@ def run_check(
             prepare()
         except NotImplementedError:
             pass  # no set-up to make: the check itself finds out what the surface implements
+        except TargetError:
+            raise
         except Exception as exc:  # noqa: BLE001 - the check cannot run: its verdict
             return CheckResult(item, level, FAILED,
                                f"the target's {item.surface} surface failed to prepare: "
@@ -84,7 +91,11 @@ def run_check(
                        scale=timeout_scale)
     record = _evidence.begin()
     if item.surface == "codec":
-        surface = _evidence.GuardedCodec(surface, record, spec)
+        try:
+            surface = _evidence.GuardedCodec(surface, record, spec)
+        except TargetError:
+            _evidence.end()
+            raise
     verdict: dict[str, Any] = {}
 
     def body() -> None:
@@ -115,10 +126,15 @@ def run_check(
     worker.start()
     worker.join(limit)
     hung = worker.is_alive()
+    # Asked before the clean-up, which stops the check's programs.
+    failed_to_start = _evidence.start_failure()
     ctx.close()
     if hung:
         worker.join(1.0)
     duration = time.monotonic() - started
+    if failed_to_start is not None:
+        _evidence.end()
+        raise failed_to_start
     if hung:
         result = CheckResult(
             item, level, FAILED,
