@@ -84,3 +84,18 @@ def test_a_silent_exit_at_start_says_so(tmp_path: Path,
     code, line = _check("codec", "true", capsys)
     assert code == 2
     assert line.endswith("'true' exited at start with status 0 and wrote nothing on stderr")
+
+
+def test_spec_match_reports_a_codec_program_that_cannot_start(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``spec match`` probes a codec program too: one that exits at start is an error (exit
+    2), not a list of structs it "encoded no sample" of."""
+    script = tmp_path / "dies.py"
+    script.write_text("import sys\nsys.exit(4)\n")
+    code = main(["spec", "match", "none", "--target-cmd", f"codec={sys.executable} {script}"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.strip().splitlines() == [
+        f"enginewire spec match: error: --target-cmd codec: '{sys.executable}' exited at start "
+        "with status 4 and wrote nothing on stderr"]
+    assert "encoded no release's sample" not in captured.out
