@@ -21,7 +21,9 @@ Options:
 - ``--enginewire-only``: deselect every other test of the session.
 
 A check that fails raises with its message and reproduction; skipped, not implemented and
-not-run checks are pytest skips with the reason.
+not-run checks are pytest skips with the reason. A target that cannot be loaded, or whose
+program cannot start (``contract.TargetStartError``), ends the session at its first check with
+pytest's usage-error status (4) and the message ``enginewire check`` gives.
 """
 
 from __future__ import annotations
@@ -128,10 +130,14 @@ class CheckItem(pytest.Item):
     def runtest(self) -> None:
         from enginewire.conformance.framework.outcomes import FAILED, PASSED
         from enginewire.conformance.framework.runner import run_check
+        from enginewire.conformance.targets.contract import TargetError
 
         state = self.config.stash[_STATE_KEY]
-        result = run_check(self.check, state.target, state.spec,
-                           strict=self.config.getoption("--enginewire-strict"))
+        try:
+            result = run_check(self.check, state.target, state.spec,
+                               strict=self.config.getoption("--enginewire-strict"))
+        except TargetError as exc:  # cannot be loaded, or its program cannot start
+            pytest.exit(f"enginewire: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.result = result
         entries = state.expected.entries
         listed = self.check.id in entries

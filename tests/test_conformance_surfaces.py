@@ -232,6 +232,19 @@ def test_plugin_version_selects_the_release(tmp_path: Path, monkeypatch: pytest.
     assert "Traceback" not in unknown.stdout + unknown.stderr
 
 
+def test_plugin_stops_at_a_program_that_cannot_start(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """As ``check`` does: the session ends with the target error, not a failure per check."""
+    done = _pytest_in_process(tmp_path, monkeypatch, capsys, "--enginewire-only",
+                              "--enginewire-target-cmd=codec=/no/such/program")
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    text = done.stdout + done.stderr
+    assert "enginewire: --target-cmd codec: cannot start '/no/such/program': no such file" \
+        in text, text
+    assert "failed" not in done.stdout, done.stdout
+
+
 def test_plugin_runs_checks_and_reports_failures(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
