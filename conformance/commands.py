@@ -2,8 +2,9 @@
 
 Exit status: 0 iff nothing unexpected happened (no unexpected failure, no unexpected pass, no
 changed failure against the expected-failure list); 1 otherwise, and for ``--coverage`` when a
-MUST clause has no check; 2 for a usage error (a target that cannot be loaded, a malformed
-expected-failure file).
+MUST clause has no check; 2 for a usage error (a target that cannot be loaded, a
+``--target-cmd`` program that cannot start -- not found, not executable, exited before serving
+anything --, a malformed expected-failure file).
 """
 
 from __future__ import annotations
@@ -209,25 +210,27 @@ def main(args: argparse.Namespace) -> int:
     target_text = args.target
     if target_text is None:
         target_text = "none" if args.target_cmd else "reference"
-    try:
-        target = load_target(target_text, args.target_cmd, version=args.version)
-    except TargetError as exc:
-        print(f"enginewire check: {exc}", file=sys.stderr)
-        return 2
-
     from enginewire.conformance.framework.runner import run
 
     progress = reports.Progress(enabled=False if args.no_progress else None)
     try:
-        result = run(
-            checks, target, spec,
-            strict=args.strict,
-            expected=expected,
-            progress=progress,
-            timeout_scale=args.timeout_scale,
-        )
-    finally:
-        target.close()
+        # A target that cannot be loaded, or whose program cannot start once the run needs it.
+        target = load_target(target_text, args.target_cmd, version=args.version)
+        try:
+            result = run(
+                checks, target, spec,
+                strict=args.strict,
+                expected=expected,
+                progress=progress,
+                timeout_scale=args.timeout_scale,
+            )
+        finally:
+            target.close()
+    except TargetError as exc:
+        if progress.enabled:
+            sys.stderr.write("\r" + " " * 120 + "\r")  # the progress bar's line
+        print(f"enginewire check: {exc}", file=sys.stderr)
+        return 2
 
     if args.update_expected and expected is not None:
         rewritten = expected.updated(result)

@@ -11,6 +11,9 @@ Options:
 
 - ``--enginewire-target=T``: the target (as ``enginewire check --target``);
 - ``--enginewire-target-cmd=[SURFACE=]COMMAND``: external programs (may repeat);
+- ``--enginewire-version=X``: the vLLM release whose spec the checks follow (as ``enginewire
+  check --version``; the spec's reference release without it). An unknown release is a usage
+  error naming the known ones;
 - ``--enginewire-surface=S``: only this surface's checks (may repeat);
 - ``--enginewire-strict``: also SHOULD and MAY checks;
 - ``--enginewire-expected-failures=FILE``: listed checks that fail as recorded are xfail; a
@@ -18,7 +21,9 @@ Options:
 - ``--enginewire-only``: deselect every other test of the session.
 
 A check that fails raises with its message and reproduction; skipped, not implemented and
-not-run checks are pytest skips with the reason.
+not-run checks are pytest skips with the reason. A target that cannot be loaded, or whose
+program cannot start (``contract.TargetStartError``), ends the session at its first check with
+pytest's usage-error status (4) and the message ``enginewire check`` gives.
 """
 
 from __future__ import annotations
@@ -40,6 +45,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "is imported)")
     group.addoption("--enginewire-target-cmd", action="append", default=[],
                     metavar="[SURFACE=]COMMAND", help="an external program for one surface")
+    group.addoption("--enginewire-version", default=None, metavar="X",
+                    help="vLLM release whose layouts the checks and the reference target "
+                         "follow (as enginewire check --version; default: the spec's "
+                         "reference release; `enginewire spec releases` lists them)")
     group.addoption("--enginewire-surface", action="append", default=[], metavar="S",
                     help="only checks of this surface (codec, ring, engine, frontend)")
     group.addoption("--enginewire-strict", action="store_true", default=False,
@@ -65,11 +74,17 @@ class _State:
         self._expected: Any = None
 
     @property
+    def version(self) -> str | None:
+        """The release asked for with ``--enginewire-version`` (None: the reference)."""
+        value = self.config.getoption("--enginewire-version")
+        return str(value) if value else None
+
+    @property
     def spec(self) -> Any:
         if self._spec is None:
             from enginewire.spec import load
 
-            self._spec = load()
+            self._spec = load(self.version)
         return self._spec
 
     @property
@@ -78,7 +93,8 @@ class _State:
             from enginewire.conformance.targets.resolve import load_target
 
             text = self.config.getoption("--enginewire-target") or "none"
-            self._target = load_target(text, self.config.getoption("--enginewire-target-cmd"))
+            self._target = load_target(text, self.config.getoption("--enginewire-target-cmd"),
+                                       version=self.version)
         return self._target
 
     @property
@@ -114,10 +130,14 @@ class CheckItem(pytest.Item):
     def runtest(self) -> None:
         from enginewire.conformance.framework.outcomes import FAILED, PASSED
         from enginewire.conformance.framework.runner import run_check
+        from enginewire.conformance.targets.contract import TargetError
 
         state = self.config.stash[_STATE_KEY]
-        result = run_check(self.check, state.target, state.spec,
-                           strict=self.config.getoption("--enginewire-strict"))
+        try:
+            result = run_check(self.check, state.target, state.spec,
+                               strict=self.config.getoption("--enginewire-strict"))
+        except TargetError as exc:  # cannot be loaded, or its program cannot start
+            pytest.exit(f"enginewire: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
         self.result = result
         entries = state.expected.entries
         listed = self.check.id in entries
@@ -182,7 +202,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "enginewire_clause(id): the spec clause an enginewire conformance check "
                    "enforces")
     if _enabled(config):
-        config.stash[_STATE_KEY] = _State(config)
+        from enginewire.spec.loader import UnknownVersionError
+
+        state = _State(config)
+        try:
+            state.spec  # noqa: B018 - an unknown --enginewire-version fails here, before collection
+        except UnknownVersionError as exc:
+            raise pytest.UsageError(f"--enginewire-version: {exc}") from None
+        config.stash[_STATE_KEY] = state
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -197,7 +197,8 @@ def render(results: Sequence[CodecMatch], releases: Sequence[str]) -> list[str]:
 def run_codec_match(target_text: str, commands: Sequence[str] = (),
                     names: Sequence[str] | None = None) -> int:
     """The command: 0 when every probed struct matches some release, 1 otherwise, 2 when the
-    target has no codec surface or cannot be loaded."""
+    target has no codec surface or cannot be loaded (also a codec program that cannot
+    start)."""
     from enginewire.conformance.targets.resolve import load_target
 
     try:
@@ -211,6 +212,11 @@ def run_codec_match(target_text: str, commands: Sequence[str] = (),
                   file=sys.stderr)
             return 2
         codec = target.surface("codec")
+        try:
+            getattr(codec, "role", None)  # a codec program starts here (its hello)
+        except TargetError as exc:  # it could not start: no struct was probed
+            print(f"enginewire spec match: error: {exc}", file=sys.stderr)
+            return 2
         releases = read_releases(DATA_DIR)
         results = match_codec(codec, releases, names)
     finally:

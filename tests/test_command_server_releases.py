@@ -72,27 +72,27 @@ def _check(capsys: Any, command: str, version: str, checks: list[str]) -> tuple[
 
 def test_every_command_surface_fills_version() -> None:
     surfaces = command_surfaces([
-        "codec=prog --v {version}", "ring=prog --v={version}",
-        "frontend=prog {handshake} {input} {output} {engines} {version}"], "0.8.5")
+        "codec=cat --v {version}", "ring=cat --v={version}",
+        "frontend=cat {handshake} {input} {output} {engines} {version}"], "0.8.5")
     codec, ring, frontend = surfaces["codec"], surfaces["ring"], surfaces["frontend"]
     assert isinstance(codec, CommandCodec) and isinstance(ring, CommandRing)
     assert isinstance(frontend, CommandFrontend)
-    assert codec.argv() == ["prog", "--v", "0.8.5"]
+    assert codec.argv() == ["cat", "--v", "0.8.5"]
     # A threshold variant shares the program and keeps the release (a stand-in program and
     # declaration: nothing is started here).
     codec._rpc, codec._declaration = Any, {"role": "both", "unsupported": []}
-    assert codec.with_threshold(64).argv() == ["prog", "--v", "0.8.5"]
+    assert codec.with_threshold(64).argv() == ["cat", "--v", "0.8.5"]
     codec._rpc = None
-    assert ring.argv() == ["prog", "--v=0.8.5"]
+    assert ring.argv() == ["cat", "--v=0.8.5"]
     assert frontend.argv(handshake="h", input="i", output="o", engines=1) == [
-        "prog", "h", "i", "o", "1", "0.8.5"]
+        "cat", "h", "i", "o", "1", "0.8.5"]
     # Without --version: the spec's reference release.
-    assert command_surfaces(["codec=prog {version}"])["codec"].argv() == [
-        "prog", REFERENCE_VLLM_VERSION]
+    assert command_surfaces(["codec=cat {version}"])["codec"].argv() == [
+        "cat", REFERENCE_VLLM_VERSION]
 
 
 def test_an_unknown_placeholder_stays_a_clear_error() -> None:
-    codec = command_surfaces(["codec=prog {release}"], "0.9.1")["codec"]
+    codec = command_surfaces(["codec=cat {release}"], "0.9.1")["codec"]
     with pytest.raises(TargetError, match=r"unknown placeholder 'release' in .*known: version"):
         codec.argv()
 

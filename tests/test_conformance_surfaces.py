@@ -210,6 +210,41 @@ def test_plugin_turns_checks_into_items(tmp_path: Path, monkeypatch: pytest.Monk
     assert "test_plain.py::test_plain" in done.stdout
 
 
+def test_plugin_version_selects_the_release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """``--enginewire-version=X`` is ``check --version X``: X's spec (a check X has no clause
+    for is a skip saying not applicable) and the reference target at X's layouts (0.8.4's
+    EngineCoreRequest carries ``prompt``, which the newest layout refuses: the layout check
+    fails against the reference at the newest release). An unknown release is a usage
+    error."""
+    checks = ["-k", "codec/ext/pickle-rejected or codec/struct/engine-core-request/layout"]
+    old = _pytest_in_process(tmp_path, monkeypatch, capsys, "--enginewire-target=reference",
+                             "--enginewire-version=0.8.4", "--enginewire-only", "-rs", *checks)
+    assert old.returncode == 0, old.stdout + old.stderr
+    assert "1 passed, 1 skipped" in old.stdout, old.stdout
+    assert ("not applicable: not in this release: vLLM 0.8.4 has no insecure-serialization "
+            "opt-in") in old.stdout, old.stdout
+    unknown = _pytest_in_process(tmp_path, monkeypatch, capsys, "--enginewire-target=reference",
+                                 "--enginewire-version=9.9.9", "--enginewire-only")
+    assert unknown.returncode == pytest.ExitCode.USAGE_ERROR, unknown.stdout + unknown.stderr
+    assert ("--enginewire-version: history/releases.toml: vLLM 9.9.9 is not a release the spec "
+            "was derived from (0.7.3 to 0.33.0") in unknown.stderr, unknown.stderr
+    assert "Traceback" not in unknown.stdout + unknown.stderr
+
+
+def test_plugin_stops_at_a_program_that_cannot_start(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """As ``check`` does: the session ends with the target error, not a failure per check."""
+    done = _pytest_in_process(tmp_path, monkeypatch, capsys, "--enginewire-only",
+                              "--enginewire-target-cmd=codec=/no/such/program")
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, done.stdout + done.stderr
+    text = done.stdout + done.stderr
+    assert "enginewire: --target-cmd codec: cannot start '/no/such/program': no such file" \
+        in text, text
+    assert "failed" not in done.stdout, done.stdout
+
+
 def test_plugin_runs_checks_and_reports_failures(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:

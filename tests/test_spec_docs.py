@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from enginewire.spec import Spec, load
+from enginewire.spec.history.docs import history_pages as render_history
 from enginewire.spec.loader import DATA_DIR
 from enginewire.spec.render import GENERATED_MARK, render_pages, run_docs
 from enginewire.spec.schema import SURFACE_SCHEMAS, RingFile, RingState, StateMachine
@@ -41,6 +42,25 @@ VLLM_STATES = [
     RingState(name="read", pattern="1111...111", can_read="no", can_write=True,
               description="read by all"),
 ]
+
+
+@pytest.fixture(scope="module")
+def history_once() -> dict[str, str]:
+    """The history pages (history.md, breaks.md), rendered once for the module: every
+    release's spec is loaded for them, most of a render's time, and they are a function of the
+    committed data alone (``history_pages`` reads DATA_DIR, whatever the spec rendered)."""
+    return render_history(GENERATED_MARK)
+
+
+@pytest.fixture(autouse=True)
+def _history_rendered_once(history_once: dict[str, str],
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every render in this module reuses :func:`history_once`'s pages (copies);
+    test_rendering_is_deterministic_and_location_free renders them afresh, twice."""
+    from enginewire.spec.history import docs
+
+    monkeypatch.setattr(docs, "history_pages", lambda mark: dict(history_once)
+                        if mark == GENERATED_MARK else render_history(mark))
 
 
 def with_ring(spec: Spec, **changes: object) -> Spec:
@@ -128,13 +148,18 @@ def test_cli_docs_and_check(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 # --- what the pages hold -------------------------------------------------------------------
 
 
-def test_rendering_is_deterministic_and_location_free(tmp_path: Path) -> None:
+def test_rendering_is_deterministic_and_location_free(tmp_path: Path,
+                                                     history_once: dict[str, str]) -> None:
     data = tmp_path / "data"
     shutil.copytree(DATA_DIR, data)
     pages = render_pages(load())
     assert set(pages) == PAGES
     assert render_pages(load()) == pages
     assert render_pages(load(data_dir=data)) == pages
+    # The history pages the module's other tests reuse: rendered afresh, twice, the same.
+    fresh = render_history(GENERATED_MARK)
+    assert fresh == render_history(GENERATED_MARK) == history_once
+    assert {name: pages[name] for name in fresh} == fresh
     for name, text in pages.items():
         assert text.startswith(GENERATED_MARK + "\n"), name
         assert text.endswith("\n") and not text.endswith("\n\n"), name

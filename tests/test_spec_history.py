@@ -45,17 +45,62 @@ def test_committed_history_is_consistent() -> None:
     assert consistency.problems() == []
 
 
-def test_consistency_check_fails_on_an_overlap_and_an_unlisted_change(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(DATA_DIR, data)
-    path = data / "structs" / "EngineCoreOutputs.toml"
+def _edit(path: Path, old: str, new: str) -> None:
     text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new, 1))
+
+
+def _edit_after(path: Path, marker: str, old: str, new: str) -> None:
+    """Replace the first ``old`` after ``marker`` (a table's first row) in ``path``."""
+    head, tail = path.read_text().split(marker, 1)
+    assert old in tail, (path, marker, old)
+    path.write_text(head + marker + tail.replace(old, new, 1))
+
+
+def _move_pickle_opt_in(text: str) -> str:
+    """constants.toml with the [[pickle_opt_in]] rows moving the opt-in to 0.9.1."""
+    head, tail = text.split("[[pickle_opt_in]]", 1)
+    moved = tail.replace('versions = "0.9.0+"', 'versions = "0.9.1+"', 1).replace(
+        'versions = "0.7.3-0.8.5"', 'versions = "0.7.3-0.9.0"', 1)
+    assert moved != tail
+    return head + "[[pickle_opt_in]]" + moved
+
+
+@pytest.fixture(scope="module")
+def broken_history(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The consistency problems of one copy of the data holding every break the tests below
+    look for, each in a file or row of its own (one consistency run, about 2-4 s, instead of
+    one per break); each test asserts the problem its break must cause."""
+    data = tmp_path_factory.mktemp("history") / "data"
+    shutil.copytree(DATA_DIR, data)
     # engine_index claims an earlier start: its range no longer starts at its first release,
     # and the layout change it brings at that release is not in changes.toml
-    path.write_text(text.replace('name = "engine_index"\ntype = "int"\nversions = "0.8.3+"',
-                                 'name = "engine_index"\ntype = "int"\nversions = "0.8.2+"'))
-    assert path.read_text() != text
-    found = consistency.problems(data)
+    _edit(data / "structs" / "EngineCoreOutputs.toml",
+          'name = "engine_index"\ntype = "int"\nversions = "0.8.3+"',
+          'name = "engine_index"\ntype = "int"\nversions = "0.8.2+"')
+    # A default naming a key the older releases' PrefixCacheStats does not have.
+    _edit(data / "structs" / "SchedulerStats.toml",
+          'versions = "0.7.3-0.31.0"\ndefault = "{}"',
+          'versions = "0.7.3-0.31.0"\ndefault = "{\\"hits_by_source\\": {}}"')
+    constants = data / "history" / "constants.toml"
+    # A READY key the derivation never saw.
+    _edit(constants, '"parallel_config_hash"] } }', '"parallel_config_hash", "zz_new"] } }')
+    # The opt-in moved to 0.9.1, and its setting renamed at the newest release.
+    constants.write_text(_move_pickle_opt_in(constants.read_text()))
+    _edit(constants, '"VLLM_ALLOW_INSECURE_SERIALIZATION"', '"VLLM_INSECURE"')
+    # The newest release's input bound by the engine, without identity.
+    _edit_after(constants, "[[transport]]", '"binds" = "frontend", "identity" = true',
+                '"binds" = "engine", "identity" = false')
+    # The newest UTILITY payload without client_index.
+    _edit_after(constants, "[[utility_payload]]", '["client_index", "call_id", "method", "args"]',
+                '["call_id", "method", "args"]')
+    return consistency.problems(data)
+
+
+def test_consistency_check_fails_on_an_overlap_and_an_unlisted_change(
+        broken_history: list[str]) -> None:
+    found = broken_history
     assert any("0.8.1 to 0.8.2" in p and "EngineCoreOutputs" in p for p in found), found
 
 
@@ -346,16 +391,8 @@ def test_compat_renumbered_request_type_is_silent_and_confirmed() -> None:
 
 
 def test_consistency_check_fails_on_a_default_an_older_release_cannot_hold(
-        tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(DATA_DIR, data)
-    path = data / "structs" / "SchedulerStats.toml"
-    text = path.read_text()
-    broken = text.replace('versions = "0.7.3-0.31.0"\ndefault = "{}"',
-                          'versions = "0.7.3-0.31.0"\ndefault = "{\\"hits_by_source\\": {}}"')
-    assert broken != text
-    path.write_text(broken)
-    found = consistency.problems(data)
+        broken_history: list[str]) -> None:
+    found = broken_history
     assert any("SchedulerStats.prefix_cache_stats at 0.7.3" in p for p in found), found
 
 
@@ -504,13 +541,9 @@ def test_committed_handshake_keys_follow_the_handshake_spec() -> None:
     assert "headless" in by_release["0.10.0"]["HELLO"]["required"]
 
 
-def test_consistency_fails_when_derived_handshake_keys_leave_the_spec(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(DATA_DIR, data)
-    path = data / "history" / "constants.toml"
-    path.write_text(path.read_text().replace('"parallel_config_hash"] } }',
-                                             '"parallel_config_hash", "zz_new"] } }', 1))
-    found = consistency.problems(data)
+def test_consistency_fails_when_derived_handshake_keys_leave_the_spec(
+        broken_history: list[str]) -> None:
+    found = broken_history
     assert any("READY optional keys" in p and "zz_new" in p for p in found), found
 
 
@@ -620,16 +653,9 @@ def test_committed_transport_history_says_what_the_wheels_had() -> None:
     assert newest.handshake and newest.clients == "per-client"
 
 
-def test_consistency_fails_when_the_transport_row_leaves_the_spec(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    shutil.copytree(DATA_DIR, data)
-    path = data / "history" / "constants.toml"
-    text = path.read_text()
-    head, tail = text.split("[[transport]]", 1)
-    path.write_text(head + "[[transport]]" + tail.replace('"binds" = "frontend", "identity" = '
-                                                          'true', '"binds" = "engine", '
-                                                          '"identity" = false', 1))
-    found = consistency.problems(data)
+def test_consistency_fails_when_the_transport_row_leaves_the_spec(
+        broken_history: list[str]) -> None:
+    found = broken_history
     assert any("[[transport]] at 0.33.0" in p and "bound by engine" in p for p in found), found
     assert any("input identity False" in p for p in found), found
 
@@ -801,18 +827,12 @@ def _handle_client_request(self, request_type, request):
     assert utility_payload_at("0.33.0") == ["client_index", "call_id", "method", "args"]
 
 
-def test_consistency_fails_when_the_utility_items_leave_the_frames_spec(tmp_path: Path) -> None:
+def test_consistency_fails_when_the_utility_items_leave_the_frames_spec(
+        broken_history: list[str]) -> None:
     """The newest [[utility_payload]] row must type as frames.toml's utility payload; a row
     that drops client_index at 0.33.0 is reported, and the loader gives older releases their
     own payload."""
-    data = tmp_path / "data"
-    shutil.copytree(DATA_DIR, data)
-    path = data / "history" / "constants.toml"
-    text = path.read_text()
-    head, tail = text.split("[[utility_payload]]", 1)
-    path.write_text(head + "[[utility_payload]]" + tail.replace(
-        '["client_index", "call_id", "method", "args"]', '["call_id", "method", "args"]', 1))
-    found = consistency.problems(data)
+    found = broken_history
     assert any("UTILITY items ['call_id', 'method', 'args'] at 0.33.0" in p for p in found), \
         found
     old = load("0.9.0").surface("frames")
@@ -895,26 +915,16 @@ def test_committed_pickle_opt_in_says_what_the_wheels_had() -> None:
             "setting": "VLLM_ALLOW_INSECURE_SERIALIZATION", "guards": ["decoder", "encoder"]}
 
 
-def test_consistency_fails_when_the_opt_in_leaves_its_clauses(tmp_path: Path) -> None:
+def test_consistency_fails_when_the_opt_in_leaves_its_clauses(
+        broken_history: list[str]) -> None:
     """A [[pickle_opt_in]] row that moves the opt-in to 0.9.1 disagrees with the ranges of the
-    clauses about it (they hold from 0.9.0); one that drops it at the newest release
-    disagrees with tensors.toml."""
-    data = tmp_path / "data"
-    shutil.copytree(DATA_DIR, data)
-    path = data / "history" / "constants.toml"
-    text = path.read_text()
-    head, tail = text.split("[[pickle_opt_in]]", 1)
-    moved = tail.replace('versions = "0.9.0+"', 'versions = "0.9.1+"', 1).replace(
-        'versions = "0.7.3-0.8.5"', 'versions = "0.7.3-0.9.0"', 1)
-    path.write_text(head + "[[pickle_opt_in]]" + moved)
-    found = consistency.problems(data)
+    clauses about it (they hold from 0.9.0); one that renames its setting at the newest
+    release disagrees with tensors.toml."""
+    found = broken_history
     assert any("[[pickle_opt_in]] at 0.9.0: no opt-in, but tensors.ext-pickle-opt-in holds"
                in p for p in found), found
     assert any("at 0.9.0: no opt-in, but tensors.pickle-without-opt-in does not hold" in p
                for p in found), found
-    path.write_text(head + "[[pickle_opt_in]]" + tail.replace(
-        '"VLLM_ALLOW_INSECURE_SERIALIZATION"', '"VLLM_INSECURE"', 1))
-    found = consistency.problems(data)
     assert any("setting at 0.33.0 is 'VLLM_INSECURE', tensors.toml names "
                "'VLLM_ALLOW_INSECURE_SERIALIZATION'" in p for p in found), found
 

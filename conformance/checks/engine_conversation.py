@@ -78,7 +78,19 @@ def _launch(engine: Any, ctx: Any, front: SuiteFrontend, rank: int = 0, **option
     ctx.on_cleanup(lambda: peer.stop(3.0))
     # An engine whose alive() says it has no code for it ends the suite's waits at once.
     probe_while_waiting("the engine peer's alive", peer.alive)
+    exit_failure = getattr(peer, "exit_failure", None)  # an engine program's (targets.external)
+    if exit_failure is not None:
+        probe_while_waiting("the engine program's start",
+                            lambda: _started_or_raise(exit_failure, front))
     return peer
+
+
+def _started_or_raise(exit_failure: Any, front: SuiteFrontend) -> None:
+    """Raise the engine program's start failure if it exited before sending ``front``
+    anything (its first message)."""
+    failure = None if front.heard else exit_failure()
+    if failure is not None:
+        raise failure
 
 
 def _handshake(front: SuiteFrontend, ctx: Any, rank: int = 0) -> Any:
@@ -123,9 +135,11 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
 def recv_input(front: SuiteFrontend, ctx: Any) -> list[bytes]:
     """The first message on input 0 (a release without the handshake: its ready message)."""
     try:
-        return recv(front.input_sockets[0], ctx.wait(10.0), "the engine's ready message")
+        frames = recv(front.input_sockets[0], ctx.wait(10.0), "the engine's ready message")
     except TimeoutError as exc:
         raise CheckFailure("nothing came on input 0: the engine's ready message") from exc
+    front.heard = True
+    return frames
 
 
 # --- handshake -----------------------------------------------------------------------------
@@ -689,6 +703,7 @@ def _three_without_handshake(front: SuiteFrontend, ctx: Any) -> None:
             raise CheckFailure(f"ready messages from {sorted(i.hex() for i in identities)} "
                                "only") from exc
         identities.add(frames[0])
+        front.heard = True
     _three_serve(front, ctx, identities, deadline)
 
 

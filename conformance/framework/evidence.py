@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from enginewire.conformance.framework.registry import NotInRelease
-from enginewire.conformance.targets.contract import CODEC_ROLES, OutsideRole, Unsupported
+from enginewire.conformance.targets.contract import (
+    CODEC_ROLES,
+    OutsideRole,
+    TargetError,
+    Unsupported,
+)
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 from enginewire.spec.types import TypeExpr, kind_of, members, parse_type
 
@@ -44,6 +49,9 @@ class Evidence:
     #: Calls into the target that :func:`refused` makes while a suite peer waits (a running
     #: peer's ``alive``): one raising ``NotImplementedError`` is noted as missing.
     probes: list[tuple[str, Callable[[], Any]]] = field(default_factory=list)
+    #: The target's program failed to start during the check (:func:`note_start_failure`):
+    #: the runner stops the run with it, whatever the check made of it.
+    start_failure: TargetError | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def called(self) -> None:
@@ -82,6 +90,25 @@ def note_not_implemented(what: str) -> None:
         _CURRENT.missing(what)
 
 
+def note_start_failure(failure: TargetError) -> None:
+    """The target's program failed to start (``contract.TargetStartError``): the running
+    check has no verdict and the run stops with ``failure``, even if the check caught it."""
+    current = _CURRENT
+    if current is not None:
+        with current._lock:
+            if current.start_failure is None:
+                current.start_failure = failure
+
+
+def start_failure() -> TargetError | None:
+    """The start failure of the running check (its probes asked once more), or None."""
+    current = _CURRENT
+    if current is None:
+        return None
+    refused()
+    return current.start_failure
+
+
 def probe_while_waiting(what: str, probe: Callable[[], Any]) -> None:
     """Have :func:`refused` call ``probe`` (a call into the target, such as a running peer's
     ``alive``) while the running check waits for the target; its return value is ignored."""
@@ -94,7 +121,7 @@ def refused() -> str | None:
     """The first operation the target said it has no code for in the running check (noted, or
     raised now by a probe of :func:`probe_while_waiting`), or None. Once there is one the check
     is NOT IMPLEMENTED whatever else happens, so a suite peer waiting for the target may stop
-    waiting."""
+    waiting. A noted start failure (:func:`note_start_failure`) ends the waits too."""
     current = _CURRENT
     if current is None:
         return None
@@ -105,8 +132,12 @@ def refused() -> str | None:
             probe()
         except NotImplementedError as exc:
             current.missing(f"{what} ({type(exc).__name__}: {exc})")
+        except TargetError as exc:
+            note_start_failure(exc)
         except Exception:  # noqa: BLE001 - a probe only looks for a refusal
             pass
+    if current.start_failure is not None:
+        return f"anything: {current.start_failure}"
     return current.not_implemented[0] if current.not_implemented else None
 
 

@@ -10,6 +10,10 @@ timed out, the target's probes (:func:`~enginewire.conformance.framework.evidenc
 probe_while_waiting`: a running engine's ``alive``) are asked once more, so a target that
 refused (``NotImplementedError``) is NOT IMPLEMENTED, not FAILED, whichever wait of the
 check ran out.
+
+A target whose program cannot start (``contract.TargetStartError``: not found, not executable,
+exited before serving anything) gets no verdicts: :func:`run_check` and :func:`run` raise it
+after the check's clean-up, whatever the check made of it, as loading the target would have.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from enginewire.conformance.framework.registry import (
     NotImplementedSurface,
     NotInRelease,
 )
-from enginewire.conformance.targets.contract import MODES, OutsideRole, Target
+from enginewire.conformance.targets.contract import MODES, OutsideRole, Target, TargetError
 
 ProgressCallback = Callable[[int, int, Check, "CheckResult | None"], None]
 
@@ -56,7 +60,8 @@ def run_check(
     timeout_scale: float = 1.0,
     options: dict[str, Any] | None = None,
 ) -> CheckResult:
-    """Run one check and return its verdict; never raises for anything the check does."""
+    """Run one check and return its verdict; never raises for anything the check does, except
+    a target that fails to start (a :class:`TargetError`: the module doc)."""
     level = item.level(spec)
     if level != "MUST" and not strict:
         return CheckResult(item, level, NOT_RUN, f"{level} check: runs with --strict")
@@ -80,6 +85,8 @@ def run_check(
             prepare()
         except NotImplementedError:
             pass  # no set-up to make: the check itself finds out what the surface implements
+        except TargetError:
+            raise
         except Exception as exc:  # noqa: BLE001 - the check cannot run: its verdict
             return CheckResult(item, level, FAILED,
                                f"the target's {item.surface} surface failed to prepare: "
@@ -90,7 +97,11 @@ def run_check(
                        scale=timeout_scale)
     record = _evidence.begin()
     if item.surface == "codec":
-        surface = _evidence.GuardedCodec(surface, record, spec)
+        try:
+            surface = _evidence.GuardedCodec(surface, record, spec)
+        except TargetError:
+            _evidence.end()
+            raise
     verdict: dict[str, Any] = {}
 
     def body() -> None:
@@ -126,10 +137,15 @@ def run_check(
         # (a running engine's alive() says it has no code for it) is NOT IMPLEMENTED, also
         # where the check waited without looking (evidence.refused).
         _evidence.refused()
+    # Asked before the clean-up, which stops the check's programs.
+    failed_to_start = _evidence.start_failure()
     ctx.close()
     if hung:
         worker.join(1.0)
     duration = time.monotonic() - started
+    if failed_to_start is not None:
+        _evidence.end()
+        raise failed_to_start
     if hung:
         result = CheckResult(
             item, level, FAILED,

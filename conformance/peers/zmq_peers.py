@@ -358,6 +358,9 @@ class SuiteFrontend:
                  transport: str = "ipc") -> None:
         require_conversation(spec)
         self.spec = spec
+        #: Whether an engine has sent this front end anything (HELLO, a ready message, an
+        #: output): an engine program that exits before is a start failure, not a verdict.
+        self.heard = False
         #: The release's input and output channels.
         self.transport = release_transport(spec)
         self.net = _Net(directory)
@@ -417,7 +420,9 @@ class SuiteFrontend:
         return self.handshake_socket
 
     def recv_handshake(self, timeout: float) -> list[bytes]:
-        return recv(self.router, timeout, "a handshake message")
+        frames = recv(self.router, timeout, "a handshake message")
+        self.heard = True
+        return frames
 
     def init_value(self, **overrides: Any) -> dict[str, Any]:
         """The release's init message (EngineHandshakeMetadata, or 0.9.0's plain map) for
@@ -514,7 +519,9 @@ class SuiteFrontend:
         self.send_input(identity, [TYPE_BYTES["utility"], payload], client)
 
     def recv_output_frames(self, timeout: float, client: int = 0) -> list[bytes]:
-        return recv(self.output_sockets[client], timeout, f"a message on output {client}")
+        frames = recv(self.output_sockets[client], timeout, f"a message on output {client}")
+        self.heard = True
+        return frames
 
     def outputs(self, timeout: float, client: int = 0) -> dict[str, Any]:
         frames = self.recv_output_frames(timeout, client)

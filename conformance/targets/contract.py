@@ -188,6 +188,13 @@ class TargetError(ValueError):
     """The ``--target`` or ``--target-cmd`` text names nothing the suite can load."""
 
 
+class TargetStartError(TargetError):
+    """A target's program could not be started, or exited before it served anything (a
+    ``--target-cmd`` program exiting before its first answer, an engine program before its
+    first message). Not a verdict on the check that started it: the run stops and ``check``
+    reports it as it reports a target it cannot load (exit 2)."""
+
+
 # --- evidence ----------------------------------------------------------------------------
 
 #: ``codec.role`` values: which side's messages the codec encodes (it decodes the others').

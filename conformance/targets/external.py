@@ -86,6 +86,12 @@ frames and buffers are lists of hex strings.
 target follow that release, as ``check --version`` does; without it the program speaks the
 newest release's layouts and handshake, and fails an older release's codec and front-end
 checks); it is also a worked example.
+
+A program that cannot start is a :class:`TargetError` (``check`` exit 2), never a verdict: its
+first word is looked for when the command is read (not found, not executable), and one that
+exits before its first answer (engine: before its first message to the suite) is a
+:class:`TargetStartError` with its status and stderr tail, noted for the runner
+(``evidence.note_start_failure``), which stops the run with it.
 """
 
 from __future__ import annotations
@@ -94,6 +100,7 @@ import itertools
 import json
 import os
 import shlex
+import shutil
 import signal
 import string
 import subprocess
@@ -103,11 +110,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from enginewire.conformance.framework.evidence import note_start_failure
 from enginewire.conformance.targets.contract import (
     CAPABILITIES,
     CODEC_ROLES,
     RingHandle,
     TargetError,
+    TargetStartError,
     Unsupported,
 )
 from enginewire.spec.loader import REFERENCE_VLLM_VERSION
@@ -175,14 +184,48 @@ def _argv(template: str, **values: Any) -> list[str]:
         raise TargetError(f"cannot fill the placeholders of {template!r}: {exc}") from None
 
 
+def program_problem(program: str) -> str | None:
+    """Why ``program`` (a command's first word) cannot be started, or None: a path (a word
+    with ``/``) must be an executable file, a bare name an executable on ``PATH``."""
+    if "/" not in program:
+        return None if shutil.which(program) else "not found on PATH"
+    if not os.path.exists(program):
+        return "no such file"
+    if os.path.isdir(program):
+        return "is a directory"
+    if not os.access(program, os.X_OK):
+        return "is not executable"
+    return None
+
+
+def start_failure(surface: str, program: str, status: int, stderr_tail: str) -> TargetStartError:
+    """The error for a program that exited at start: its status and the end of its stderr."""
+    tail = " ".join(stderr_tail.split())[-500:]
+    return TargetStartError(f"--target-cmd {surface}: {program!r} exited at start with status "
+                            f"{status}" + (f"; its stderr ends: {tail}" if tail else
+                                           " and wrote nothing on stderr"))
+
+
 class CommandSurface:
     """One ``--target-cmd`` command: ``version`` is the vLLM release the suite checks (None:
-    the spec's reference release), filled into ``{version}`` whenever the program starts."""
+    the spec's reference release), filled into ``{version}`` whenever the program starts.
+    A program that cannot be started (not found, not executable) is a :class:`TargetError`
+    when the command is read, before any check runs."""
+
+    #: The surface the command serves (``--target-cmd SURFACE=...``).
+    surface = ""
 
     def __init__(self, command: str, version: str | None = None) -> None:
         self.command = command
         self.version = version or REFERENCE_VLLM_VERSION
         self.placeholders = placeholders(command)
+        words = shlex.split(command)
+        program = words[0] if words else ""
+        if program and "{" not in program:
+            problem = program_problem(program)
+            if problem is not None:
+                raise TargetError(f"--target-cmd {self.surface}: cannot start {program!r}: "
+                                  f"{problem}")
 
     def argv(self, **values: Any) -> list[str]:
         """The program's argv: ``values`` and ``{version}`` filled into the command."""
@@ -205,7 +248,9 @@ class ProcessPeer:
     """A started program: SIGTERM then SIGKILL on :meth:`stop`."""
 
     def __init__(self, argv: list[str], *, stdin: Any = subprocess.DEVNULL,
-                 stdout: Any = subprocess.DEVNULL) -> None:
+                 stdout: Any = subprocess.DEVNULL, surface: str = "") -> None:
+        self.surface = surface
+        self.program = argv[0]
         self.log = tempfile.NamedTemporaryFile(prefix="ewc-target-", suffix=".log",  # noqa: SIM115
                                                delete=False)
         try:
@@ -214,10 +259,21 @@ class ProcessPeer:
         except OSError as exc:
             self.log.close()
             os.unlink(self.log.name)
-            raise TargetError(f"cannot start {argv[0]!r}: {exc}") from exc
+            failure = TargetStartError(f"--target-cmd {surface}: cannot start {argv[0]!r}: "
+                                       f"{exc.strerror or exc}")
+            note_start_failure(failure)
+            raise failure from exc
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def exit_failure(self) -> TargetStartError | None:
+        """The start failure to report if the program has exited (its status and the end of
+        its stderr), else None. The caller decides that the exit came at start."""
+        status = self.popen.poll()
+        if status is None:
+            return None
+        return start_failure(self.surface, self.program, status, self.log_tail(800))
 
     def stop(self, timeout: float = 5.0) -> None:
         if self.popen.stdin is not None and self.alive():
@@ -254,11 +310,15 @@ class ProcessPeer:
 class LineRpc:
     """JSON-lines requests and answers over a program's stdin/stdout, matched by ``seq``."""
 
-    def __init__(self, argv: list[str]) -> None:
-        self.peer = ProcessPeer(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    def __init__(self, argv: list[str], surface: str = "") -> None:
+        self.peer = ProcessPeer(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                surface=surface)
         self._seq = itertools.count(1)
         self._pending: dict[int, Future[dict[str, Any]]] = {}
         self._lock = threading.Lock()
+        #: Whether the program has answered a request: one that exits before its first
+        #: answer failed to start (a :class:`TargetStartError`, not a verdict on a check).
+        self.answered = False
         self._reader = threading.Thread(target=self._read, daemon=True, name="target stdout")
         self._reader.start()
 
@@ -271,12 +331,26 @@ class LineRpc:
                 future = self._pending.pop(int(answer["seq"]))
             except (ValueError, KeyError, TypeError):
                 continue
+            self.answered = True
             future.set_result(answer)
+        failure = None if self.answered else self._start_failure()
         with self._lock:
             for future in self._pending.values():
-                future.set_exception(ConnectionError(
+                future.set_exception(failure or ConnectionError(
                     "the target program exited: " + self.peer.log_tail(500)))
             self._pending.clear()
+
+    def _start_failure(self) -> TargetStartError | None:
+        """The program closed its stdout before its first answer: if it has exited (waited
+        for briefly), the start failure, noted for the running check."""
+        try:
+            self.peer.popen.wait(5.0)
+        except subprocess.TimeoutExpired:
+            return None
+        failure = self.peer.exit_failure()
+        if failure is not None:
+            note_start_failure(failure)
+        return failure
 
     def call(self, op: str, rpc_timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
         """Send ``{"op": op, **fields}`` and wait ``rpc_timeout`` s for its answer."""
@@ -284,6 +358,9 @@ class LineRpc:
         future: Future[dict[str, Any]] = Future()
         with self._lock:
             if not self.peer.alive():
+                failure = None if self.answered else self._start_failure()
+                if failure is not None:
+                    raise failure
                 raise ConnectionError("the target program is not running: "
                                       + self.peer.log_tail(500))
             self._pending[seq] = future
@@ -325,6 +402,8 @@ class LineRpc:
 class CommandEngine(CommandSurface):
     """An engine program started per engine (module doc)."""
 
+    surface = "engine"
+
     def start_engine(self, launch: Any) -> ProcessPeer:
         direct = launch.handshake_address is None
         needed = DIRECT_PLACEHOLDERS if direct else HANDSHAKE_PLACEHOLDERS
@@ -352,7 +431,7 @@ class CommandEngine(CommandSurface):
             rank=launch.engine_index, dp_size=launch.dp_size,
             local=launch.local, remote=not launch.local, headless=launch.headless,
             init_timeout=launch.init_timeout,
-        ))
+        ), surface=self.surface)
 
 
 class _CommandFrontendClient:
@@ -397,11 +476,13 @@ class _CommandFrontendClient:
 class CommandFrontend(CommandSurface):
     """A front-end program started per front end (module doc)."""
 
+    surface = "frontend"
+
     def start_frontend(self, launch: Any) -> _CommandFrontendClient:
         return _CommandFrontendClient(LineRpc(self.argv(
             handshake=launch.handshake_address, input=launch.input_address,
             output=launch.output_address, engines=launch.engine_count,
-        )))
+        ), self.surface))
 
 
 #: Seconds a codec program has to answer ``hello``.
@@ -435,6 +516,8 @@ def codec_declaration(rpc: LineRpc) -> dict[str, Any]:
 class CommandCodec(CommandSurface):
     """A codec program, started once and shared by its threshold variants (module doc)."""
 
+    surface = "codec"
+
     def __init__(self, command: str, rpc: LineRpc | None = None,
                  threshold: int | None = None,
                  declaration: dict[str, Any] | None = None, *,
@@ -447,7 +530,7 @@ class CommandCodec(CommandSurface):
     @property
     def rpc(self) -> LineRpc:
         if self._rpc is None:
-            self._rpc = LineRpc(self.argv())
+            self._rpc = LineRpc(self.argv(), self.surface)
         return self._rpc
 
     @property
@@ -529,6 +612,8 @@ class _CommandRingEnd:
 class CommandRing(CommandSurface):
     """A ring program, restarted if it has exited (module doc)."""
 
+    surface = "ring"
+
     def __init__(self, command: str, version: str | None = None) -> None:
         super().__init__(command, version)
         self._rpc: LineRpc | None = None
@@ -536,7 +621,7 @@ class CommandRing(CommandSurface):
     @property
     def rpc(self) -> LineRpc:
         if self._rpc is None or not self._rpc.peer.alive():
-            self._rpc = LineRpc(self.argv())
+            self._rpc = LineRpc(self.argv(), self.surface)
         return self._rpc
 
     def create_writer(self, *, n_reader: int, max_chunk_bytes: int,

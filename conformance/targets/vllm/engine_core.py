@@ -29,6 +29,14 @@ What vLLM does not let a launcher choose, and how the adapter maps it:
   init, a module constant with no setting (``vllm/v1/engine/core.py:116``, ``:1420``); a
   forked engine inherits the launch's value there (the constant's value only, the code that
   waits is vLLM's); a spawned engine re-imports the module and keeps 5 minutes.
+- Shared memory: vLLM's rings in the engine and its workers create their segments with
+  ``multiprocessing.shared_memory`` (names ``psm_...``), which registers them with the
+  resource tracker. :meth:`VllmEngines.start_engine` starts this process's tracker before
+  launching, so a forked engine and its workers register with it instead of starting a tracker
+  of their own (one that would end with the engine's process tree, warning about "leaked
+  shared_memory objects" and unlinking them itself); :meth:`VllmEnginePeer.stop` unlinks what a
+  process ended without unlinking and unregisters each ``psm_`` name it unlinks, so the
+  tracker has nothing to warn about at exit either.
 - ``launch.local`` / ``launch.headless``: vLLM's engine says ``local = local_client and no
   client handshake address`` and ``headless = not local_client`` (``core.py:1366-1367``), so a
   remote engine is always headless and a local one never; the adapter passes
@@ -199,15 +207,31 @@ class VllmEnginePeer:
             time.sleep(0.05)
         in_use = _mapped_segments()
         for name in self.segments - in_use:
-            try:
-                os.unlink(f"/dev/shm/{name}")
-            except FileNotFoundError:
-                pass
+            remove_segment(name)
         self.segments.clear()
         try:
             self.die_file.unlink()
         except FileNotFoundError:
             pass
+
+
+#: The prefix of the names ``multiprocessing.shared_memory`` gives the segments it creates
+#: (``shared_memory._SHM_NAME_PREFIX``): vLLM's rings' segments, registered with the tracker.
+TRACKED_PREFIX = "psm_"
+
+
+def remove_segment(name: str) -> None:
+    """Unlink ``/dev/shm/NAME``, a segment a process of vLLM's ended without unlinking; a
+    ``psm_`` segment is also unregistered from this process's resource tracker (which the
+    engine's processes share), which would otherwise unlink it again at exit and warn."""
+    from multiprocessing import resource_tracker
+
+    try:
+        os.unlink(f"/dev/shm/{name}")
+    except FileNotFoundError:
+        return
+    if name.startswith(TRACKED_PREFIX):
+        resource_tracker.unregister(f"/{name}", "shared_memory")
 
 
 def _mapped_segments() -> set[str]:
@@ -261,6 +285,11 @@ class VllmEngines:
                               "before 0.9.0")
         config = self.config(launch.dp_size)
         executor_class = Executor.get_class(config)
+        # The engine's processes register their segments with this process's tracker (module
+        # doc, "Shared memory"); a forked process inherits a tracker only if it runs already.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         self._count += 1
         die_file = self.root / f"die-{self._count}"
         with _ENV_LOCK:
