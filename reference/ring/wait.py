@@ -12,8 +12,11 @@ outnumber cores; a :class:`Backoff` instead escalates:
    to 2.6 µs through the stages below);
 1. ``spin_checks`` checks back to back (a message usually lands within microseconds;
    :func:`spin`);
-2. ``sched_yield`` until ``yield_for_s`` has passed since the wait began (:func:`spin_yield`,
-   then :meth:`Backoff.pause`);
+2. ``sched_yield`` until ``yield_for_s`` (20 ms) has passed since the wait began
+   (:func:`spin_yield`, then :meth:`Backoff.pause`): long enough to outlast the time a busy
+   scheduler keeps the other end off the processor (with 1 ms, waits escalated to blocks and
+   sleeps in the runs whose rate fell, docs/bench.md), short enough that an idle end stops
+   taking a core a fiftieth of the time vLLM's readers take (1 s);
 3. readers: wait on the writer's notify socket, at first for ``poll_min_s``, each time twice as
    long, never longer than the recheck interval ``recheck_s`` (clause ring.notify.hint-only).
    A notification wakes the reader at once; a dropped one (PUB drops at SNDHWM 1, most often
@@ -57,7 +60,7 @@ class WaitPolicy:
     """The escalation of one wait; times in seconds."""
 
     spin_checks: int = 2
-    yield_for_s: float = 1e-3
+    yield_for_s: float = 20e-3
     sleep_min_s: float = 50e-6
     sleep_max_s: float = 500e-6
     poll_min_s: float = 1e-3
