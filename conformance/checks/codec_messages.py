@@ -78,8 +78,6 @@ Ext = msgspec.msgpack.Ext
 RAW_VIEW = load().ext_code("raw_view")
 PICKLE = load().ext_code("pickle")
 CLOUDPICKLE = load().ext_code("cloudpickle")
-#: The request type bytes (request_types.toml).
-_TYPE = {t.name: bytes([t.byte]) for t in load().surface("request_types").types}
 #: A rejection may also cite the general rule that a payload must match its type.
 GENERAL = "frames.payload-matches-type"
 OUTPUT = "EngineCoreOutput"
@@ -1584,6 +1582,24 @@ def _utility_call_id_what(spec: Any) -> str:
             f"{', '.join(items)}) is the string '7'")
 
 
+def _type_of(spec: Any, name: str) -> bytes:
+    """The type frame of request type ``name`` at ``spec``'s release (request_types.toml:
+    UTILITY is 0x02 up to vLLM 0.8.2); NOT APPLICABLE where the release's table lacks it (the
+    sentinel EXECUTOR_FAILED before 0.8.5, WAKEUP before 0.18.0)."""
+    table = spec.surface("request_types").types
+    if not any(t.name == name for t in table):
+        known = ", ".join(f"{t.name} 0x{t.byte:02x}" for t in table)
+        raise NotInRelease(f"request type table has no {name} ({known}; request_types.toml)")
+    return spec.request_type_byte(name)
+
+
+def _type_what(name: str, what: str) -> tuple[str, Callable[[Any], str]]:
+    """A :data:`_BAD_INPUT` description naming request type ``name``'s byte at the run's
+    release: ``what`` with ``{byte}`` standing for it."""
+    return (what.format(byte=f"the byte of {name}"),
+            lambda spec: what.format(byte=f"0x{spec.request_type_byte(name).hex()}"))
+
+
 #: suffix, kind, clauses, what (a description, or the description and the message's
 #: account of the input at the run's release), frames builder (valid frames and the run's
 #: spec -> bad frames).
@@ -1592,10 +1608,12 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
      "type byte 0x07", lambda f, _s: [b"\x07", *f[1:]]),
     ("sentinel-executor-failed", "add", ["request_types.sentinels-never-on-wire",
                                          "request_types.unknown-byte-rejected"],
-     "type byte 0x04 (EXECUTOR_FAILED)", lambda f, _s: [_TYPE["EXECUTOR_FAILED"], *f[1:]]),
+     _type_what("EXECUTOR_FAILED", "type byte {byte} (EXECUTOR_FAILED)"),
+     lambda f, spec: [_type_of(spec, "EXECUTOR_FAILED"), *f[1:]]),
     ("sentinel-wakeup", "abort", ["request_types.sentinels-never-on-wire",
                                   "request_types.unknown-byte-rejected"],
-     "type byte 0x05 (WAKEUP)", lambda f, _s: [_TYPE["WAKEUP"], *f[1:]]),
+     _type_what("WAKEUP", "type byte {byte} (WAKEUP)"),
+     lambda f, spec: [_type_of(spec, "WAKEUP"), *f[1:]]),
     ("type-frame-two-bytes", "add", ["request_types.one-byte-frame",
                                      "request_types.unknown-byte-rejected"],
      "a two-byte type frame 00 00", lambda f, _s: [b"\x00\x00", *f[1:]]),
@@ -1604,7 +1622,8 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
      "an empty type frame", lambda f, _s: [b"", *f[1:]]),
     ("wrong-type-for-kind", "abort", ["frames.frame-count", "request_types.byte-table",
                                       "request_types.unknown-byte-rejected"],
-     "an ABORT payload under type byte 0x03 (UTILITY)", lambda f, _s: [_TYPE["UTILITY"], *f[1:]]),
+     _type_what("UTILITY", "an ABORT payload under type byte {byte} (UTILITY)"),
+     lambda f, spec: [_type_of(spec, "UTILITY"), *f[1:]]),
     ("missing-payload", "add", ["frames.frame-count"],
      "a type frame with no payload", lambda f, _s: f[:1]),
     ("extra-frame-after-abort", "abort", ["frames.frame-count",

@@ -37,7 +37,6 @@ from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.strict import handshake_problems, handshake_surplus
 from enginewire.conformance.peers.zmq_peers import (
     ENGINE_CORE_DEAD,
-    TYPE_BYTES,
     HandshakeProblem,
     SuiteFrontend,
     decode,
@@ -51,6 +50,7 @@ from enginewire.conformance.peers.zmq_peers import (
     require_ready_response,
     require_request_type,
     require_wire_ready,
+    type_byte,
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
 from enginewire.spec.history.release_facts import (
@@ -584,8 +584,8 @@ _garbage(_missing_oob, "an ADD naming an out-of-band frame that is not there",
 def _served_after(engine: EngineSurface, ctx: CheckContext) -> None:
     """After a burst of malformed messages an ADD is still generated to the end."""
     front, handshake = _started(engine, ctx)
-    for frames in ([b"\x07"], [TYPE_BYTES["add"], b"\xc1"], [TYPE_BYTES["utility"], b"\x90"],
-                   [b""]):
+    for frames in ([b"\x07"], [type_byte(ctx.spec, "add"), b"\xc1"],
+                   [type_byte(ctx.spec, "utility"), b"\x90"], [b""]):
         front.send_input(handshake.identity, frames)
     front.add(handshake.identity, minimal_request("req-after"))
     try:
