@@ -157,7 +157,8 @@ def test_sentinel_checks_are_not_applicable_before_the_sentinels() -> None:
     assert status == PASSED, message
 
 
-def test_spec_check_fails_when_the_table_disagrees_with_the_history(tmp_path: Path) -> None:
+def test_spec_check_fails_when_the_table_disagrees_with_the_history(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A request_types.toml that gives 0.7.3-0.8.2 the newest UTILITY byte loads, and the
     spec check names each release where it disagrees with [[request_types]]."""
     from enginewire.cli import main
@@ -171,22 +172,23 @@ def test_spec_check_fails_when_the_table_disagrees_with_the_history(tmp_path: Pa
     path.write_text(text.replace(old, 'byte = 0x03\nversions = "0.7.3-0.8.2"'))
     assert load("0.7.3", data).request_type_byte("UTILITY") == b"\x03"
     assert main(["spec", "check", "--data-dir", str(data)]) == 1
+    err = capsys.readouterr().err
+    assert "request_types.toml at 0.7.3: ADD 0x00, ABORT 0x01, UTILITY 0x03; " \
+        "history/constants.toml [[request_types]] says ADD 0x00, ABORT 0x01, UTILITY 0x02" in err
+    assert "request_types.toml at 0.8.3" not in err
 
 
-def test_spec_check_error_names_the_releases(tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_consistency_names_each_release_that_disagrees(tmp_path: Path) -> None:
+    """WAKEUP a release early: the consistency pass names 0.17.1, and no other release."""
     from enginewire.spec.history import consistency
 
     data = tmp_path / "data"
     shutil.copytree(DATA_DIR, data)
     path = data / "request_types.toml"
-    text = path.read_text()
-    # WAKEUP a release early: 0.17.1 disagrees, every other release agrees.
-    path.write_text(text.replace('versions = "0.18.0+"', 'versions = "0.17.1+"'))
-    found = [p for p in consistency._check_request_types(
-        data, {v: load(v, data) for v in ("0.17.1", "0.18.0")})]
+    path.write_text(path.read_text().replace('versions = "0.18.0+"', 'versions = "0.17.1+"'))
+    found = [p for p in consistency.problems(data) if p.startswith("request_types.toml")]
     assert len(found) == 1 and found[0].startswith("request_types.toml at 0.17.1:"), found
-    assert "WAKEUP 0x05" in found[0]
+    assert "WAKEUP 0x05" in found[0] and "[[request_types]] says" in found[0]
 
 
 def test_overlapping_entries_are_a_spec_error(tmp_path: Path) -> None:
