@@ -344,8 +344,9 @@ def _check_source(file: str, text: str, *, clause: str | None, field: str = "sou
 
 
 def _check_request_types(file: str, surface: RequestTypesFile) -> None:
-    """Each entry's range parses, and no two entries of one name or of one byte overlap (at
-    any release a name has one byte and a byte one name)."""
+    """Each entry's source and range parse, its byte is one byte, and no two entries of one
+    name or of one byte overlap (at any release a name has one byte and a byte one name; an
+    entry without ``versions`` holds for the file's range)."""
     seen: list[tuple[int, RequestType, VersionRange]] = []
     for index, entry in enumerate(surface.types):
         where = f"types[{index}] ({entry.name})"

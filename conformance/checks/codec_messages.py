@@ -63,6 +63,7 @@ from enginewire.conformance.framework.registry import (
 from enginewire.conformance.oracle.samples import Sampler, minimal_request
 from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
+from enginewire.conformance.peers.zmq_peers import request_type_frame
 from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
@@ -1582,17 +1583,6 @@ def _utility_call_id_what(spec: Any) -> str:
             f"{', '.join(items)}) is the string '7'")
 
 
-def _type_of(spec: Any, name: str) -> bytes:
-    """The type frame of request type ``name`` at ``spec``'s release (request_types.toml:
-    UTILITY is 0x02 up to vLLM 0.8.2); NOT APPLICABLE where the release's table lacks it (the
-    sentinel EXECUTOR_FAILED before 0.8.5, WAKEUP before 0.18.0)."""
-    table = spec.surface("request_types").types
-    if not any(t.name == name for t in table):
-        known = ", ".join(f"{t.name} 0x{t.byte:02x}" for t in table)
-        raise NotInRelease(f"request type table has no {name} ({known}; request_types.toml)")
-    return spec.request_type_byte(name)
-
-
 def _type_what(name: str, what: str) -> tuple[str, Callable[[Any], str]]:
     """A :data:`_BAD_INPUT` description naming request type ``name``'s byte at the run's
     release: ``what`` with ``{byte}`` standing for it."""
@@ -1609,11 +1599,11 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
     ("sentinel-executor-failed", "add", ["request_types.sentinels-never-on-wire",
                                          "request_types.unknown-byte-rejected"],
      _type_what("EXECUTOR_FAILED", "type byte {byte} (EXECUTOR_FAILED)"),
-     lambda f, spec: [_type_of(spec, "EXECUTOR_FAILED"), *f[1:]]),
+     lambda f, spec: [request_type_frame(spec, "EXECUTOR_FAILED"), *f[1:]]),
     ("sentinel-wakeup", "abort", ["request_types.sentinels-never-on-wire",
                                   "request_types.unknown-byte-rejected"],
      _type_what("WAKEUP", "type byte {byte} (WAKEUP)"),
-     lambda f, spec: [_type_of(spec, "WAKEUP"), *f[1:]]),
+     lambda f, spec: [request_type_frame(spec, "WAKEUP"), *f[1:]]),
     ("type-frame-two-bytes", "add", ["request_types.one-byte-frame",
                                      "request_types.unknown-byte-rejected"],
      "a two-byte type frame 00 00", lambda f, _s: [b"\x00\x00", *f[1:]]),
@@ -1623,7 +1613,7 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
     ("wrong-type-for-kind", "abort", ["frames.frame-count", "request_types.byte-table",
                                       "request_types.unknown-byte-rejected"],
      _type_what("UTILITY", "an ABORT payload under type byte {byte} (UTILITY)"),
-     lambda f, spec: [_type_of(spec, "UTILITY"), *f[1:]]),
+     lambda f, spec: [request_type_frame(spec, "UTILITY"), *f[1:]]),
     ("missing-payload", "add", ["frames.frame-count"],
      "a type frame with no payload", lambda f, _s: f[:1]),
     ("extra-frame-after-abort", "abort", ["frames.frame-count",
@@ -1686,8 +1676,10 @@ def _bad_input(codec: Any, spec: Any, kind: str, what: str | tuple[str, Callable
     valid = _payload_of(codec, kind, spec)  # NOT APPLICABLE where the release lacks the kind
     try:
         frames = [bytes(f) for f in make(valid, spec)]
-    except NotInRelease as exc:
-        raise NotInRelease(f"vLLM {spec.version}'s {exc}") from None
+    except NotInRelease as exc:  # the release lacks a key or a request type of the entry
+        why = str(exc)
+        raise NotInRelease(why if why.startswith("vLLM ") else f"vLLM {spec.version}'s {why}"
+                           ) from None
     said = what if isinstance(what, str) else what[1](spec)
     return frames, f"{kind}: {said}"
 

@@ -48,9 +48,11 @@ from enginewire.conformance.peers.zmq_peers import (
     require_identity,
     require_ready_key,
     require_ready_response,
-    require_request_type,
     require_wire_ready,
     type_byte,
+)
+from enginewire.conformance.peers.zmq_peers import (
+    request_type_frame as _type,  # the release's type frame; NOT APPLICABLE where it has none
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
 from enginewire.spec.history.release_facts import (
@@ -513,13 +515,6 @@ def _garbage(frames_of: Any, what: str, clauses: list[str], check_id: str) -> No
         front, handshake = _started(engine, ctx)
         front.send_input(handshake.identity, frames)
         _still_serving(front, ctx, handshake.identity, what, frames)
-
-
-def _type(spec: Any, name: str) -> bytes:
-    """The type frame of request type ``name`` (request_types.toml); NOT APPLICABLE where the
-    release has no such request type."""
-    require_request_type(spec, name)
-    return bytes(spec.request_type_byte(name))
 
 
 def _add_payload(spec: Any, **fields: Any) -> list[bytes]:

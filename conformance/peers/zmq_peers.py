@@ -186,6 +186,13 @@ def require_request_type(spec: Any, name: str) -> None:
                            f"{known}; request_types.toml)")
 
 
+def request_type_frame(spec: Any, name: str) -> bytes:
+    """The type frame of request type ``name`` at ``spec``'s release (UTILITY is 0x02 up to
+    vLLM 0.8.2); NOT APPLICABLE (:func:`require_request_type`) where the release lacks it."""
+    require_request_type(spec, name)
+    return bytes(spec.request_type_byte(name))
+
+
 def require_ready_key(spec: Any, key: str) -> None:
     """Raise :class:`NotInRelease` where ``spec``'s release's engine never sends ``key`` in
     READY (history/constants.toml [[handshake]])."""

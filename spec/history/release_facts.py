@@ -476,9 +476,8 @@ def message_gap(spec: Any, kind: str) -> str | None:
     it does, or the history says nothing of it): a request whose request type the release's
     table lacks (:func:`request_type_gap`: START_DP_WAVE before 0.8.5), ``engine_core_dead``
     where the release's engine has no sentinel, and every kind on a channel the DP
-    coordinator owns (a channel
-    with a ``coordinator`` end: coordinator_input, coordinator_output, stats_publish) where
-    the release has no coordinator."""
+    coordinator owns (a channel with a ``coordinator`` end: coordinator_input,
+    coordinator_output, stats_publish) where the release has no coordinator."""
     version = spec.version
     gap = request_type_gap(spec, kind)
     if gap is not None:
