@@ -1584,10 +1584,12 @@ def _utility_call_id_what(spec: Any) -> str:
 
 
 def _type_what(name: str, what: str) -> tuple[str, Callable[[Any], str]]:
-    """A :data:`_BAD_INPUT` description naming request type ``name``'s byte at the run's
-    release: ``what`` with ``{byte}`` standing for it."""
-    return (what.format(byte=f"the byte of {name}"),
-            lambda spec: what.format(byte=f"0x{spec.request_type_byte(name).hex()}"))
+    """A :data:`_BAD_INPUT` description naming request type ``name``'s byte: ``what`` with
+    ``{byte}`` standing for "the type byte of NAME" in the release-neutral description and
+    for "type byte 0xNN (NAME)", the byte at the run's release, in the message."""
+    return (what.format(byte=f"the type byte of {name}"),
+            lambda spec: what.format(
+                byte=f"type byte 0x{spec.request_type_byte(name).hex()} ({name})"))
 
 
 #: suffix, kind, clauses, what (a description, or the description and the message's
@@ -1598,11 +1600,11 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
      "type byte 0x07", lambda f, _s: [b"\x07", *f[1:]]),
     ("sentinel-executor-failed", "add", ["request_types.sentinels-never-on-wire",
                                          "request_types.unknown-byte-rejected"],
-     _type_what("EXECUTOR_FAILED", "type byte {byte} (EXECUTOR_FAILED)"),
+     _type_what("EXECUTOR_FAILED", "{byte}"),
      lambda f, spec: [request_type_frame(spec, "EXECUTOR_FAILED"), *f[1:]]),
     ("sentinel-wakeup", "abort", ["request_types.sentinels-never-on-wire",
                                   "request_types.unknown-byte-rejected"],
-     _type_what("WAKEUP", "type byte {byte} (WAKEUP)"),
+     _type_what("WAKEUP", "{byte}"),
      lambda f, spec: [request_type_frame(spec, "WAKEUP"), *f[1:]]),
     ("type-frame-two-bytes", "add", ["request_types.one-byte-frame",
                                      "request_types.unknown-byte-rejected"],
@@ -1612,7 +1614,7 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
      "an empty type frame", lambda f, _s: [b"", *f[1:]]),
     ("wrong-type-for-kind", "abort", ["frames.frame-count", "request_types.byte-table",
                                       "request_types.unknown-byte-rejected"],
-     _type_what("UTILITY", "an ABORT payload under type byte {byte} (UTILITY)"),
+     _type_what("UTILITY", "an ABORT payload under {byte}"),
      lambda f, spec: [request_type_frame(spec, "UTILITY"), *f[1:]]),
     ("missing-payload", "add", ["frames.frame-count"],
      "a type frame with no payload", lambda f, _s: f[:1]),
