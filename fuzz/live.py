@@ -37,10 +37,12 @@ def hostile_inputs() -> list[tuple[str, list[bytes]]]:
 
     request = S.EngineCoreRequest("soak-shape", None, None, S.SamplingParams(), None, 0.5, None,
                                   None, None, prompt_embeds=WireTensor("uint8", (8,), bytes(8)))
-    frames = [bytes(memoryview(f).cast("B")) for f in Codec(tensors="wire").encode("add", request)]
+    codec = Codec(tensors="wire")
+    frames = [bytes(memoryview(f).cast("B")) for f in codec.encode("add", request)]
     raw = msgspec.msgpack.decode(frames[1], ext_hook=msgspec.msgpack.Ext)
     raw[9][1] = [2**63 - 1] * 60_000
-    return [("utility", [b"\x03", deep]), ("add", [frames[0], msgspec.msgpack.encode(raw)])]
+    return [("utility", [codec.layout("utility").prefix[0], deep]),
+            ("add", [frames[0], msgspec.msgpack.encode(raw)])]
 
 
 class MalformedCases:

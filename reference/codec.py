@@ -144,8 +144,13 @@ class Layout:
 
 
 def _layouts(spec: Spec) -> dict[str, Layout]:
+    """The layout of every message kind of ``spec``'s release; a kind whose request type the
+    release lacks (its type frame has no byte at that release: START_DP_WAVE before vLLM
+    0.8.5) is none of its kinds."""
     found: dict[str, Layout] = {}
     for message in spec.surface("frames").messages:
+        if any(f.content == "type_byte" and f.literal_hex is None for f in message.frames):
+            continue
         prefix: list[bytes] = []
         contents: list[str] = []
         payload: str | None = None
@@ -406,6 +411,9 @@ class Codec:
         self.ipc_handles = ipc_handles
         self._vocab: Vocabulary = vocabulary(self.spec.version)
         self._layouts = _layouts(self.spec)
+        #: Message kinds of frames.toml this release lacks, with their request type.
+        self._absent_kinds = {m.kind: m.request_type for m in self.spec.surface("frames").messages
+                              if m.kind not in self._layouts}
         #: The keys of the init message where the release reads it as a plain map (0.9.0;
         #: history/constants.toml [[init_message]]); None: the EngineHandshakeMetadata struct.
         init = init_message_at(self.spec.version) \
@@ -482,7 +490,14 @@ class Codec:
         try:
             return self._layouts[kind]
         except KeyError:
+            self._require_kind(kind)
             raise KeyError(f"unknown message kind {kind!r}") from None
+
+    def _require_kind(self, kind: str) -> None:
+        """KeyError where ``kind`` is a message kind of frames.toml this release lacks."""
+        if kind in self._absent_kinds:
+            raise KeyError(f"vLLM {self.spec.version} has no {kind} message: its request type "
+                           f"table has no {self._absent_kinds[kind]} (request_types.toml)")
 
     def encode(self, kind: str, value: Any) -> list[bytes | memoryview]:
         """The frames of ``value`` as a message of ``kind`` (or the payload of a struct)."""
@@ -497,6 +512,7 @@ class Codec:
             return [*prefix, *frames] if prefix else frames
         layout = self._layouts.get(kind)
         if layout is None:  # a struct class built since (KeyError for an unknown kind)
+            self._require_kind(kind)
             self._struct_plans[kind] = ((), self._struct_class(kind), self._validators.get(kind),
                                         True, kind)
             return self.encode(kind, value)
@@ -538,6 +554,7 @@ class Codec:
                 return value
         layout = self._layouts.get(kind)
         if layout is None:
+            self._require_kind(kind)
             if kind not in self.structs.classes:
                 self._struct_class(kind)
             if not frames:

@@ -11,7 +11,7 @@ from typing import Any
 
 from enginewire.cliargs import existing_dir, writable_dir
 
-from .loader import REFERENCE_VLLM_VERSION, SpecError, UnknownVersionError, load
+from .loader import DATA_DIR, REFERENCE_VLLM_VERSION, SpecError, UnknownVersionError, load
 from .versions import VersionError, VersionRange, format_version, parse_version
 
 
@@ -109,9 +109,25 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """Validate the spec files for ``--version``, then, where the data directory has a
+    history (``history/releases.toml``), hold the files to it at every release
+    (:func:`enginewire.spec.history.consistency.problems`: the request type table, the
+    constants' ranges, the struct changes, ...); exit 1 naming each disagreement."""
     spec = _load(args)
     if isinstance(spec, int):
         return spec
+    from .history import consistency
+    from .history.wheels import RELEASES_FILE
+
+    data_dir = Path(args.data_dir) if args.data_dir else DATA_DIR
+    if (data_dir / RELEASES_FILE).exists():
+        found = consistency.problems(data_dir)
+        for problem in found:
+            print(f"enginewire spec: error: {problem}", file=sys.stderr)
+        if found:
+            print(f"enginewire spec: {len(found)} disagreement(s) between the spec files and "
+                  "their history", file=sys.stderr)
+            return 1
     n_fields = sum(len(s.fields) for s in spec.structs.values() if hasattr(s, "fields"))
     levels: dict[str, int] = {}
     for ref in spec.clauses.values():

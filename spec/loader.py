@@ -21,7 +21,11 @@ Cross-file rules:
   structs;
 - a ``type_byte`` frame carries no bytes of its own: its message names an on-wire request type
   and the loader fills ``literal_hex`` from ``request_types.toml`` (the one place each byte is
-  written).
+  written);
+- request type entries carry version ranges like struct fields: at any release a name has one
+  byte and a byte one name (``load(version)`` keeps the entries of ``version``; a message whose
+  request type the release lacks keeps its type frame's ``literal_hex`` unset, and
+  ``release_facts.message_gap`` says the message does not exist there).
 
 Every rule a consumer needs is read through :class:`Spec` (``ext_code``,
 ``request_type_byte``, ``chunk_states``, ``ring_constant``, ``constraints``, ``tagged_union``),
@@ -49,6 +53,7 @@ from .schema import (
     FramesFile,
     HandshakeFile,
     IdentityFile,
+    RequestType,
     RequestTypesFile,
     RingFile,
     RingState,
@@ -184,13 +189,16 @@ class Spec:
         return threshold
 
     def request_type_byte(self, name: str) -> bytes:
-        """The one-byte frame of request type ``name`` (``ADD``, ``ABORT``, ...)."""
+        """The one-byte frame of request type ``name`` (``ADD``, ``ABORT``, ...) at this
+        release (``UTILITY`` is 0x02 up to vLLM 0.8.2, 0x03 from 0.8.3); KeyError naming the
+        release's table where the release has no such type."""
         table = self.surface("request_types")
         for request_type in table.types:
             if request_type.name == name:
                 return bytes([request_type.byte])
-        known = [t.name for t in table.types]
-        raise KeyError(f"no request type {name!r} in request_types.toml (known: {known})")
+        known = ", ".join(f"{t.name} 0x{t.byte:02x}" for t in table.types)
+        raise KeyError(f"no request type {name!r} in request_types.toml at vLLM "
+                       f"{self.version} (its table: {known})")
 
     def chunk_states(self) -> list[RingState]:
         """The states of a ring chunk's metadata row, in the order the ring surface lists
@@ -333,6 +341,33 @@ def _check_source(file: str, text: str, *, clause: str | None, field: str = "sou
                 clause=clause,
                 field=field,
             )
+
+
+def _check_request_types(file: str, surface: RequestTypesFile) -> None:
+    """Each entry's source and range parse, its byte is one byte, and no two entries of one
+    name or of one byte overlap (at any release a name has one byte and a byte one name; an
+    entry without ``versions`` holds for the file's range)."""
+    seen: list[tuple[int, RequestType, VersionRange]] = []
+    for index, entry in enumerate(surface.types):
+        where = f"types[{index}] ({entry.name})"
+        _check_source(file, entry.source, clause=None, field=where + ".source")
+        _check_range(file, entry.versions, clause=None, field=where + ".versions")
+        if not 0 <= entry.byte <= 0xFF:
+            raise SpecError(file, f"a request type is one byte, got {entry.byte}",
+                            field=where + ".byte")
+        rng = VersionRange.parse(entry.versions or surface.versions)
+        for other_index, other, other_rng in seen:
+            if (other.name == entry.name or other.byte == entry.byte) and rng.overlaps(other_rng):
+                raise SpecError(file, f"overlaps types[{other_index}] ({other.name} "
+                                f"0x{other.byte:02x}, {other_rng}): at a release a name has "
+                                f"one byte and a byte one name", field=where + ".versions")
+        seen.append((index, entry, rng))
+
+
+def _request_types_at(surface: RequestTypesFile, version: str) -> RequestTypesFile:
+    """The request type table of release ``version``: the entries whose range holds it."""
+    return msgspec.structs.replace(
+        surface, types=[t for t in surface.types if _in_range(t.versions, version)])
 
 
 def _in_range(versions: str | None, version: str) -> bool:
@@ -620,10 +655,14 @@ def _release_payloads(frames: FramesFile, version: str, root: Path) -> FramesFil
     return msgspec.structs.replace(frames, messages=messages)
 
 
-def _fill_type_bytes(frames: FramesFile, request_types: RequestTypesFile) -> FramesFile:
-    """``frames`` with each ``type_byte`` frame's ``literal_hex`` read from the request type
-    table, the one place a type byte is written."""
+def _fill_type_bytes(frames: FramesFile, request_types: RequestTypesFile,
+                     every_release: RequestTypesFile) -> FramesFile:
+    """``frames`` with each ``type_byte`` frame's ``literal_hex`` read from the release's
+    request type table (``request_types``), the one place a type byte is written. A message
+    whose request type is in the file (``every_release``) but not in the release's table
+    keeps ``literal_hex`` unset: the message does not exist at that release."""
     by_name = {t.name: t for t in request_types.types}
+    of_other_releases = {t.name for t in every_release.types if t.on_wire} - set(by_name)
     messages = []
     for index, message in enumerate(frames.messages):
         new_frames = []
@@ -635,6 +674,9 @@ def _fill_type_bytes(frames: FramesFile, request_types: RequestTypesFile) -> Fra
                                     "request_types.toml; leave literal_hex out",
                                     field=where + ".literal_hex")
                 request_type = by_name.get(message.request_type or "")
+                if request_type is None and message.request_type in of_other_releases:
+                    new_frames.append(frame)
+                    continue
                 if request_type is None or not request_type.on_wire:
                     raise SpecError("frames.toml", f"message {message.kind!r} has a type_byte "
                                     f"frame but names no on-wire request type "
@@ -754,9 +796,11 @@ def _load_cached(version: str, data_dir: str) -> Spec:
         _check_surface_refs(f"{header.surface}.toml", header, all_ids)
     for name, parsed in structs.items():
         _check_struct_rules(f"structs/{name}.toml", parsed, structs, all_ids)
+    every_release = cast(RequestTypesFile, surfaces["request_types"])
+    surfaces["request_types"] = _request_types_at(every_release, version)
     surfaces["frames"] = _release_payloads(_fill_type_bytes(
-        cast(FramesFile, surfaces["frames"]), cast(RequestTypesFile, surfaces["request_types"])
-    ), version, root)
+        cast(FramesFile, surfaces["frames"]), cast(RequestTypesFile, surfaces["request_types"]),
+        every_release), version, root)
 
     surfaces["tensors"] = _tensors_at(cast(TensorsFile, surfaces["tensors"]), version, root)
 
@@ -765,6 +809,16 @@ def _load_cached(version: str, data_dir: str) -> Spec:
     }
     return Spec(version=version, surfaces=surfaces, structs=active_structs, clauses=clause_refs,
                 all_clause_ids=frozenset(seen_clauses))
+
+
+def request_types_of_other_versions(spec: Spec, data_dir: Path | str | None = None
+                                    ) -> list[RequestType]:
+    """The request type entries whose version range leaves out ``spec``'s version (the bytes
+    of earlier releases), in file order; the rendered pages list them apart."""
+    root = Path(data_dir) if data_dir else DATA_DIR
+    path = root / "request_types.toml"
+    parsed = _decode(path, _read_toml(path), RequestTypesFile)
+    return [t for t in parsed.types if not _in_range(t.versions, spec.version)]
 
 
 def clauses_of_other_versions(spec: Spec, surface: str,
@@ -841,6 +895,8 @@ def _parsed_surfaces(data_dir: str, stamp: tuple[tuple[str, int, int], ...]
             raise SpecError(path.name, f"surface must be {surface!r}", field="surface")
         _check_range(path.name, parsed.versions, clause=None, field="versions")
         _check_clauses(path.name, surface, parsed.clauses, seen_clauses)
+        if isinstance(parsed, RequestTypesFile):
+            _check_request_types(path.name, parsed)
         surfaces[surface] = parsed
     return surfaces, seen_clauses
 

@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from .formulas import FormulaError, FormulaTable
-from .loader import REFERENCE_VLLM_VERSION, Spec, clauses_of_other_versions
+from .loader import (
+    REFERENCE_VLLM_VERSION,
+    Spec,
+    clauses_of_other_versions,
+    request_types_of_other_versions,
+)
 from .schema import (
     SURFACE_SCHEMAS,
     Channel,
@@ -36,6 +41,7 @@ from .schema import (
     FramesFile,
     HandshakeFile,
     IdentityFile,
+    RequestType,
     RequestTypesFile,
     RingFile,
     RingState,
@@ -619,21 +625,38 @@ def _request_type_link(page: _Page, name: str | None) -> str:
 
 def _request_types(page: _Page, surface: RequestTypesFile) -> None:
     page.add("## Type bytes", "")
+    _request_type_table(page, surface.types, anchors=True)
+    others = request_types_of_other_versions(page.spec)
+    if others:
+        page.add("## Type bytes of other releases", "",
+                 f"These entries hold for releases other than vLLM {page.spec.version} "
+                 "(`load(version=X)` has them where X is in their range): a byte that meant "
+                 "another type, a type under another name.", "")
+        _request_type_table(page, others, anchors=False)
+
+
+def _request_type_table(page: _Page, types: list[RequestType], *, anchors: bool) -> None:
+    """The rows of ``types`` by byte (and first release); ``anchors``: each name is the
+    ``type-NAME`` target the frames page links to."""
+    def first(kind: RequestType) -> tuple[int, tuple[int, int, int]]:
+        return kind.byte, VersionRange.parse(kind.versions or "0+").low
+
     page.add(
         *_table(
-            ["byte", "name", "on the wire", "message", "description", "source"],
+            ["byte", "name", "versions", "on the wire", "message", "description", "source"],
             (
                 [
                     _code(f"0x{kind.byte:02x}"),
-                    f"{_anchor(f'type-{kind.name}')}{_code(kind.name)}",
+                    (_anchor(f"type-{kind.name}") if anchors else "") + _code(kind.name),
+                    _cell(kind.versions or page.spec.surface("request_types").versions),
                     _yes_no(kind.on_wire),
                     page.link("frames", f"message-{kind.message}", _code(kind.message))
                     if kind.message
                     else "",
                     _cell(kind.description),
-                    _source_links(kind.source),
+                    _source_links(kind.source, kind.versions),
                 ]
-                for kind in sorted(surface.types, key=lambda kind: kind.byte)
+                for kind in sorted(types, key=first)
             ),
         )
     )

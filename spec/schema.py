@@ -121,12 +121,19 @@ class FramesFile(SurfaceHeader, kw_only=True):
 
 
 class RequestType(_Strict, kw_only=True):
+    """One entry of vLLM's ``EngineCoreRequestType``: a name and its byte over ``versions``
+    (the file's range where absent). A byte that changed meaning, or a name that moved to
+    another byte, is one entry per range; ``load(version)`` keeps the entries of
+    ``version``."""
+
     name: str
     byte: int
     on_wire: bool
     description: str
     source: str
     message: str | None = None
+    #: The vLLM versions the entry holds for (defaults to the file's range).
+    versions: str | None = None
 
 
 class RequestTypesFile(SurfaceHeader, kw_only=True):

@@ -427,7 +427,7 @@ def check_records(records: Sequence[Any], dp_size: int, *, coordinated: bool,
     from .annotate import Annotator
 
     def spec_types() -> Any:
-        return load().surface("request_types").types
+        return load(release).surface("request_types").types
 
     annotator = Annotator(release, explain_skew=False)
     problems: list[DPProblem] = []

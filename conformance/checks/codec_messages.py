@@ -63,6 +63,7 @@ from enginewire.conformance.framework.registry import (
 from enginewire.conformance.oracle.samples import Sampler, minimal_request
 from enginewire.conformance.oracle.values import TensorValue, neutral, tensor_value
 from enginewire.conformance.oracle.wire import expected_wire, raw_decode, show
+from enginewire.conformance.peers.zmq_peers import request_type_frame
 from enginewire.conformance.targets.contract import CodecSurface
 from enginewire.spec import load
 from enginewire.spec.history.release_facts import (
@@ -78,8 +79,6 @@ Ext = msgspec.msgpack.Ext
 RAW_VIEW = load().ext_code("raw_view")
 PICKLE = load().ext_code("pickle")
 CLOUDPICKLE = load().ext_code("cloudpickle")
-#: The request type bytes (request_types.toml).
-_TYPE = {t.name: bytes([t.byte]) for t in load().surface("request_types").types}
 #: A rejection may also cite the general rule that a payload must match its type.
 GENERAL = "frames.payload-matches-type"
 OUTPUT = "EngineCoreOutput"
@@ -1584,6 +1583,15 @@ def _utility_call_id_what(spec: Any) -> str:
             f"{', '.join(items)}) is the string '7'")
 
 
+def _type_what(name: str, what: str) -> tuple[str, Callable[[Any], str]]:
+    """A :data:`_BAD_INPUT` description naming request type ``name``'s byte: ``what`` with
+    ``{byte}`` standing for "the type byte of NAME" in the release-neutral description and
+    for "type byte 0xNN (NAME)", the byte at the run's release, in the message."""
+    return (what.format(byte=f"the type byte of {name}"),
+            lambda spec: what.format(
+                byte=f"type byte 0x{spec.request_type_byte(name).hex()} ({name})"))
+
+
 #: suffix, kind, clauses, what (a description, or the description and the message's
 #: account of the input at the run's release), frames builder (valid frames and the run's
 #: spec -> bad frames).
@@ -1592,10 +1600,12 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
      "type byte 0x07", lambda f, _s: [b"\x07", *f[1:]]),
     ("sentinel-executor-failed", "add", ["request_types.sentinels-never-on-wire",
                                          "request_types.unknown-byte-rejected"],
-     "type byte 0x04 (EXECUTOR_FAILED)", lambda f, _s: [_TYPE["EXECUTOR_FAILED"], *f[1:]]),
+     _type_what("EXECUTOR_FAILED", "{byte}"),
+     lambda f, spec: [request_type_frame(spec, "EXECUTOR_FAILED"), *f[1:]]),
     ("sentinel-wakeup", "abort", ["request_types.sentinels-never-on-wire",
                                   "request_types.unknown-byte-rejected"],
-     "type byte 0x05 (WAKEUP)", lambda f, _s: [_TYPE["WAKEUP"], *f[1:]]),
+     _type_what("WAKEUP", "{byte}"),
+     lambda f, spec: [request_type_frame(spec, "WAKEUP"), *f[1:]]),
     ("type-frame-two-bytes", "add", ["request_types.one-byte-frame",
                                      "request_types.unknown-byte-rejected"],
      "a two-byte type frame 00 00", lambda f, _s: [b"\x00\x00", *f[1:]]),
@@ -1604,7 +1614,8 @@ _BAD_INPUT: list[tuple[str, str, list[str], str | tuple[str, Callable[[Any], str
      "an empty type frame", lambda f, _s: [b"", *f[1:]]),
     ("wrong-type-for-kind", "abort", ["frames.frame-count", "request_types.byte-table",
                                       "request_types.unknown-byte-rejected"],
-     "an ABORT payload under type byte 0x03 (UTILITY)", lambda f, _s: [_TYPE["UTILITY"], *f[1:]]),
+     _type_what("UTILITY", "an ABORT payload under {byte}"),
+     lambda f, spec: [request_type_frame(spec, "UTILITY"), *f[1:]]),
     ("missing-payload", "add", ["frames.frame-count"],
      "a type frame with no payload", lambda f, _s: f[:1]),
     ("extra-frame-after-abort", "abort", ["frames.frame-count",
@@ -1667,8 +1678,10 @@ def _bad_input(codec: Any, spec: Any, kind: str, what: str | tuple[str, Callable
     valid = _payload_of(codec, kind, spec)  # NOT APPLICABLE where the release lacks the kind
     try:
         frames = [bytes(f) for f in make(valid, spec)]
-    except NotInRelease as exc:
-        raise NotInRelease(f"vLLM {spec.version}'s {exc}") from None
+    except NotInRelease as exc:  # the release lacks a key or a request type of the entry
+        why = str(exc)
+        raise NotInRelease(why if why.startswith("vLLM ") else f"vLLM {spec.version}'s {why}"
+                           ) from None
     said = what if isinstance(what, str) else what[1](spec)
     return frames, f"{kind}: {said}"
 

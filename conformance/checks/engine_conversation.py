@@ -37,7 +37,6 @@ from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.strict import handshake_problems, handshake_surplus
 from enginewire.conformance.peers.zmq_peers import (
     ENGINE_CORE_DEAD,
-    TYPE_BYTES,
     HandshakeProblem,
     SuiteFrontend,
     decode,
@@ -49,8 +48,11 @@ from enginewire.conformance.peers.zmq_peers import (
     require_identity,
     require_ready_key,
     require_ready_response,
-    require_request_type,
     require_wire_ready,
+    type_byte,
+)
+from enginewire.conformance.peers.zmq_peers import (
+    request_type_frame as _type,  # the release's type frame; NOT APPLICABLE where it has none
 )
 from enginewire.conformance.targets.contract import EngineLaunch, EngineSurface
 from enginewire.spec.history.release_facts import (
@@ -529,13 +531,6 @@ def _garbage(frames_of: Any, what: str, clauses: list[str], check_id: str) -> No
         _still_serving(front, ctx, handshake.identity, what, frames)
 
 
-def _type(spec: Any, name: str) -> bytes:
-    """The type frame of request type ``name`` (request_types.toml); NOT APPLICABLE where the
-    release has no such request type."""
-    require_request_type(spec, name)
-    return bytes(spec.request_type_byte(name))
-
-
 def _add_payload(spec: Any, **fields: Any) -> list[bytes]:
     request = in_release(minimal_request("req-bad", **fields), "EngineCoreRequest", spec)
     return encode(request, "EngineCoreRequest", spec)
@@ -598,8 +593,8 @@ _garbage(_missing_oob, "an ADD naming an out-of-band frame that is not there",
 def _served_after(engine: EngineSurface, ctx: CheckContext) -> None:
     """After a burst of malformed messages an ADD is still generated to the end."""
     front, handshake = _started(engine, ctx)
-    for frames in ([b"\x07"], [TYPE_BYTES["add"], b"\xc1"], [TYPE_BYTES["utility"], b"\x90"],
-                   [b""]):
+    for frames in ([b"\x07"], [type_byte(ctx.spec, "add"), b"\xc1"],
+                   [type_byte(ctx.spec, "utility"), b"\x90"], [b""]):
         front.send_input(handshake.identity, frames)
     front.add(handshake.identity, minimal_request("req-after"))
     try:

@@ -37,7 +37,6 @@ from enginewire.conformance.oracle.samples import minimal_request
 from enginewire.conformance.oracle.values import neutral
 from enginewire.conformance.peers.zmq_peers import (
     ENGINE_CORE_DEAD,
-    TYPE_BYTES,
     SuiteEngine,
     decode,
     require_conversation,
@@ -45,6 +44,7 @@ from enginewire.conformance.peers.zmq_peers import (
     require_identity,
     require_ready_key,
     require_ready_response,
+    type_byte,
 )
 from enginewire.conformance.targets.contract import FrontendLaunch, FrontendSurface
 from enginewire.spec.history.release_facts import (
@@ -448,8 +448,9 @@ def _add_frames(frontend: FrontendSurface, ctx: CheckContext) -> None:
     request = minimal_request("req-fe", prompt_token_ids=[5, 6, 7])
     client.add_request(request, 0)
     frames = _request(engine, ctx, "add_request")
-    if frames[0] != TYPE_BYTES["add"]:
-        raise CheckFailure(f"the type frame is {frames[0].hex()}, expected 00",
+    if frames[0] != type_byte(ctx.spec, "add"):
+        raise CheckFailure(f"the type frame is {frames[0].hex()}, expected "
+                           f"{type_byte(ctx.spec, 'add').hex()}",
                            Reproduction(received=frames))
     value = decode(frames[1:], "EngineCoreRequest", ctx.spec)
     if value["request_id"] != "req-fe" or value["prompt_token_ids"] != [5, 6, 7]:
@@ -487,7 +488,7 @@ def _abort_frames(frontend: FrontendSurface, ctx: CheckContext) -> None:
     _request(engine, ctx, "add_request")
     client.abort(["req-x"], 0)
     frames = _request(engine, ctx, "abort")
-    if (frames[0] != TYPE_BYTES["abort"] or len(frames) != 2
+    if (frames[0] != type_byte(ctx.spec, "abort") or len(frames) != 2
             or msgspec.msgpack.decode(frames[1]) != ["req-x"]):
         raise CheckFailure("expected [01, ['req-x']]", Reproduction(received=frames))
 
@@ -518,8 +519,9 @@ def _utility(client: Any, engine: SuiteEngine, ctx: Any, method: str, args: list
     frames = _request(engine, ctx, f"call_utility({method!r})")
     payload = msgspec.msgpack.decode(frames[1]) if len(frames) > 1 else None
     fields = utility_fields(ctx.spec.version, payload)
-    if frames[0] != TYPE_BYTES["utility"] or fields is None:
-        raise CheckFailure(f"a utility call of vLLM {ctx.spec.version} must be [03, "
+    if frames[0] != type_byte(ctx.spec, "utility") or fields is None:
+        raise CheckFailure(f"a utility call of vLLM {ctx.spec.version} must be "
+                           f"[{type_byte(ctx.spec, 'utility').hex()}, "
                            f"[{', '.join(utility_payload_at(ctx.spec.version))}]] "
                            "(history/constants.toml [[utility_payload]])",
                            Reproduction(received=frames))
@@ -756,7 +758,8 @@ def _dead(frontend: FrontendSurface, ctx: CheckContext) -> None:
                 "request_types.one-byte-frame"],
        surface="frontend", timeout=PEER_TIMEOUT)
 def _type_bytes(frontend: FrontendSurface, ctx: CheckContext) -> None:
-    """Across add, abort and utility, the front end sends only type bytes 00, 01 and 03."""
+    """Across add, abort and utility, the front end sends only their type bytes at the run's
+    release (00, 01 and 03; UTILITY is 02 up to vLLM 0.8.2)."""
     client, (engine,) = _running(frontend, ctx)
     client.add_request(minimal_request("req-t"), 0)
     client.abort(["req-t"], 0)
@@ -765,9 +768,10 @@ def _type_bytes(frontend: FrontendSurface, ctx: CheckContext) -> None:
     seen.append(frames[0])
     while engine.inputs[0].poll(300):
         seen.append(engine.inputs[0].recv_multipart()[0])
-    sent = [TYPE_BYTES["add"], TYPE_BYTES["abort"], TYPE_BYTES["utility"]]
+    sent = [type_byte(ctx.spec, kind) for kind in ("add", "abort", "utility")]
     if seen[:3] != sent or any(t not in sent for t in seen):
-        raise CheckFailure(f"type frames seen: {[t.hex() for t in seen]}, expected 00 01 03")
+        raise CheckFailure(f"type frames seen: {[t.hex() for t in seen]}, expected "
+                           f"{' '.join(t.hex() for t in sent)}")
 
 
 # --- transport ---------------------------------------------------------------------------------
@@ -793,7 +797,7 @@ def _no_drop(frontend: FrontendSurface, ctx: CheckContext) -> None:
     seen: list[str] = []
     while engine.inputs[0].poll(int(ctx.wait(1.0) * 1000)):
         frames = engine.inputs[0].recv_multipart()
-        if frames[0] == TYPE_BYTES["abort"]:
+        if frames[0] == type_byte(ctx.spec, "abort"):
             seen.extend(msgspec.msgpack.decode(frames[1]))
     if seen != sent:
         missing = [r for r in sent if r not in set(seen)]

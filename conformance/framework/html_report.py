@@ -35,9 +35,15 @@ from enginewire.conformance.framework.outcomes import (
 #: Where the rendered spec pages live, relative to the report (``docs/spec/<surface>.md``).
 SPEC_PAGES = "docs/spec"
 
-#: One-byte type frames of the input channel (``request_types`` surface).
-_TYPE_BYTES = {0x00: "ADD", 0x01: "ABORT", 0x02: "START_DP_WAVE", 0x03: "UTILITY",
-               0x04: "EXECUTOR_FAILED (sentinel)", 0x05: "WAKEUP (sentinel)"}
+
+
+def _type_names(version: str | None) -> dict[int, str]:
+    """One-byte type frames of the input channel at vLLM ``version`` (the reference release
+    where None): byte -> name, from the loaded spec's request_types surface."""
+    from enginewire.spec import load
+
+    return {t.byte: t.name + ("" if t.on_wire else " (sentinel)")
+            for t in load(version).surface("request_types").types}
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;color:#222;max-width:1400px}
@@ -82,11 +88,12 @@ def clause_link(clause_id: str, spec_pages: str = SPEC_PAGES,
             f"<code>{html.escape(clause_id)}</code></a>")
 
 
-def frame_meaning(frame: bytes) -> str:
-    """What a frame says, for a reader: its request type, the text it spells, or its
-    msgpack value (shortened)."""
-    if len(frame) == 1 and frame[0] in _TYPE_BYTES:
-        return f"type byte: {_TYPE_BYTES[frame[0]]}"
+def frame_meaning(frame: bytes, version: str | None = None) -> str:
+    """What a frame says, for a reader: its request type at vLLM ``version`` (the reference
+    release where None), the text it spells, or its msgpack value (shortened)."""
+    names = _type_names(version) if len(frame) == 1 else {}
+    if len(frame) == 1 and frame[0] in names:
+        return f"type byte: {names[frame[0]]}"
     if not frame:
         return "(empty frame)"
     try:
@@ -114,14 +121,14 @@ def _short(value: Any, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def _frames_table(title: str, frames: Sequence[Any]) -> str:
+def _frames_table(title: str, frames: Sequence[Any], version: str | None) -> str:
     esc = html.escape
     rows = []
     for index, frame in enumerate(frames):
         raw = bytes(frame)
         shown = raw[:256].hex() + (f"... ({len(raw)} bytes)" if len(raw) > 256 else "")
         rows.append(f"<tr><td>{index}</td><td class='hex'>{esc(shown) or '(empty)'}</td>"
-                    f"<td>{esc(frame_meaning(raw))}</td></tr>")
+                    f"<td>{esc(frame_meaning(raw, version))}</td></tr>")
     return (f"<table class='frames'><tr><th colspan='3'>{esc(title)}</th></tr>"
             f"<tr><th>#</th><th>hex</th><th>meaning</th></tr>{''.join(rows)}</table>")
 
@@ -142,15 +149,16 @@ def _text_lines(items: Sequence[Any]) -> list[str] | None:
     return lines
 
 
-def render_reproduction(result: CheckResult) -> str:
-    """A failure's reproduction as what it is: frames with meanings, logs as lanes."""
+def render_reproduction(result: CheckResult, version: str | None = None) -> str:
+    """A failure's reproduction as what it is: frames with meanings (type bytes those of vLLM
+    ``version``, the reference release where None), logs as lanes."""
     esc = html.escape
     repro = result.reproduction
     if repro is None:
         return ""
     parts = []
     if repro.sent:
-        parts.append(_frames_table("sent", repro.sent))
+        parts.append(_frames_table("sent", repro.sent, version))
     received = repro.received
     if isinstance(received, list | tuple) and received and all(
             isinstance(r, bytes | bytearray | memoryview) for r in received):
@@ -158,7 +166,7 @@ def render_reproduction(result: CheckResult) -> str:
         if lines is not None:
             parts.append("<pre class='log'>" + esc("\n".join(lines)) + "</pre>")
         else:
-            parts.append(_frames_table("received", received))
+            parts.append(_frames_table("received", received, version))
     elif received is not None:
         parts.append(f"<pre>received: {esc(_short(received, 2000))}</pre>")
     notes = dict(repro.notes)
@@ -187,7 +195,8 @@ def _needs_action(result: CheckResult) -> bool:
     return result.unexpected or (result.status == FAILED and not result.expectation)
 
 
-def _failure_block(result: CheckResult, spec_site: str | None = None) -> str:
+def _failure_block(result: CheckResult, spec_site: str | None = None,
+                   version: str | None = None) -> str:
     esc = html.escape
     status = result.expectation or result.status
     return (
@@ -198,7 +207,7 @@ def _failure_block(result: CheckResult, spec_site: str | None = None) -> str:
         f"<div>clauses: "
         f"{', '.join(clause_link(c, spec_site=spec_site) for c in result.check.clauses)}</div>"
         f"<pre>{esc(result.message)}</pre>"
-        f"{render_reproduction(result)}"
+        f"{render_reproduction(result, version)}"
         + (f"<details><summary>traceback</summary><pre>{esc(result.traceback)}</pre>"
            "</details>" if result.traceback else "")
         + "</div>"
@@ -229,12 +238,12 @@ def render_html(run: RunResult, spec_site: str | None = None) -> str:
         f"<h2 id='failures'>Needs action ({len(action)})</h2>",
     ]
     if action:
-        parts += [_failure_block(r, spec_site) for r in action]
+        parts += [_failure_block(r, spec_site, run.spec_version) for r in action]
     else:
         parts.append("<p class='passed'>Nothing: every failure is expected.</p>")
     if expected:
         parts.append(f"<details><summary>Expected failures ({len(expected)})</summary>")
-        parts += [_failure_block(r, spec_site) for r in expected]
+        parts += [_failure_block(r, spec_site, run.spec_version) for r in expected]
         parts.append("</details>")
     boxes = "".join(
         f"<label><input type='checkbox' data-status='{s}' "

@@ -72,7 +72,6 @@ from enginewire.spec.history.release_facts import (
     init_message_value,
     ready_response_at,
     ready_response_gap,
-    request_types_at,
     transport_at,
     utility_value,
     wire_ready_gap,
@@ -83,9 +82,17 @@ from enginewire.spec.loader import REFERENCE_VLLM_VERSION
 ENGINE_CORE_DEAD = bytes.fromhex(next(
     m.frames[0].literal_hex or "" for m in load().surface("frames").messages
     if m.kind == "engine_core_dead"))
-#: message kind -> its request type byte (request_types.toml, the on-wire types).
-TYPE_BYTES = {t.message: bytes([t.byte])
-              for t in load().surface("request_types").types if t.on_wire and t.message}
+
+
+def type_byte(spec: Any, kind: str) -> bytes:
+    """The type frame of message ``kind`` (``add``, ``abort``, ``utility``, ...) at ``spec``'s
+    release: its request type's byte in the loaded spec's table (request_types.toml; UTILITY
+    is 0x02 up to vLLM 0.8.2); NOT APPLICABLE where the release has no such message."""
+    for t in spec.surface("request_types").types:
+        if t.on_wire and t.message == kind:
+            return bytes([t.byte])
+    raise NotInRelease(f"vLLM {spec.version} has no request type for a {kind} message "
+                       "(request_types.toml)")
 
 
 def identity_of(rank: int) -> bytes:
@@ -169,14 +176,21 @@ def require_clients(spec: Any) -> None:
 
 
 def require_request_type(spec: Any, name: str) -> None:
-    """Raise :class:`NotInRelease` where ``spec``'s release has no request type ``name``
-    (history/constants.toml [[request_types]]; the reference release's table is the
-    request_types surface, which has every one)."""
-    if spec.version == REFERENCE_VLLM_VERSION:
-        return
-    if name not in request_types_at(spec.version):
-        raise NotInRelease(f"vLLM {spec.version} has no request type {name} "
-                           "(history/constants.toml [[request_types]])")
+    """Raise :class:`NotInRelease` where ``spec``'s release has no request type ``name`` (the
+    loaded spec's request_types surface, which the spec check holds to history/constants.toml
+    [[request_types]])."""
+    table = spec.surface("request_types").types
+    if not any(t.name == name for t in table):
+        known = ", ".join(f"{t.name} 0x{t.byte:02x}" for t in table)
+        raise NotInRelease(f"vLLM {spec.version} has no request type {name} (its table: "
+                           f"{known}; request_types.toml)")
+
+
+def request_type_frame(spec: Any, name: str) -> bytes:
+    """The type frame of request type ``name`` at ``spec``'s release (UTILITY is 0x02 up to
+    vLLM 0.8.2); NOT APPLICABLE (:func:`require_request_type`) where the release lacks it."""
+    require_request_type(spec, name)
+    return bytes(spec.request_type_byte(name))
 
 
 def require_ready_key(spec: Any, key: str) -> None:
@@ -505,18 +519,18 @@ class SuiteFrontend:
 
     def add(self, identity: bytes, request: dict[str, Any], client: int = 0) -> None:
         request = in_release(request, "EngineCoreRequest", self.spec)
-        self.send_input(identity, [TYPE_BYTES["add"], *encode(request, "EngineCoreRequest",
-                                                               self.spec)], client)
+        self.send_input(identity, [type_byte(self.spec, "add"),
+                                   *encode(request, "EngineCoreRequest", self.spec)], client)
 
     def abort(self, identity: bytes, request_ids: list[str], client: int = 0) -> None:
-        self.send_input(identity, [TYPE_BYTES["abort"], msgspec.msgpack.encode(request_ids)],
-                        client)
+        self.send_input(identity, [type_byte(self.spec, "abort"),
+                                   msgspec.msgpack.encode(request_ids)], client)
 
     def utility(self, identity: bytes, call_id: int, method: str, args: list[Any],
                 client: int = 0) -> None:
         payload = msgspec.msgpack.encode(utility_value(
             self.spec.version, client_index=client, call_id=call_id, method=method, args=args))
-        self.send_input(identity, [TYPE_BYTES["utility"], payload], client)
+        self.send_input(identity, [type_byte(self.spec, "utility"), payload], client)
 
     def recv_output_frames(self, timeout: float, client: int = 0) -> list[bytes]:
         frames = recv(self.output_sockets[client], timeout, f"a message on output {client}")

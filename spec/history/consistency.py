@@ -18,6 +18,9 @@
   is the literal frames.toml gives engine_core_dead, and the newest release has a DP
   coordinator (``[[dp_coordinator]]``) exactly where the transport surface has channels
   with a coordinator end;
+- at every release the request type table of ``load(release)`` (``request_types.toml``, its
+  entries' ``versions``) is the ``[[request_types]]`` row of the release, name for name and
+  byte for byte;
 - the insecure-serialization opt-in (``[[pickle_opt_in]]``): the newest release's setting is
   the one ``tensors.toml`` names, and at every release the clauses about the opt-in
   (:data:`OPT_IN_CLAUSES`) hold exactly where the release has it and
@@ -63,6 +66,7 @@ def problems(data_dir: Path = DATA_DIR) -> list[str]:
             specs[version] = load(version, data_dir)
         except SpecError as exc:
             found.append(f"release {version} does not load: {exc}")
+    found.extend(_check_request_types(data_dir, specs))
     found.extend(_check_pickle_opt_in(data_dir, releases, specs))
     found.extend(_check_append_only(data_dir, releases, specs))
     found.extend(_check_defaults(specs))
@@ -214,6 +218,28 @@ def _check_messages(data_dir: Path, releases: list[str]) -> list[str]:
     if (isinstance(coordinator, str) and coordinator != "none") != bool(owned):
         out.append(f"history/constants.toml: the DP coordinator at {newest} is "
                    f"{coordinator!r}, transport.toml has coordinator channels {owned}")
+    return out
+
+
+def _check_request_types(data_dir: Path, specs: dict[str, Spec]) -> list[str]:
+    """At every release the loaded request type table is the history's ``[[request_types]]``
+    row (module docstring); a release without a row is no problem here (the constants check
+    says a table must cover every release)."""
+    from .constants import constants_at
+
+    out = []
+    for version, spec in specs.items():
+        derived = {str(k): int(v)
+                   for k, v in constants_at(version, "request_types", data_dir).items()}
+        if not derived:
+            continue
+        table = {t.name: t.byte for t in spec.surface("request_types").types}
+        if table != derived:
+            def show(values: dict[str, int]) -> str:
+                return ", ".join(f"{n} 0x{b:02x}" for n, b in sorted(values.items(),
+                                                                    key=lambda i: i[1]))
+            out.append(f"request_types.toml at {version}: {show(table)}; history/constants.toml "
+                       f"[[request_types]] says {show(derived)}")
     return out
 
 

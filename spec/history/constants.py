@@ -9,6 +9,7 @@ Imports nothing of the spec but :mod:`..versions`, so that the loader reads the 
 from __future__ import annotations
 
 import tomllib
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,25 @@ _DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 def constant_rows(table: str, data_dir: Path | None = None
                   ) -> list[tuple[VersionRange, dict[str, Any]]]:
     """Every row of one table of ``history/constants.toml``, newest range first: its range
-    and its values; [] where the file or the table is missing."""
+    and its values (a fresh dict per call); [] where the file or the table is missing."""
     path = (data_dir or _DATA_DIR) / "history" / "constants.toml"
-    if not path.exists():
+    try:
+        status = path.stat()
+    except OSError:
         return []
-    with path.open("rb") as handle:
-        rows = tomllib.load(handle).get(table, [])
-    return [(VersionRange.parse(r["versions"]), dict(r["values"])) for r in rows]
+    tables = _parsed(str(path), status.st_mtime_ns, status.st_size)
+    return [(rng, dict(values)) for rng, values in tables.get(table, ())]
+
+
+@lru_cache(maxsize=8)
+def _parsed(path: str, _mtime_ns: int, _size: int
+            ) -> dict[str, tuple[tuple[VersionRange, dict[str, Any]], ...]]:
+    """The tables of the constants file at ``path``, parsed once per modification time and
+    size (loading every release reads them hundreds of times)."""
+    with open(path, "rb") as handle:
+        raw = tomllib.load(handle)
+    return {name: tuple((VersionRange.parse(r["versions"]), dict(r["values"])) for r in rows)
+            for name, rows in raw.items() if isinstance(rows, list)}
 
 
 def constants_at(version: str, table: str, data_dir: Path | None = None) -> dict[str, Any]:

@@ -10,7 +10,9 @@ handshake keys and the form of the ready response live in ``history/constants.to
   handshake surface's shape), what the engines and front ends of that release send and
   require;
 - :func:`engine_handshake_map`: the HELLO or READY map an engine of the release sends;
-- :func:`request_types_at`: the request type bytes the release knows, name -> byte;
+- :func:`request_types_at`: the request type bytes the history records for the release, name
+  -> byte (``load(version)``'s request_types surface is the same table: the spec check holds
+  them together);
 - :func:`ready_response_at`: the engine's first message on each input DEALER: ``struct`` (a
   msgpack ``EngineCoreReadyResponse``), ``empty`` (an empty frame), ``READY`` (the literal
   bytes) or ``none``;
@@ -36,11 +38,12 @@ handshake keys and the form of the ready response live in ``history/constants.to
   release that introduced the insecure-serialization opt-in (``[[pickle_opt_in]]``: 0.9.0),
   and why a check of the opt-in (a release without it) or of pickle without it (a release
   with it) does not apply;
-- :func:`engine_core_dead_at`, :func:`dp_coordinator_at`, :func:`message_gap`: the sentinel
-  a dying engine sends (``[[engine_core_dead]]``: 0.8.5 on), the DP coordinator
-  (``[[dp_coordinator]]``: 0.9.1 on), and why a message kind of the frames surface does not
-  exist at a release (ENGINE_CORE_DEAD before its sentinel, every kind on a channel the DP
-  coordinator owns before the coordinator);
+- :func:`engine_core_dead_at`, :func:`dp_coordinator_at`, :func:`request_type_gap`,
+  :func:`message_gap`: the sentinel a dying engine sends (``[[engine_core_dead]]``: 0.8.5
+  on), the DP coordinator (``[[dp_coordinator]]``: 0.9.1 on), and why a message kind of the
+  frames surface does not exist at a release (a request whose type the release's table
+  lacks, START_DP_WAVE before 0.8.5; ENGINE_CORE_DEAD before its sentinel; every kind on a
+  channel the DP coordinator owns before the coordinator);
 - :func:`handshake_on_input`, :func:`init_message_value`, :func:`init_addresses`: a release
   that holds the handshake on its input socket (0.9.0: HELLO, a plain init map naming the
   output, READY as the ready response) and its init message in the release's form.
@@ -453,13 +456,32 @@ def _since(table: str, key: str) -> str | None:
     return since
 
 
+def request_type_gap(spec: Any, kind: str) -> str | None:
+    """Why the frames surface's message ``kind`` has no request type at ``spec``'s release
+    (None: it has one, or it is no request): the release's table (the request_types surface
+    of ``load(version)``) lacks the type the message names, as START_DP_WAVE before 0.8.5."""
+    message = next((m for m in spec.surface("frames").messages if m.kind == kind), None)
+    if message is None or message.request_type is None:
+        return None
+    table = spec.surface("request_types").types
+    if any(t.name == message.request_type for t in table):
+        return None
+    known = ", ".join(f"{t.name} 0x{t.byte:02x}" for t in table)
+    return (f"vLLM {spec.version} has no request type {message.request_type}, so no {kind} "
+            f"message (its table: {known}; request_types.toml)")
+
+
 def message_gap(spec: Any, kind: str) -> str | None:
     """Why the frames surface's message ``kind`` does not exist at ``spec``'s release (None:
-    it does, or the history says nothing of it): ``engine_core_dead`` where the release's
-    engine has no sentinel, and every kind on a channel the DP coordinator owns (a channel
-    with a ``coordinator`` end: coordinator_input, coordinator_output, stats_publish) where
-    the release has no coordinator."""
+    it does, or the history says nothing of it): a request whose request type the release's
+    table lacks (:func:`request_type_gap`: START_DP_WAVE before 0.8.5), ``engine_core_dead``
+    where the release's engine has no sentinel, and every kind on a channel the DP
+    coordinator owns (a channel with a ``coordinator`` end: coordinator_input,
+    coordinator_output, stats_publish) where the release has no coordinator."""
     version = spec.version
+    gap = request_type_gap(spec, kind)
+    if gap is not None:
+        return gap
     if kind == "engine_core_dead" and engine_core_dead_at(version) is None:
         since = _since("engine_core_dead", "literal")
         came = f": the sentinel came in vLLM {since}" if since is not None else ""
