@@ -101,11 +101,11 @@ def note_start_failure(failure: TargetError) -> None:
 
 
 def start_failure() -> TargetError | None:
-    """The start failure of the running check (its probes asked once more), or None."""
+    """The start failure of the running check (noted by a call into the target or by a probe
+    that :func:`refused` asked), or None."""
     current = _CURRENT
     if current is None:
         return None
-    refused()
     return current.start_failure
 
 
