@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ci_tools import chromium_segments, remove_chromium_leftovers
+
 
 class BrowserError(Exception):
     """The browser did not answer as expected; the message says what it was asked."""
@@ -28,6 +30,7 @@ class Browser:
 
     def __init__(self, executable: str, profile: Path, timeout_s: float = 60.0) -> None:
         self.timeout_s = timeout_s
+        self._segments_before = chromium_segments()
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
         # The child's fds 3 and 4 must be these pipes: dup them there in the child (before
@@ -61,6 +64,8 @@ class Browser:
                 os.close(fd)
             except OSError:
                 pass
+        # Killed, chromium cannot unlink what it was about to (tests/conftest.py counts it).
+        remove_chromium_leftovers(self._segments_before)
 
     def _send(self, method: str, params: dict[str, Any], session: str | None) -> int:
         self._next_id += 1

@@ -1,12 +1,17 @@
 """A program the tests need: skipped loudly on a developer's machine, a failure under
-``.ci/run`` (``ENGINEWIRE_REQUIRE_TOOLS=1``)."""
+``.ci/run`` (``ENGINEWIRE_REQUIRE_TOOLS=1``); what a killed chromium leaves in /dev/shm is
+removed, what a live process maps stays."""
 
 from __future__ import annotations
 
+import mmap
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from ci_tools import ENV, require_tool
+from ci_tools import ENV, chromium_segments, remove_chromium_leftovers, require_tool
 
 
 def test_missing_tool_fails_when_required(monkeypatch: pytest.MonkeyPatch,
@@ -33,3 +38,44 @@ def test_present_tool_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv(ENV, "1")
     assert require_tool("node", why="untested") == str(tool)
+
+
+SHM = Path("/dev/shm")
+
+
+def _segment(name: str) -> Path:
+    path = SHM / name
+    path.write_bytes(b"\0" * mmap.PAGESIZE)
+    return path
+
+
+@pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this system")
+def test_an_unmapped_new_segment_is_removed_and_an_old_one_kept() -> None:
+    old = _segment(f".org.chromium.Chromium.ew-old-{os.getpid()}")
+    try:
+        before = chromium_segments()
+        new = _segment(f".org.chromium.Chromium.ew-new-{os.getpid()}")
+        assert remove_chromium_leftovers(before) == [new.name]
+        assert not new.exists() and old.exists()
+    finally:
+        old.unlink(missing_ok=True)
+
+
+@pytest.mark.skipif(not SHM.is_dir(), reason="no /dev/shm on this system")
+def test_a_segment_a_live_process_maps_stays() -> None:
+    before = chromium_segments()
+    held = _segment(f".org.chromium.Chromium.ew-held-{os.getpid()}")
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import mmap, sys, time\n"
+         f"f = open({str(held)!r}, 'r+b'); m = mmap.mmap(f.fileno(), 0)\n"
+         "print('mapped', flush=True); time.sleep(60)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "mapped"
+        assert remove_chromium_leftovers(before) == []
+        assert held.exists()
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+        held.unlink(missing_ok=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from ci_tools import require_tool
+from ci_tools import chromium_segments, remove_chromium_leftovers, require_tool
 
 from enginewire.conformance.framework.html_report import frame_meaning, render_html
 from enginewire.conformance.framework.memory_log import MemoryLog, swimlane_html
@@ -63,16 +63,24 @@ def _base(browser: str, tmp_path: Path) -> list[str]:
 
 def _screenshot(browser: str, page: Path, tmp_path: Path) -> None:
     shot = tmp_path / (page.stem + ".png")
-    subprocess.run([*_base(browser, tmp_path), f"--screenshot={shot}",
-                    "--window-size=1200,1600", page.as_uri()],
-                   check=True, timeout=120, capture_output=True)
+    before = chromium_segments()
+    try:
+        subprocess.run([*_base(browser, tmp_path), f"--screenshot={shot}",
+                        "--window-size=1200,1600", page.as_uri()],
+                       check=True, timeout=120, capture_output=True)
+    finally:
+        remove_chromium_leftovers(before)
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
 def _dom(browser: str, page: Path, tmp_path: Path) -> str:
-    return subprocess.run([*_base(browser, tmp_path), "--dump-dom", page.as_uri()],
-                          check=True, timeout=120, capture_output=True, text=True).stdout
+    before = chromium_segments()
+    try:
+        return subprocess.run([*_base(browser, tmp_path), "--dump-dom", page.as_uri()],
+                              check=True, timeout=120, capture_output=True, text=True).stdout
+    finally:
+        remove_chromium_leftovers(before)
 
 
 def test_page_in_a_headless_browser(tmp_path: Path) -> None:
