@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
+from test_release_checks import _status
 
 from enginewire.conformance.framework.outcomes import FAILED, NOT_APPLICABLE, PASSED
-from enginewire.conformance.framework.registry import all_checks, select
-from enginewire.conformance.framework.runner import run_check
-from enginewire.conformance.targets.reference import ReferenceCodec, reference_target
+from enginewire.conformance.targets.reference import ReferenceCodec
 from enginewire.reference.codec import Codec
 from enginewire.reference.errors import FramingError
 from enginewire.reference.session import EngineSession
@@ -99,18 +97,6 @@ def test_reference_engine_session_reads_the_release_bytes() -> None:
     with pytest.raises(FramingError) as caught:
         newest.request_event(b"\x04")
     assert caught.value.clause == "request_types.sentinels-never-on-wire"
-
-
-def _status(version: str, pattern: str, codec: Any = None) -> tuple[str, str]:
-    item = select(all_checks(), patterns=[pattern])[0]
-    target = reference_target(version)
-    if codec is not None:
-        target.codec = codec
-    try:
-        result = run_check(item, target, load(version))
-    finally:
-        target.close()
-    return result.status, result.message  # type: ignore[attr-defined]
 
 
 class NewestTypeBytes(ReferenceCodec):
