@@ -401,10 +401,12 @@ class Run:
                 self.results.record(series, round_index, figures.get(metric), error)
 
     def _minimal_case(self, payload: int, readers: int, chunks: int) -> bool:
-        """Is the minimal ring measured in this cell? At the base reader and chunk counts and
-        below :data:`BANDWIDTH_FROM` (a message-rate ceiling; memcpy bounds the GB/s)."""
+        """Is the minimal ring measured in this cell? At the base chunk count, with the base
+        reader count (the target's cell: three processes on this machine's two cores) or one
+        reader (each process its own core), below :data:`BANDWIDTH_FROM` (a message-rate
+        ceiling; memcpy bounds the GB/s)."""
         config = self.config
-        return (payload < BANDWIDTH_FROM and readers == config.base_readers
+        return (payload < BANDWIDTH_FROM and readers in (1, config.base_readers)
                 and chunks == config.base_chunks)
 
     def textbook_steps(self, round_index: int) -> Iterator[Step]:

@@ -585,3 +585,16 @@ def test_a_parked_ring_resumes_for_every_burst(tmp_path: Path) -> None:
         bench.close()
         target.close()
     assert child_processes() == []
+
+
+def test_the_minimal_ring_runs_beside_the_base_readers_and_one_reader() -> None:
+    """The minimal ring is measured at the base chunk count below the bandwidth sizes, with
+    the base reader count (the target's cell) and with one reader (each process its own
+    core on two), nowhere else."""
+    run = rounds.Run.__new__(rounds.Run)
+    run.config = BenchConfig()
+    assert run._minimal_case(KIB, 2, 10) and run._minimal_case(KIB, 1, 10)
+    assert run._minimal_case(64, 1, 10)
+    assert not run._minimal_case(KIB, 3, 10)
+    assert not run._minimal_case(KIB, 2, 4)
+    assert not run._minimal_case(MIB, 1, 10)

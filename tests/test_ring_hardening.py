@@ -123,11 +123,11 @@ def test_the_opcode_walk_passes_binary_data_and_only_plain_streams() -> None:
 
 
 def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
-    """_leaf_stream passes PROTO, FRAME, one bytes/bytearray/str opcode, MEMOIZE, STOP and
+    """leaf_stream passes PROTO, FRAME, one bytes/bytearray/str opcode, MEMOIZE, STOP and
     nothing else: checked against pickletools on every leaf size class and on mutations."""
     import random
 
-    from enginewire.reference.ring.payload import _leaf_stream
+    from enginewire.reference.ring.payload import leaf_stream
 
     rng = random.Random(11)
     leaves: list[Any] = [b"", bytearray(), "", "é" * 3]
@@ -138,7 +138,7 @@ def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
         stream = pickle.dumps(value, protocol=5)
         names = [op.name for op, _, _ in pickletools.genops(stream)]
         framed = names[:2] == ["PROTO", "FRAME"]
-        assert _leaf_stream(stream) == framed, (type(value), len(value), names)
+        assert leaf_stream(stream) == framed, (type(value), len(value), names)
         if framed:
             assert len(names) in (4, 5) and names[-1] == "STOP"
             assert PickleCodec().decode(stream, []) == value
@@ -148,14 +148,14 @@ def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
                    pickle.dumps([b"x"], protocol=5), pickle.dumps(5, protocol=5),
                    pickle.dumps(bytearray(b"x" * 40), protocol=2), b"\x80\x05\x95" + bytes(9),
                    _malicious(Path("/nonexistent"))):
-        assert not _leaf_stream(stream), stream[:16]
+        assert not leaf_stream(stream), stream[:16]
     mutated_streams = []
     for _ in range(2000):  # mutated leaf streams: whatever passes holds no global opcode
         mutated = bytearray(blob[:40])
         mutated[rng.randrange(40)] = rng.randrange(256)
         stream = bytes(mutated) + b"\x94."
         mutated_streams.append(stream)
-        if _leaf_stream(stream):
+        if leaf_stream(stream):
             assert not _has_global(stream)
     # PickleCodec.decode hands exactly the streams that pass the leaf test (or the checks after
     # it) to pickle.loads, and every other one to the allow-list.
@@ -178,7 +178,7 @@ def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
             pass
         finally:
             payload.pickle.loads = loads  # type: ignore[attr-defined]
-        fast = (_leaf_stream(stream) or payload._names_no_global(stream)
+        fast = (leaf_stream(stream) or payload._names_no_global(stream)
                 or payload._opcodes_no_global(stream))
         assert (loaded == [stream]) == fast, stream[:16]
 

@@ -8,6 +8,8 @@ Read it in this order:
 - :mod:`.shm`: the real shared-memory segment behind that memory;
 - :mod:`.wait`: how the ends wait between two failed checks;
 - :mod:`.payload`: the pickle (vLLM-compatible) and msgspec payload codecs;
+- :mod:`.express`: one message's steps and codec work in one call per end, over shared memory
+  (held byte for byte to the steps);
 - :mod:`.queue`: ``MessageQueue``, sockets and all;
 - :mod:`.rpc`: the executor RPC's request and reply messages (sans-IO);
 - :mod:`.executor`: vLLM's executor and worker ends of that RPC over ``MessageQueue``.

@@ -160,7 +160,7 @@ def _leaf_heads(total: int) -> tuple[tuple[bytes, ...], tuple[bytes, ...]]:
 _MEMOIZE_STOP = pickle.MEMOIZE + pickle.STOP
 
 
-def _leaf_stream(data: bytes) -> bool:
+def leaf_stream(data: bytes) -> bool:
     """True when ``data`` is exactly ``PROTO v, FRAME n, <one bytes, bytearray or str opcode
     and its data>, [MEMOIZE], STOP``: the stream ``pickle.dumps`` makes of one such object
     (clause ring.payload.pickle-allow-list: it builds that object and calls nothing).
@@ -445,7 +445,7 @@ class PickleCodec:
                 data = bytes(main)
             else:
                 return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
-            if _leaf_stream(data) or _names_no_global(data) or _opcodes_no_global(data):
+            if leaf_stream(data) or _names_no_global(data) or _opcodes_no_global(data):
                 # One bytes or str object, or no opcode that loads a global: nothing in the
                 # stream can be called, so the C unpickler's fast path is as safe as the
                 # allow-list. The checks read a private copy: the writer cannot change what

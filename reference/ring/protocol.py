@@ -76,10 +76,9 @@ class RingMemory(Protocol):
     #: Optional: ``(view, enter, leave)`` where ``view`` is a writable byte view of the whole
     #: memory whose item and slice accesses are exactly this memory's ``load``, ``store``,
     #: ``read`` and ``write`` (nothing recorded, nothing paused), and ``enter(); leave()`` is
-    #: its ``fence``. A memory that offers it lets the per-message methods
-    #: (:meth:`RingWriter.try_publish`, :meth:`RingReader.try_read_single`) make the same
-    #: accesses without a Python call per access. An instrumented memory (the explorer's, a
-    #: recording one) has none, or None, and gets the steps' own calls.
+    #: its ``fence``. A memory that offers it lets a queue end's express path (:mod:`.express`)
+    #: make the steps' accesses without a Python call per access. An instrumented memory (the
+    #: explorer's, a recording one) has none, or None, and gets the steps' own calls.
     direct: DirectAccess | None
 
     def yield_(self) -> None:
@@ -205,16 +204,6 @@ class _RingEnd:
         self._max_chunks = layout.max_chunks
         self._rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
-        # The memory's plain view, for the per-message method of a class whose steps are this
-        # module's own (set by the subclasses; None: that method runs the steps).
-        self._direct: DirectAccess | None = None
-
-    def _direct_if_own(self, steps: tuple[str, ...], base: type) -> DirectAccess | None:
-        """The memory's direct access when this end's class replaces none of ``steps`` of
-        ``base`` (a mutant or an instrumented end gets its own steps called instead)."""
-        if any(getattr(type(self), name) is not getattr(base, name) for name in steps):
-            return None
-        return direct_access(self.memory)
 
 
 #: The steps :meth:`RingWriter.try_publish` inlines.
@@ -237,11 +226,6 @@ class RingWriter(_RingEnd):
         # mutant, an instrumented writer) gets its own steps called instead.
         self._inlined = all(getattr(type(self), name) is getattr(RingWriter, name)
                             for name in _PUBLISH_STEPS)
-        self._direct = self._direct_if_own(_PUBLISH_STEPS, RingWriter)
-        # The read flags of each row as one span, and the span all read / none read.
-        self._flag_spans = [(row + 1, row + 1 + layout.n_reader) for row in self._rows]
-        self._all_read = bytes([1] * layout.n_reader)
-        self._none_read = bytes(layout.n_reader)
 
     def try_acquire(self) -> int | None:
         """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
@@ -319,10 +303,11 @@ class RingWriter(_RingEnd):
             return False
         return not any(map(memory.load, self._read_flags[index]))
 
-    def try_publish(self, head: Buffer, body: Buffer, body_at: int) -> bool | None:
+    def try_publish(self, head: Buffer, body: Buffer, tail: Buffer = b"") -> bool | None:
         """One whole message in one call, for the per-message path of a queue: exactly the
-        memory events of :meth:`try_acquire`, then ``write(chunk, head)`` and
-        ``write(chunk + body_at, body)``, then :meth:`commit`, then :meth:`readers_behind`,
+        memory events of :meth:`try_acquire`, then ``write(chunk, head)``,
+        ``write(chunk + len(head), body)`` and, when ``tail`` is not empty, ``tail`` right after
+        the body, then :meth:`commit`, then :meth:`readers_behind`,
         in that order (tests/test_ring_protocol.py runs both over a recording memory and
         compares the event sequences). The steps are those methods' steps, inlined: the
         memory sees no difference, a message costs one Python call instead of five.
@@ -330,66 +315,14 @@ class RingWriter(_RingEnd):
         None when the chunk is not free (nothing changed: the caller waits and calls again);
         otherwise whether the readers need a notification (``not readers_behind()``).
 
-        Over a memory with :attr:`~RingMemory.direct` access (shared memory) the same accesses
-        are item and slice accesses of its view, the fences its lock: the read flags of a
-        row are loaded, and cleared, as one span (one copy of ``n_reader`` bytes instead of
-        ``n_reader`` one-byte accesses: nothing else stores to them while the writer checks or
-        holds the chunk). tests/test_ring_protocol.py runs that path and the steps over the
-        same schedules and compares every byte after every step.
+        A queue end over shared memory makes the same accesses without a call per access
+        (:mod:`.express`); this method is what it and the explorer are held to.
         """
         if self._claimed is not None:
             raise RingError("ring.writer.single-writer", "a chunk is already claimed",
                             expected="commit() before the next acquire", got=self._claimed)
-        direct = self._direct
-        if direct is not None:
-            # The same prelude as try_read_single's (a fence once, then the index and flag
-            # look-ups), kept twice on purpose: a shared helper would add a Python call per
-            # message on the path whose point is having none.
-            buf, enter, leave = direct
-            if not self._fenced:  # ring.writer.fence-before-check
-                enter()
-                leave()
-                self._fenced = True
-            index = self.index
-            row = self._rows[index]
-            first, end = self._flag_spans[index]
-            # ring.writer.wait-writable: written == 0, or every read flag set
-            if buf[row] and buf[first:end] != self._all_read:
-                return None
-            self._fenced = False
-            buf[row] = 0  # ring.writer.clear-written-before-fill
-            fence_acq_rel = self._fence_acq_rel
-            if fence_acq_rel is not None:  # ring.writer.fence-after-claim
-                fence_acq_rel()
-            offset = self._chunks[index]
-            buf[offset:offset + len(head)] = head
-            if type(body) is not bytes and type(body) is not bytearray:
-                body = memoryview(body)
-                if body.format != "B" or body.ndim != 1:
-                    body = body.cast("B")
-            start = offset + body_at
-            buf[start:start + len(body)] = body
-            buf[first:end] = self._none_read  # ring.writer.read-flags-cleared-before-written
-            if fence_acq_rel is not None:  # ring.writer.fence-before-written
-                fence_acq_rel()
-            buf[row] = 1
-            enter()  # ring.writer.fence-after-written
-            leave()
-            self._fenced = True
-            index += 1
-            max_chunks = self._max_chunks
-            self.index = 0 if index == max_chunks else index
-            if max_chunks < 2:  # ring.notify.after-write
-                return True
-            before = index - 2
-            if before < 0:
-                before += max_chunks
-            if not buf[self._rows[before]]:
-                return True
-            first, end = self._flag_spans[before]
-            return buf[first:end] != self._none_read
         if not self._inlined:
-            return self._publish_by_steps(head, body, body_at)
+            return self._publish_by_steps(head, body, tail)
         memory = self.memory
         load = memory.load
         store = memory.store
@@ -411,7 +344,9 @@ class RingWriter(_RingEnd):
         offset = self._chunks[index]
         write = memory.write
         write(offset, head)
-        write(offset + body_at, body)
+        write(offset + len(head), body)
+        if tail:
+            write(offset + len(head) + len(body), tail)
         # commit: ring.writer.read-flags-cleared-before-written
         for flag in flags:
             store(flag, 0)
@@ -433,14 +368,16 @@ class RingWriter(_RingEnd):
             return True
         return any(map(load, self._read_flags[before]))
 
-    def _publish_by_steps(self, head: Buffer, body: Buffer, body_at: int) -> bool | None:
+    def _publish_by_steps(self, head: Buffer, body: Buffer, tail: Buffer) -> bool | None:
         """:meth:`try_publish` through the step methods (those of a subclass included)."""
         if self.try_acquire() is None:
             return None
         offset = self.chunk_offset()
         try:
             self.memory.write(offset, head)
-            self.memory.write(offset + body_at, body)
+            self.memory.write(offset + len(head), body)
+            if tail:
+                self.memory.write(offset + len(head) + len(body), tail)
         except BaseException:
             self.abandon()
             raise
@@ -457,10 +394,6 @@ class RingWriter(_RingEnd):
         self._claimed = None
 
 
-#: The steps :meth:`RingReader.try_read_single` inlines.
-_READ_STEPS = ("try_acquire", "chunk_offset", "release")
-
-
 class RingReader(_RingEnd):
     """Local reader ``rank``'s side of the flag protocol.
 
@@ -475,9 +408,6 @@ class RingReader(_RingEnd):
         self._held: int | None = None
         self._own_flags = [row + 1 + rank for row in self._rows]
         self._chunk_bytes = layout.max_chunk_bytes
-        # A chunk shorter than a one-buffer head holds no single buffer to read.
-        self._direct = (self._direct_if_own(_READ_STEPS, RingReader)
-                        if layout.max_chunk_bytes >= FIRST_DATA else None)
 
     def try_acquire(self) -> int | None:
         """Return chunk ``index`` if it is readable, else None. The caller must then
@@ -545,54 +475,12 @@ class RingReader(_RingEnd):
         ``limit`` bytes that lies within the chunk, that buffer is copied out
         (``read(chunk + FIRST_DATA, length)``), the chunk released (:meth:`release`) and the
         copy returned; any other chunk stays held and its index is returned, for the caller to
-        read and release as after :meth:`try_acquire`.
+        read and release as after :meth:`try_acquire`. The steps are the methods' own (those
+        of a subclass included); a chunk shorter than a one-buffer head is returned held.
 
-        Over a memory with :attr:`~RingMemory.direct` access the same accesses are made on its
-        view (tests/test_ring_protocol.py compares every byte with the steps'); otherwise, or
-        when a subclass replaces a step, the steps themselves run.
+        A queue end over shared memory makes the same accesses without a call per access
+        (:mod:`.express`).
         """
-        direct = self._direct
-        if direct is None:
-            return self._read_single_by_steps(limit)
-        if self._held is not None:
-            raise RingError("ring.reader.release-after-read", "a chunk is already held",
-                            expected="release() before the next acquire", got=self._held)
-        # The same prelude as try_publish's (a fence once, then the index and flag look-ups),
-        # kept twice on purpose: a shared helper would add a Python call per message on the
-        # path whose point is having none.
-        buf, enter, leave = direct
-        if not self._fenced:  # ring.reader.fence-before-check
-            enter()
-            leave()
-            self._fenced = True
-        index = self.index
-        own = self._own_flags[index]
-        # ring.reader.readable-iff, ring.reader.own-flag-loaded-first
-        if buf[own] or not buf[self._rows[index]]:
-            return None
-        fence_acq_rel = self._fence_acq_rel
-        if fence_acq_rel is not None:  # ring.reader.fence-before-data
-            fence_acq_rel()
-        offset = self._chunks[index]
-        marker, count, length = unpack_head(buf, offset)
-        if (marker != IN_RING or count != 1 or length > limit
-                or FIRST_DATA + length > self._chunk_bytes):
-            self._held = index
-            return index
-        start = offset + FIRST_DATA
-        data = buf[start:start + length].tobytes()
-        if fence_acq_rel is not None:  # ring.reader.fence-before-release
-            fence_acq_rel()
-        buf[own] = 1
-        enter()  # ring.reader.fence-after-release
-        leave()
-        self._fenced = True
-        index += 1
-        self.index = 0 if index == self._max_chunks else index
-        return data
-
-    def _read_single_by_steps(self, limit: int) -> bytes | int | None:
-        """:meth:`try_read_single` through the step methods (those of a subclass included)."""
         index = self.try_acquire()
         if index is None:
             return None

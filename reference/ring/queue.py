@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import ipaddress
 import math
-import os
 import threading
 import time
 import weakref
@@ -51,8 +50,8 @@ from enginewire.spec import load
 
 from ..addresses import bind_ipc, ensure_ipc_dir, ipc_address, remove_ipc_file
 from ..errors import ProtocolTimeout, RingError
+from .express import ExpressDequeue, ExpressEnqueue, reader_express, writer_express
 from .framing import (
-    FIRST_DATA,
     MAX_BUFFER_BYTES,
     OVERFLOW_BASE,
     Buffer,
@@ -108,10 +107,6 @@ def _release_view(view: memoryview) -> None:
 
 def _never() -> bool:
     return False
-
-
-#: The yield of the first turn of a wait (:meth:`MessageQueue.dequeue`).
-_sched_yield = os.sched_yield
 
 
 def _release_views(views: list[memoryview]) -> None:
@@ -261,6 +256,9 @@ class MessageQueue:
     #: looked up per message, never bound here: a mutant harness swaps them after
     #: construction.)
     _publish_directly: bool
+    #: The end's express path (:mod:`.express`), where it has one.
+    _express_enqueue: ExpressEnqueue | None
+    _express_dequeue: ExpressDequeue | None
 
     def __init__(
         self,
@@ -334,6 +332,8 @@ class MessageQueue:
             self._publish_directly = (
                 self._writer is not None and self._remote_socket is None
                 and type(self).enqueue_buffers is MessageQueue.enqueue_buffers)
+            if self._publish_directly and self._writer is not None and self._notify is not None:
+                self._express_enqueue = writer_express(self._writer, self.codec, wait)
         except BaseException:
             res.close()
             raise
@@ -368,6 +368,8 @@ class MessageQueue:
         self._readers_running = _never
         self._blocking = False
         self._publish_directly = False
+        self._express_enqueue = None
+        self._express_dequeue = None
 
     @classmethod
     def create_from_handle(cls, handle: Any, rank: int, *,
@@ -400,6 +402,9 @@ class MessageQueue:
                 self._reader = RingReader(res.segment.memory, self.layout,
                                           self.local_reader_rank)
                 self._chunk_bytes = self.layout.max_chunk_bytes
+                if type(self)._dequeue_rest is MessageQueue._dequeue_rest:
+                    self._express_dequeue = reader_express(self._reader, self.codec, wait,
+                                                           NOTIFY_POLL_INTERVAL_S)
                 # One view per chunk for the queue's life: a message costs no view of its own.
                 res.views = self._chunk_views = [
                     res.segment.memory.read(self.layout.chunk_offset(index), self._chunk_bytes)
@@ -497,7 +502,9 @@ class MessageQueue:
     def close(self) -> None:
         """Close sockets, remove ipc files, unmap the segment (the creator unlinks it)."""
         self._shutting_down = True
-        self._publish_directly = False  # enqueue_buffers raises what a closed end raises
+        # enqueue_buffers and the general dequeue raise what a closed end raises
+        self._publish_directly = False
+        self._express_enqueue = self._express_dequeue = None
         held, self._held_views = self._held_views, None
         if held is not None:
             _release_views(held)
@@ -533,30 +540,13 @@ class MessageQueue:
 
     def enqueue(self, obj: Any, timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
         """Encode ``obj`` with the codec and broadcast it (:meth:`enqueue_buffers`)."""
-        buffers = self.codec.encode(obj)
-        writer = self._writer
-        if writer is not None and self._publish_directly and len(buffers) == 1:
-            # The common message, one pickle stream that fits, in one protocol call: the
-            # single-buffer branch of enqueue_buffers without its call and its checks of the
-            # end (an open writer with local readers only).
-            first = buffers[0]
-            if type(first) is bytes:
-                size = len(first)
-                if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
-                    head = cached_single_head(size) or single_head(size)
-                    notify_readers = writer.try_publish(head, first, FIRST_DATA)
-                    if notify_readers is None and (timeout is None or timeout > 0):
-                        # The wait's first turn, before the wait is built (see dequeue).
-                        _sched_yield()
-                        notify_readers = writer.try_publish(head, first, FIRST_DATA)
-                    if notify_readers is None:
-                        notify_readers = self._wait_to_publish(writer.try_publish, head, first,
-                                                               timeout)
-                    notify = self._notify
-                    if notify_readers and notify is not None and not self._readers_running():
-                        notify()
-                    return
-        self.enqueue_buffers(buffers, timeout)
+        express = self._express_enqueue
+        if express is not None:
+            # The common message in one call (reference/ring/express.py), which hands anything
+            # else back to enqueue_buffers.
+            express(self, obj, timeout)
+            return
+        self.enqueue_buffers(self.codec.encode(obj), timeout)
 
     def enqueue_buffers(self, buffers: Sequence[Buffer],
                         timeout: float | None = DEFAULT_TIMEOUT_S) -> None:
@@ -585,10 +575,10 @@ class MessageQueue:
                 size = len(first) if type(first) is bytes else nbytes(first)
                 if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
                     head = cached_single_head(size) or single_head(size)
-                    notify_readers = writer.try_publish(head, first, FIRST_DATA)
+                    notify_readers = writer.try_publish(head, first)
                     if notify_readers is None:
                         notify_readers = self._wait_to_publish(writer.try_publish, head, first,
-                                                               timeout)
+                                                               b"", timeout)
                     if notify_readers and not self._readers_running():
                         notify()
                     if self._remote_socket is not None:
@@ -615,17 +605,28 @@ class MessageQueue:
         if remote_socket is not None:
             self._send_multipart(remote_socket, buffers)
 
-    def _wait_to_publish(self, publish: Callable[[Buffer, Buffer, int], bool | None],
-                         head: bytes, first: Buffer, timeout: float | None) -> bool:
+    def _wait_to_publish(self, publish: Callable[[Buffer, Buffer, Buffer], bool | None],
+                         head: Buffer, body: Buffer, tail: Buffer,
+                         timeout: float | None) -> bool:
         """After one ``publish`` (``RingWriter.try_publish``) found the chunk not free: wait for
         it by the same call, which changes nothing until the chunk is free (no claim, no step
         path per message); whether the readers need a notification."""
         liveness = self._resources.liveness
         return bool(self._wait_for(
-            functools.partial(publish, head, first, FIRST_DATA),
+            functools.partial(publish, head, body, tail),
             timeout, clause="ring.writer.timeout",
             what="a free chunk (every local reader done with it)",
             liveness=None if liveness is None else liveness.check_readers))
+
+    def _publish_after_miss(self, writer: RingWriter, head: Buffer, body: Buffer,
+                            timeout: float | None) -> None:
+        """The express enqueue found the chunk not free after its first turns: wait for it
+        by the steps (``RingWriter.try_publish``), then send the notification the flags call
+        for."""
+        notify_readers = self._wait_to_publish(writer.try_publish, head, body, b"", timeout)
+        notify = self._notify
+        if notify_readers and notify is not None and not self._readers_running():
+            notify()
 
     @staticmethod
     def _send_multipart(sock: zmq.Socket[Any], buffers: Sequence[Buffer]) -> None:
@@ -713,32 +714,18 @@ class MessageQueue:
         slot is released whatever happens while reading it, decoding errors included (clause
         ring.reader.release-on-error).
         """
-        reader = self._reader
-        if reader is not None and self._held_views is None and not self._pending_overflow:
-            # The common small message in one protocol call: acquired, copied out and
-            # released (RingReader.try_read_single); any other outcome goes on in
-            # _dequeue_rest with what it found.
-            got = reader.try_read_single(SCAN_BYTES_MAX)
-            if got is None and (timeout is None or timeout > 0):
-                # The first turn of a wait, taken here before the wait is built (a partial,
-                # the wait's stages: _wait_for): give the processor away once and check
-                # again. Where processes outnumber cores the message is most often written
-                # by then (the writer needed the processor), and building the wait costs more
-                # than the read.
-                _sched_yield()
-                got = reader.try_read_single(SCAN_BYTES_MAX)
-            if type(got) is bytes:
-                now = time.monotonic()
-                if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
-                    self._drain_notify(now)
-                # Copied before the release: the writer may reuse the slot meanwhile.
-                return self.codec.decode(got, ())
-            return self._dequeue_rest(got, True, timeout)
+        express = self._express_dequeue
+        if express is not None:
+            # The common message in one call (reference/ring/express.py), which hands anything
+            # else to _dequeue_rest.
+            return express(self, timeout)
         return self._dequeue_rest(None, False, timeout)
 
     def _dequeue_rest(self, got: bytes | int | None, tried: bool, timeout: float | None) -> Any:
-        """:meth:`dequeue` past its first read (``tried``: ``got`` is what
-        ``try_read_single`` returned, None when nothing was readable) or without one."""
+        """:meth:`dequeue` past its express path (``tried``: ``got`` is what it found, the
+        index of a chunk it acquired or None when nothing was readable) or without one."""
+        if self._resources.closed:
+            raise QueueClosed("the queue is closed")
         reader = self._reader
         if reader is not None:
             if self._held_views is not None:

@@ -5,11 +5,12 @@ The flag protocol (:mod:`.protocol`) never waits; the loops in :mod:`.queue` cal
 run for a second after every read, wastes the processor the writer needs when processes
 outnumber cores; a :class:`Backoff` instead escalates:
 
-0. before any of this, the per-message calls (``MessageQueue.enqueue`` and ``dequeue``, on
-   their one-buffer path, timeout not 0) give the processor away once (``sched_yield``) and
-   check once more: the turn that ends most waits where processes outnumber cores, taken
-   without building the wait (about 0.4 µs from the failed check to the yield, against 1.7 µs
-   to 2.6 µs through the stages below);
+0. before any of this, the per-message calls (``MessageQueue.enqueue`` and ``dequeue`` on
+   their express path, :mod:`.express`, timeout not 0) give the processor away
+   (``sched_yield``) and check the flags again, up to ``express.FIRST_TURNS`` times within the
+   yield stage's time: the turns that end most waits where processes outnumber cores, taken
+   without building the wait (a turn costs a yield and a check of two flags, as a minimal
+   ring's does; the stages below cost 1.7 µs to 2.6 µs to enter);
 1. ``spin_checks`` checks back to back (a message usually lands within microseconds;
    :func:`spin`);
 2. ``sched_yield`` until ``yield_for_s`` (20 ms) has passed since the wait began

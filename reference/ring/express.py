@@ -1,0 +1,312 @@
+"""The express path: the common message of a local ring end in one Python call.
+
+:mod:`.protocol` holds the flag protocol as the spec's steps, each one a method that touches
+memory only through a :class:`~.protocol.RingMemory`; the schedule explorer drives those steps.
+A queue end that ran them for every message would pay for the layers around them (the codec's
+call, the protocol's calls, the checks each layer makes of its own state) as much as for the
+steps themselves. Over a memory that offers :attr:`~.protocol.RingMemory.direct` access
+(shared memory, a plain bytearray), the functions here make one message's memory accesses
+in one call per end, the codec's work included, as item and slice accesses of the memory's
+view and its fence as the memory's lock:
+
+- :func:`writer_express` returns ``enqueue(queue, obj, timeout)``: the codec's one buffer,
+  then exactly the accesses of :meth:`~.protocol.RingWriter.try_publish` (the chunk free?
+  claim, head, body, read flags cleared, written set, the fences, the check for readers
+  behind), then the notification the flags call for.
+- :func:`reader_express` returns ``dequeue(queue, timeout)``: exactly the accesses of
+  :meth:`~.protocol.RingReader.try_read_single` for a chunk holding one in-ring buffer (the
+  check, the head, a private copy of the buffer, the release and its fences), then the
+  codec's object from the copy.
+
+Each also takes a wait's first turns itself (:data:`FIRST_TURNS`): where the chunk is not
+free or nothing is readable, it gives the processor away (``sched_yield``) and checks the
+flags again, up to that many times, before it hands over to the queue's wait (see
+:mod:`.wait`, stage 0). A turn checks the flags alone, as the protocol's check does (no fence:
+the end has stored nothing since its last one), so that what a waiting end costs the process
+it yields to stays what a minimal ring's costs.
+
+What they change in memory is what the steps change, byte for byte and in the same order
+(tests/test_ring_express.py runs both over the same schedules and compares every byte after
+every call; the order within a call is the steps' order, written out below with the clause of
+each access). Anything else, a message that does not fit one chunk, a chunk that is not
+free or not readable, a flag-protocol object swapped after construction (a mutant harness),
+goes on through the queue's general path, which runs the steps. The functions are built only
+for ends whose protocol class keeps this module's steps (a mutant or instrumented class gets
+its own steps called) and whose queue class keeps the general path they stand for.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ..errors import RingError
+from .framing import (
+    FIRST_DATA,
+    IN_RING,
+    MAX_BUFFER_BYTES,
+    OVERFLOW_BASE,
+    Buffer,
+    cached_single_head,
+    single_head,
+    unpack_head,
+)
+from .payload import PLAIN_LEAF_TYPES, SCAN_BYTES_MAX, PayloadCodec, PickleCodec, leaf_stream
+from .protocol import RingReader, RingWriter, direct_access
+from .wait import WaitPolicy
+
+#: Given away once per turn of a wait's first stage (a module attribute, so that a test can
+#: act as the other end during it).
+_sched_yield = os.sched_yield
+
+
+
+class QueueEnd(Protocol):
+    """What the express functions use of their queue end (a :class:`.queue.MessageQueue`):
+    the protocol object it holds now, its state, and the general path it hands over to."""
+
+    _writer: RingWriter | None
+    _reader: RingReader | None
+    _held_views: list[memoryview] | None
+    _pending_overflow: int
+    _last_notify_drain: float
+    _notify: Callable[[], None] | None
+    _readers_running: Callable[[], bool]
+
+    def enqueue_buffers(self, buffers: Any, timeout: float | None = ...) -> None: ...
+
+    def _publish_after_miss(self, writer: RingWriter, head: Buffer, body: Buffer,
+                            timeout: float | None) -> None: ...
+
+    def _dequeue_rest(self, got: bytes | int | None, tried: bool,
+                      timeout: float | None) -> Any: ...
+
+    def _drain_notify(self, now: float) -> None: ...
+
+
+#: ``enqueue(queue, obj, timeout)`` of :func:`writer_express`.
+ExpressEnqueue = Callable[[QueueEnd, Any, "float | None"], None]
+#: ``dequeue(queue, timeout)`` of :func:`reader_express`.
+ExpressDequeue = Callable[[QueueEnd, "float | None"], Any]
+
+#: The writer steps the express enqueue makes (a class replacing one gets no express path).
+WRITER_STEPS = ("try_acquire", "chunk_offset", "commit", "readers_behind", "abandon",
+                "try_publish")
+#: The reader steps the express dequeue makes.
+READER_STEPS = ("try_acquire", "chunk_offset", "release", "try_read_single")
+#: The most turns (a yield, then a check of the flags) an express call takes before it hands
+#: a wait over to the queue; fewer where the wait's yield stage or its timeout ends first.
+FIRST_TURNS = 64
+
+
+def writer_express(writer: RingWriter, codec: PayloadCodec,
+                   policy: WaitPolicy) -> ExpressEnqueue | None:
+    """The express ``enqueue`` of ``writer``'s queue end, or None where the writer's memory
+    offers no direct access or its class replaces a step.
+
+    ``policy`` bounds the first turns of a wait by its yield stage. The function reads and
+    advances the writer's own state (``index``, whether it has fenced since its last store),
+    so the steps and the express path can take turns on one writer; the notification and the
+    test that every local reader keeps checking the flags (ring.notify.waiting-state) are the
+    queue's, looked up when they are needed.
+    """
+    direct = direct_access(writer.memory)
+    if direct is None or not _keeps_steps(writer, WRITER_STEPS, RingWriter):
+        return None
+    buf, enter, leave = direct
+    layout = writer.layout
+    rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
+    spans = [(row + 1, row + 1 + layout.n_reader) for row in rows]
+    chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
+    max_chunks = layout.max_chunks
+    chunk_bytes = layout.max_chunk_bytes
+    all_read = bytes([1] * layout.n_reader)
+    none_read = bytes(layout.n_reader)
+    # None where the memory needs no instruction for it (see RingMemory.fence_acq_rel)
+    fence_acq_rel = getattr(writer.memory, "fence_acq_rel", writer.memory.fence)
+    encode = codec.encode
+    # PickleCodec.encode's stream of a plain leaf, without its call and its list
+    dumps_leaf = type(codec) is PickleCodec
+    dumps = pickle.dumps
+    protocol = pickle.HIGHEST_PROTOCOL
+    yield_for = policy.yield_for_s
+    monotonic = time.monotonic
+
+    def enqueue(queue: QueueEnd, obj: Any, timeout: float | None) -> None:
+        if dumps_leaf and type(obj) in PLAIN_LEAF_TYPES:
+            body = dumps(obj, protocol)
+        else:
+            buffers = encode(obj)
+            body = buffers[0]
+            if len(buffers) != 1 or type(body) is not bytes:
+                queue.enqueue_buffers(buffers, timeout)
+                return
+        size = len(body)
+        if (queue._writer is not writer
+                or not (OVERFLOW_BASE + size < chunk_bytes and 0 < size <= MAX_BUFFER_BYTES)):
+            queue.enqueue_buffers([body], timeout)
+            return
+        head = cached_single_head(size) or single_head(size)
+        if writer._claimed is not None:
+            raise RingError("ring.writer.single-writer", "a chunk is already claimed",
+                            expected="commit() before the next acquire", got=writer._claimed)
+        if not writer._fenced:  # ring.writer.fence-before-check
+            enter()
+            leave()
+            writer._fenced = True
+        index = writer.index
+        row = rows[index]
+        first, end = spans[index]
+        # ring.writer.wait-writable: written == 0, or every read flag set
+        if buf[row] and buf[first:end] != all_read:
+            if timeout is not None and timeout <= 0:
+                queue._publish_after_miss(writer, head, body, timeout)
+                return
+            started = monotonic()
+            until = started + (yield_for if timeout is None else min(yield_for, timeout))
+            for _ in range(FIRST_TURNS):
+                _sched_yield()
+                if not buf[row] or buf[first:end] == all_read:
+                    break
+                if monotonic() >= until:
+                    break
+            if buf[row] and buf[first:end] != all_read:
+                queue._publish_after_miss(writer, head, body, _left(timeout, started))
+                return
+        writer._fenced = False
+        buf[row] = 0  # ring.writer.clear-written-before-fill
+        if fence_acq_rel is not None:  # ring.writer.fence-after-claim
+            fence_acq_rel()
+        offset = chunks[index]
+        buf[offset:offset + FIRST_DATA] = head
+        start = offset + FIRST_DATA
+        buf[start:start + size] = body
+        buf[first:end] = none_read  # ring.writer.read-flags-cleared-before-written
+        if fence_acq_rel is not None:  # ring.writer.fence-before-written
+            fence_acq_rel()
+        buf[row] = 1
+        enter()  # ring.writer.fence-after-written
+        leave()
+        writer._fenced = True
+        index += 1
+        writer.index = 0 if index == max_chunks else index
+        # A notification is sent only where both tests call for it; the state bytes first,
+        # since they hold still while the readers run (the flags' line is the busy one).
+        if queue._readers_running():  # ring.notify.waiting-state
+            return
+        # ring.notify.after-write: no notification while every reader still has the chunk
+        # committed before this one to release
+        if max_chunks > 1:
+            before = index - 2
+            if before < 0:
+                before += max_chunks
+            if buf[rows[before]]:
+                first, end = spans[before]
+                if buf[first:end] == none_read:
+                    return
+        notify = queue._notify
+        if notify is not None:
+            notify()
+
+    return enqueue
+
+
+def reader_express(reader: RingReader, codec: PayloadCodec, policy: WaitPolicy,
+                   drain_interval: float) -> ExpressDequeue | None:
+    """The express ``dequeue`` of ``reader``'s queue end, or None where the reader's memory
+    offers no direct access, its class replaces a step, or a chunk cannot hold a one-buffer
+    head.
+
+    A reader that never waits drains its notify socket every ``drain_interval`` seconds
+    (ring.notify.busy-poll); ``policy`` bounds the first turns of a wait by its yield stage.
+    The function reads and advances the reader's own state, as :func:`writer_express` does
+    the writer's.
+    """
+    direct = direct_access(reader.memory)
+    layout = reader.layout
+    if (direct is None or not _keeps_steps(reader, READER_STEPS, RingReader)
+            or layout.max_chunk_bytes < FIRST_DATA):
+        return None
+    buf, enter, leave = direct
+    rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
+    own_flags = [row + 1 + reader.rank for row in rows]
+    chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
+    max_chunks = layout.max_chunks
+    chunk_bytes = layout.max_chunk_bytes
+    fence_acq_rel = getattr(reader.memory, "fence_acq_rel", reader.memory.fence)
+    decode = codec.decode
+    # PickleCodec.decode's first screen and its unpickling, without its call and its checks
+    # of the buffer's type (the copy below is bytes)
+    loads_leaf = type(codec) is PickleCodec
+    loads = pickle.loads
+    yield_for = policy.yield_for_s
+    monotonic = time.monotonic
+
+    def dequeue(queue: QueueEnd, timeout: float | None) -> Any:
+        if (queue._reader is not reader or queue._held_views is not None
+                or queue._pending_overflow):
+            return queue._dequeue_rest(None, False, timeout)
+        if reader._held is not None:
+            raise RingError("ring.reader.release-after-read", "a chunk is already held",
+                            expected="release() before the next acquire", got=reader._held)
+        if not reader._fenced:  # ring.reader.fence-before-check
+            enter()
+            leave()
+            reader._fenced = True
+        index = reader.index
+        own = own_flags[index]
+        row = rows[index]
+        # ring.reader.readable-iff, ring.reader.own-flag-loaded-first
+        if buf[own] or not buf[row]:
+            if timeout is not None and timeout <= 0:
+                return queue._dequeue_rest(None, True, timeout)
+            started = monotonic()
+            until = started + (yield_for if timeout is None else min(yield_for, timeout))
+            for _ in range(FIRST_TURNS):
+                _sched_yield()
+                if not buf[own] and buf[row]:
+                    break
+                if monotonic() >= until:
+                    break
+            if buf[own] or not buf[row]:
+                return queue._dequeue_rest(None, False, _left(timeout, started))
+        if fence_acq_rel is not None:  # ring.reader.fence-before-data
+            fence_acq_rel()
+        offset = chunks[index]
+        marker, count, length = unpack_head(buf, offset)
+        if (marker != IN_RING or count != 1 or length > SCAN_BYTES_MAX
+                or FIRST_DATA + length > chunk_bytes):
+            reader._held = index  # acquired: the general path reads and releases it
+            return queue._dequeue_rest(index, True, timeout)
+        start = offset + FIRST_DATA
+        # Copied before the release: the writer may reuse the slot meanwhile.
+        data = buf[start:start + length].tobytes()
+        if fence_acq_rel is not None:  # ring.reader.fence-before-release
+            fence_acq_rel()
+        buf[own] = 1
+        enter()  # ring.reader.fence-after-release
+        leave()
+        reader._fenced = True
+        index += 1
+        reader.index = 0 if index == max_chunks else index
+        now = monotonic()
+        if now - queue._last_notify_drain >= drain_interval:
+            queue._drain_notify(now)
+        if loads_leaf and leaf_stream(data):
+            return loads(data)
+        return decode(data, ())
+
+    return dequeue
+
+
+def _keeps_steps(end: object, steps: tuple[str, ...], base: type) -> bool:
+    return all(getattr(type(end), name) is getattr(base, name) for name in steps)
+
+
+def _left(timeout: float | None, started: float) -> float | None:
+    """What is left of ``timeout`` (None: no deadline) after the turns that began at
+    ``started``; the queue's wait gets that, so that the call as a whole keeps its timeout."""
+    return None if timeout is None else timeout - (time.monotonic() - started)
