@@ -91,8 +91,8 @@ class ShmMemory:
     ``read`` returns zero-copy views: release them (or let them go) before the segment closes.
     ``load``, ``store``, ``fence`` and ``fence_acq_rel`` are the mapping's own item access,
     :func:`memory_fence` and :data:`acq_rel_fence`, bound once, so a flag access costs one C
-    call; ``direct`` offers the mapping and the fence's lock to the ring's per-message methods
-    (:attr:`.protocol.RingMemory.direct`).
+    call; ``direct`` offers the mapping and the fence's lock to a queue end's express path
+    (:attr:`.protocol.RingMemory.direct`, :mod:`.express`).
     """
 
     def __init__(self, buf: memoryview) -> None:
@@ -104,8 +104,8 @@ class ShmMemory:
         self.store: Callable[[int, int], None] = buf.__setitem__
         self.fence: Callable[[], None] = memory_fence
         self.fence_acq_rel: Callable[[], None] | None = acq_rel_fence
-        # The mapping itself, for the ring's per-message methods (RingMemory.direct); a
-        # subclass that instruments the accesses offers none.
+        # The mapping itself, for the express path (RingMemory.direct); a subclass that
+        # instruments the accesses offers none.
         self.direct: DirectAccess | None = (
             (buf, _fence_acquire, _fence_release) if type(self) is ShmMemory else None)
 
