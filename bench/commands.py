@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
              "comma-separated. vLLM is measured as the comparison whenever it is installed",
     )
     parser.add_argument("--quick", action="store_true",
-                        help="a small grid and 3 rounds: under a minute")
+                        help="a small grid and 3 rounds: about a minute")
     parser.add_argument("--json", metavar="PATH", type=writable_file,
                         help="write every figure as JSON here")
     parser.add_argument("--plot", metavar="DIR", type=writable_dir,

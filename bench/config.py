@@ -91,7 +91,7 @@ class BenchConfig:
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchConfig:
-        """A small grid, 3 rounds: well under a minute."""
+        """A small grid, 3 rounds: about a minute."""
         return replace(cls(
             rounds=3,
             payloads=(64, KIB, 64 * KIB, MIB, 4 * MIB),
