@@ -549,9 +549,9 @@ def test_the_per_message_paths_use_the_ends_current_protocol_objects(ring_env: R
     calls: list[str] = []
 
     class CountingWriter(RingWriter):
-        def try_publish(self, head: object, body: object, tail: object = b"") -> bool | None:
+        def try_publish(self, head: object, body: object) -> bool | None:
             calls.append("publish")
-            return super().try_publish(head, body, tail)  # type: ignore[arg-type]
+            return super().try_publish(head, body)  # type: ignore[arg-type]
 
     class CountingReader(RingReader):
         def try_read_single(self, limit: int) -> bytes | int | None:

@@ -303,11 +303,10 @@ class RingWriter(_RingEnd):
             return False
         return not any(map(memory.load, self._read_flags[index]))
 
-    def try_publish(self, head: Buffer, body: Buffer, tail: Buffer = b"") -> bool | None:
+    def try_publish(self, head: Buffer, body: Buffer) -> bool | None:
         """One whole message in one call, for the per-message path of a queue: exactly the
         memory events of :meth:`try_acquire`, then ``write(chunk, head)``,
-        ``write(chunk + len(head), body)`` and, when ``tail`` is not empty, ``tail`` right after
-        the body, then :meth:`commit`, then :meth:`readers_behind`,
+        ``write(chunk + len(head), body)``, then :meth:`commit`, then :meth:`readers_behind`,
         in that order (tests/test_ring_protocol.py runs both over a recording memory and
         compares the event sequences). The steps are those methods' steps, inlined: the
         memory sees no difference, a message costs one Python call instead of five.
@@ -322,7 +321,7 @@ class RingWriter(_RingEnd):
             raise RingError("ring.writer.single-writer", "a chunk is already claimed",
                             expected="commit() before the next acquire", got=self._claimed)
         if not self._inlined:
-            return self._publish_by_steps(head, body, tail)
+            return self._publish_by_steps(head, body)
         memory = self.memory
         load = memory.load
         store = memory.store
@@ -345,8 +344,6 @@ class RingWriter(_RingEnd):
         write = memory.write
         write(offset, head)
         write(offset + len(head), body)
-        if tail:
-            write(offset + len(head) + len(body), tail)
         # commit: ring.writer.read-flags-cleared-before-written
         for flag in flags:
             store(flag, 0)
@@ -368,7 +365,7 @@ class RingWriter(_RingEnd):
             return True
         return any(map(load, self._read_flags[before]))
 
-    def _publish_by_steps(self, head: Buffer, body: Buffer, tail: Buffer) -> bool | None:
+    def _publish_by_steps(self, head: Buffer, body: Buffer) -> bool | None:
         """:meth:`try_publish` through the step methods (those of a subclass included)."""
         if self.try_acquire() is None:
             return None
@@ -376,8 +373,6 @@ class RingWriter(_RingEnd):
         try:
             self.memory.write(offset, head)
             self.memory.write(offset + len(head), body)
-            if tail:
-                self.memory.write(offset + len(head) + len(body), tail)
         except BaseException:
             self.abandon()
             raise

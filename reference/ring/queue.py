@@ -578,7 +578,7 @@ class MessageQueue:
                     notify_readers = writer.try_publish(head, first)
                     if notify_readers is None:
                         notify_readers = self._wait_to_publish(writer.try_publish, head, first,
-                                                               b"", timeout)
+                                                               timeout)
                     if notify_readers and not self._readers_running():
                         notify()
                     if self._remote_socket is not None:
@@ -605,15 +605,14 @@ class MessageQueue:
         if remote_socket is not None:
             self._send_multipart(remote_socket, buffers)
 
-    def _wait_to_publish(self, publish: Callable[[Buffer, Buffer, Buffer], bool | None],
-                         head: Buffer, body: Buffer, tail: Buffer,
-                         timeout: float | None) -> bool:
+    def _wait_to_publish(self, publish: Callable[[Buffer, Buffer], bool | None],
+                         head: Buffer, body: Buffer, timeout: float | None) -> bool:
         """After one ``publish`` (``RingWriter.try_publish``) found the chunk not free: wait for
         it by the same call, which changes nothing until the chunk is free (no claim, no step
         path per message); whether the readers need a notification."""
         liveness = self._resources.liveness
         return bool(self._wait_for(
-            functools.partial(publish, head, body, tail),
+            functools.partial(publish, head, body),
             timeout, clause="ring.writer.timeout",
             what="a free chunk (every local reader done with it)",
             liveness=None if liveness is None else liveness.check_readers))
@@ -623,7 +622,7 @@ class MessageQueue:
         """The express enqueue found the chunk not free after its first turns: wait for it
         by the steps (``RingWriter.try_publish``), then send the notification the flags call
         for."""
-        notify_readers = self._wait_to_publish(writer.try_publish, head, body, b"", timeout)
+        notify_readers = self._wait_to_publish(writer.try_publish, head, body, timeout)
         notify = self._notify
         if notify_readers and notify is not None and not self._readers_running():
             notify()
