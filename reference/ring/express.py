@@ -55,7 +55,7 @@ from .framing import (
     unpack_head,
 )
 from .payload import PLAIN_LEAF_TYPES, SCAN_BYTES_MAX, PayloadCodec, PickleCodec, leaf_stream
-from .protocol import RingReader, RingWriter, direct_access
+from .protocol import RingReader, RingWriter, direct_access, keeps_steps
 from .wait import WaitPolicy
 
 #: Given away once per turn of a wait's first stage (a module attribute, so that a test can
@@ -114,19 +114,17 @@ def writer_express(writer: RingWriter, codec: PayloadCodec,
     queue's, looked up when they are needed.
     """
     direct = direct_access(writer.memory)
-    if direct is None or not _keeps_steps(writer, WRITER_STEPS, RingWriter):
+    if direct is None or not keeps_steps(writer, WRITER_STEPS, RingWriter):
         return None
     buf, enter, leave = direct
     layout = writer.layout
-    rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
-    spans = [(row + 1, row + 1 + layout.n_reader) for row in rows]
-    chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
-    max_chunks = layout.max_chunks
+    # the writer's own offsets; the read flags of a row as one span
+    rows, chunks, max_chunks = writer._rows, writer._chunks, writer._max_chunks
+    spans = [(flags[0], flags[-1] + 1) for flags in writer._read_flags]
     chunk_bytes = layout.max_chunk_bytes
     all_read = bytes([1] * layout.n_reader)
     none_read = bytes(layout.n_reader)
-    # None where the memory needs no instruction for it (see RingMemory.fence_acq_rel)
-    fence_acq_rel = getattr(writer.memory, "fence_acq_rel", writer.memory.fence)
+    fence_acq_rel = writer._fence_acq_rel  # None: the memory needs no instruction for it
     encode = codec.encode
     # PickleCodec.encode's stream of a plain leaf, without its call and its list
     dumps_leaf = type(codec) is PickleCodec
@@ -134,6 +132,9 @@ def writer_express(writer: RingWriter, codec: PayloadCodec,
     protocol = pickle.HIGHEST_PROTOCOL
     yield_for = policy.yield_for_s
     monotonic = time.monotonic
+
+    def chunk_free(row: int, first: int, end: int) -> bool:  # ring.writer.wait-writable
+        return not buf[row] or buf[first:end] == all_read
 
     def enqueue(queue: QueueEnd, obj: Any, timeout: float | None) -> None:
         if dumps_leaf and type(obj) in PLAIN_LEAF_TYPES:
@@ -166,14 +167,8 @@ def writer_express(writer: RingWriter, codec: PayloadCodec,
                 queue._publish_after_miss(writer, head, body, timeout)
                 return
             started = monotonic()
-            until = started + (yield_for if timeout is None else min(yield_for, timeout))
-            for _ in range(FIRST_TURNS):
-                _sched_yield()
-                if not buf[row] or buf[first:end] == all_read:
-                    break
-                if monotonic() >= until:
-                    break
-            if buf[row] and buf[first:end] != all_read:
+            if not _turns(chunk_free, (row, first, end),
+                          started + (yield_for if timeout is None else min(yield_for, timeout))):
                 queue._publish_after_miss(writer, head, body, _left(timeout, started))
                 return
         writer._fenced = False
@@ -227,16 +222,14 @@ def reader_express(reader: RingReader, codec: PayloadCodec, policy: WaitPolicy,
     """
     direct = direct_access(reader.memory)
     layout = reader.layout
-    if (direct is None or not _keeps_steps(reader, READER_STEPS, RingReader)
+    if (direct is None or not keeps_steps(reader, READER_STEPS, RingReader)
             or layout.max_chunk_bytes < FIRST_DATA):
         return None
     buf, enter, leave = direct
-    rows = [layout.metadata_row_offset(i) for i in range(layout.max_chunks)]
-    own_flags = [row + 1 + reader.rank for row in rows]
-    chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
-    max_chunks = layout.max_chunks
+    rows, chunks, max_chunks = reader._rows, reader._chunks, reader._max_chunks
+    own_flags = reader._own_flags
     chunk_bytes = layout.max_chunk_bytes
-    fence_acq_rel = getattr(reader.memory, "fence_acq_rel", reader.memory.fence)
+    fence_acq_rel = reader._fence_acq_rel
     decode = codec.decode
     # PickleCodec.decode's first screen and its unpickling, without its call and its checks
     # of the buffer's type (the copy below is bytes)
@@ -244,6 +237,9 @@ def reader_express(reader: RingReader, codec: PayloadCodec, policy: WaitPolicy,
     loads = pickle.loads
     yield_for = policy.yield_for_s
     monotonic = time.monotonic
+
+    def readable(own: int, row: int) -> bool:  # ring.reader.readable-iff
+        return not buf[own] and bool(buf[row])
 
     def dequeue(queue: QueueEnd, timeout: float | None) -> Any:
         if (queue._reader is not reader or queue._held_views is not None
@@ -264,14 +260,8 @@ def reader_express(reader: RingReader, codec: PayloadCodec, policy: WaitPolicy,
             if timeout is not None and timeout <= 0:
                 return queue._dequeue_rest(None, True, timeout)
             started = monotonic()
-            until = started + (yield_for if timeout is None else min(yield_for, timeout))
-            for _ in range(FIRST_TURNS):
-                _sched_yield()
-                if not buf[own] and buf[row]:
-                    break
-                if monotonic() >= until:
-                    break
-            if buf[own] or not buf[row]:
+            if not _turns(readable, (own, row),
+                          started + (yield_for if timeout is None else min(yield_for, timeout))):
                 return queue._dequeue_rest(None, False, _left(timeout, started))
         if fence_acq_rel is not None:  # ring.reader.fence-before-data
             fence_acq_rel()
@@ -302,8 +292,18 @@ def reader_express(reader: RingReader, codec: PayloadCodec, policy: WaitPolicy,
     return dequeue
 
 
-def _keeps_steps(end: object, steps: tuple[str, ...], base: type) -> bool:
-    return all(getattr(type(end), name) is getattr(base, name) for name in steps)
+def _turns(ready: Callable[..., bool], args: tuple[int, ...], until: float) -> bool:
+    """A wait's first turns: give the processor away and call ``ready(*args)`` (a check of the
+    flags alone), at most :data:`FIRST_TURNS` times and not past ``until``; whether it said
+    yes. Only a miss comes here: the per-message function stays free of closures over its
+    own variables."""
+    for _ in range(FIRST_TURNS):
+        _sched_yield()
+        if ready(*args):
+            return True
+        if time.monotonic() >= until:
+            return False
+    return False
 
 
 def _left(timeout: float | None, started: float) -> float | None:

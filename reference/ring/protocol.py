@@ -206,6 +206,12 @@ class _RingEnd:
         self._chunks = [layout.chunk_offset(i) for i in range(layout.max_chunks)]
 
 
+def keeps_steps(end: object, steps: tuple[str, ...], base: type) -> bool:
+    """Does ``end``'s class keep ``base``'s own ``steps`` (none replaced by a subclass: a
+    mutant, an instrumented end)? Only then may a path make those steps' accesses itself."""
+    return all(getattr(type(end), name) is getattr(base, name) for name in steps)
+
+
 #: The steps :meth:`RingWriter.try_publish` inlines.
 _PUBLISH_STEPS = ("try_acquire", "chunk_offset", "commit", "readers_behind", "abandon")
 
@@ -224,8 +230,7 @@ class RingWriter(_RingEnd):
                             for row in self._rows]
         # try_publish inlines this class's steps; a subclass that replaces one of them (a
         # mutant, an instrumented writer) gets its own steps called instead.
-        self._inlined = all(getattr(type(self), name) is getattr(RingWriter, name)
-                            for name in _PUBLISH_STEPS)
+        self._inlined = keeps_steps(self, _PUBLISH_STEPS, RingWriter)
 
     def try_acquire(self) -> int | None:
         """Claim chunk ``index`` if it is free and return it, else None (nothing changed).
