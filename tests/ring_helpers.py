@@ -10,6 +10,7 @@ import hashlib
 import multiprocessing
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -311,3 +312,17 @@ def ring_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[RingEnv]:
         for name in env.leaked_segments():
             (SHM_DIR / name).unlink(missing_ok=True)
         shutil.rmtree(env.ipc_dir, ignore_errors=True)
+
+
+def pair(env: RingEnv, cls: Any = None, **kwargs: Any) -> tuple[Any, Any]:
+    """A writer and one in-process local reader of queue class ``cls`` (default
+    ``MessageQueue``), handshake done."""
+    if cls is None:
+        from enginewire.reference.ring import MessageQueue as cls
+    writer = cls(1, 1, ipc_dir=env.ipc_dir, **kwargs)
+    reader = cls.create_from_handle(writer.export_handle(), 0)
+    ready = threading.Thread(target=reader.wait_until_ready, args=(STEP_TIMEOUT,))
+    ready.start()
+    writer.wait_until_ready(STEP_TIMEOUT)
+    ready.join(STEP_TIMEOUT)
+    return writer, reader

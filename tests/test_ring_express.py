@@ -11,12 +11,11 @@ from __future__ import annotations
 import pickle
 import random
 import struct
-import threading
 import time
 from typing import Any
 
 import pytest
-from ring_helpers import STEP_TIMEOUT, RingEnv, ring_env
+from ring_helpers import RingEnv, pair, ring_env
 
 from enginewire.reference.ring import MessageQueue, MsgspecCodec, PickleCodec
 from enginewire.reference.ring.express import _left, reader_express, writer_express
@@ -237,12 +236,7 @@ def test_a_queue_uses_the_express_path_only_where_its_class_keeps_the_general_on
 
     for cls, writes, reads in ((MessageQueue, True, True), (OwnRead, True, False),
                                (OwnWrite, False, True)):
-        writer = cls(1, 1, ipc_dir=ring_env.ipc_dir)
-        reader = cls.create_from_handle(writer.export_handle(), 0)
-        ready = threading.Thread(target=reader.wait_until_ready, args=(STEP_TIMEOUT,))
-        ready.start()
-        writer.wait_until_ready(STEP_TIMEOUT)
-        ready.join(STEP_TIMEOUT)
+        writer, reader = pair(ring_env, cls)
         with writer, reader:
             assert (writer._express_enqueue is not None) == writes, cls
             assert (reader._express_dequeue is not None) == reads, cls

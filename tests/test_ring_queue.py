@@ -20,6 +20,7 @@ from ring_helpers import (
     RingEnv,
     check_stream,
     message,
+    pair,
     readers,
     reference_reader,
     ring_env,
@@ -42,17 +43,6 @@ from enginewire.reference.ring.protocol import chunk_state
 __all__ = ["readers", "ring_env"]  # fixtures used by name
 
 CHUNK = 4096
-
-
-def pair(env: RingEnv, **kwargs: object) -> tuple[MessageQueue, MessageQueue]:
-    """A writer and one in-process local reader, handshake done."""
-    writer = MessageQueue(1, 1, ipc_dir=env.ipc_dir, **kwargs)  # type: ignore[arg-type]
-    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
-    ready = threading.Thread(target=reader.wait_until_ready, args=(STEP_TIMEOUT,))
-    ready.start()
-    writer.wait_until_ready(STEP_TIMEOUT)
-    ready.join(STEP_TIMEOUT)
-    return writer, reader
 
 
 # --- across processes ---------------------------------------------------------------------
@@ -579,12 +569,7 @@ def test_enqueue_calls_a_subclass_enqueue_buffers(ring_env: RingEnv) -> None:
             sent.append(buffers)
             super().enqueue_buffers(buffers, timeout)  # type: ignore[arg-type]
 
-    writer = Recording(1, 1, ipc_dir=ring_env.ipc_dir)
-    reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
-    ready = threading.Thread(target=reader.wait_until_ready, args=(STEP_TIMEOUT,))
-    ready.start()
-    writer.wait_until_ready(STEP_TIMEOUT)
-    ready.join(STEP_TIMEOUT)
+    writer, reader = pair(ring_env, Recording)
     with writer, reader:
         writer.enqueue(b"small", timeout=1)
         assert reader.dequeue(timeout=1) == b"small"
