@@ -475,70 +475,93 @@ class _LineCount:
         return time.perf_counter()
 
 
-def tap_output_rate(transport: str, outputs_per_step: int, steps: int,
-                    timeout: float) -> dict[str, float]:
+class TapOutputRate:
     """Steps per second ``enginewire tap`` forwards (``tap_steps_per_s``) and decodes, checks
     and prints (``tap_decoded_steps_per_s``), for EngineCoreOutputs of ``outputs_per_step``
     request outputs each (one token each), sent back to back by a PUSH into the tap and read
-    from the front end's PULL behind it: the tap's ceiling rates. ``steps`` stays under the
-    tap's ``--max-behind``, so every step is decoded.
-    """
-    from enginewire.reference import codec, structs
-    from enginewire.reference.addresses import remove_ipc_file
+    from the front end's PULL behind it: the tap's ceiling rates.
 
-    outputs = structs.EngineCoreOutputs(
-        engine_index=0, timestamp=time.monotonic(),
-        outputs=[structs.EngineCoreOutput(request_id=f"bench-{i}", new_token_ids=[i])
-                 for i in range(outputs_per_step)])
-    message = [bytes(memoryview(f).cast("B")) for f in codec.encode("outputs", outputs)]
-    context = zmq.Context()
-    pull = context.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    push = context.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    upstream_in, listen_in, listen_out = (_address(transport) for _ in range(3))
-    upstream_out = ""
-    tap = None
-    printed = None
-    try:
-        pull.bind(_bind_address(transport))
-        upstream_out = pull.getsockopt_string(zmq.LAST_ENDPOINT)
-        tap = spawn_tap(["--input", upstream_in, "--output", upstream_out,
-                         "--listen-input", listen_in, "--listen-output", listen_out,
-                         "--max-behind", str(steps + 1)], lines=True)
-        printed = _LineCount(tap.stdout)
-        push.connect(listen_out)
-        # One message through first: the tap is up and connected both ways.
-        deadline = time.monotonic() + timeout * 3
-        sent = 0
-        while not pull.poll(100):
-            push.send_multipart(message)
-            sent += 1
+    Like the other sessions, the tap process starts once for the run (the constructor starts
+    it, :meth:`wait_ready` waits until one message went through it and was printed) and each
+    round :meth:`measure` times ``steps`` steps; ``steps`` stays under the tap's
+    ``--max-behind``, so every step is decoded.
+    """
+
+    def __init__(self, transport: str, outputs_per_step: int, steps: int,
+                 timeout: float) -> None:
+        from enginewire.reference import codec, structs
+
+        self.steps, self.timeout = steps, timeout
+        outputs = structs.EngineCoreOutputs(
+            engine_index=0, timestamp=time.monotonic(),
+            outputs=[structs.EngineCoreOutput(request_id=f"bench-{i}", new_token_ids=[i])
+                     for i in range(outputs_per_step)])
+        self.message = [bytes(memoryview(f).cast("B"))
+                        for f in codec.encode("outputs", outputs)]
+        self.context = zmq.Context()
+        self.pull = self.context.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.push = self.context.socket(zmq.PUSH)
+        self.push.setsockopt(zmq.LINGER, 0)
+        upstream_in, listen_in, self.listen_out = (_address(transport) for _ in range(3))
+        self.addresses = [upstream_in, listen_in, self.listen_out]
+        self.tap: subprocess.Popen[bytes] | None = None
+        self.printed: _LineCount | None = None
+        self.sent = 0
+        try:
+            self.pull.bind(_bind_address(transport))
+            upstream_out = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.addresses.append(upstream_out)
+            self.tap = spawn_tap(["--input", upstream_in, "--output", upstream_out,
+                                  "--listen-input", listen_in, "--listen-output",
+                                  self.listen_out, "--max-behind", str(steps + 1)], lines=True)
+            self.printed = _LineCount(self.tap.stdout)
+        except BaseException:
+            self.close()
+            raise
+
+    def wait_ready(self) -> None:
+        """One message through first: the tap is up and connected both ways."""
+        assert self.printed is not None
+        self.push.connect(self.listen_out)
+        deadline = time.monotonic() + self.timeout * 3
+        while not self.pull.poll(100):
+            self.push.send_multipart(self.message)
+            self.sent += 1
             if time.monotonic() > deadline:
                 raise PeerError("the tap forwarded nothing in time")
-        while pull.poll(200):
-            pull.recv_multipart()
-        printed.wait_for(sent, timeout)
+        while self.pull.poll(200):
+            self.pull.recv_multipart()
+        self.printed.wait_for(self.sent, self.timeout)
+
+    def measure(self) -> dict[str, float]:
+        assert self.printed is not None
+        pull, timeout_ms = self.pull, int(self.timeout * 1000)
         start = time.perf_counter()
-        for _ in range(steps):
-            push.send_multipart(message)
-        for _ in range(steps):
-            if not pull.poll(int(timeout * 1000)):
-                raise PeerError(f"the tap forwarded no output within {timeout} s")
+        for _ in range(self.steps):
+            self.push.send_multipart(self.message)
+        self.sent += self.steps
+        for _ in range(self.steps):
+            if not pull.poll(timeout_ms):
+                raise PeerError(f"the tap forwarded no output within {self.timeout} s")
             pull.recv_multipart()
         forwarded = time.perf_counter() - start
-        decoded = printed.wait_for(sent + steps, timeout * 3) - start
-        return {"tap_steps_per_s": steps / forwarded, "tap_decoded_steps_per_s": steps / decoded}
-    finally:
-        stop_tap(tap)
-        if printed is not None:
-            printed.thread.join(5)
-        if tap is not None and tap.stdout is not None:
-            tap.stdout.close()
-        push.close(linger=0)
-        pull.close(linger=0)
-        context.term()
-        for address in (upstream_in, upstream_out, listen_in, listen_out):
+        decoded = self.printed.wait_for(self.sent, self.timeout * 3) - start
+        return {"tap_steps_per_s": self.steps / forwarded,
+                "tap_decoded_steps_per_s": self.steps / decoded}
+
+    def close(self) -> None:
+        from enginewire.reference.addresses import remove_ipc_file
+
+        stop_tap(self.tap)
+        if self.printed is not None:
+            self.printed.thread.join(5)
+        if self.tap is not None and self.tap.stdout is not None:
+            self.tap.stdout.close()
+        self.push.close(linger=0)
+        self.pull.close(linger=0)
+        self.context.term()
+        for address in self.addresses:
             remove_ipc_file(address)
 
 

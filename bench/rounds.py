@@ -133,6 +133,7 @@ class Run:
         self.ring: Any = None
         self.codec_ops: dict[str, Any] = {}
         self.peers: dict[tuple[str, str], Any] = {}
+        self.tap_rates: dict[str, Any] = {}  # transport -> peer_bench.TapOutputRate
         self.explorers: dict[str, Any] = {}  # contender -> explorer_bench.Checkout
 
     # --- set-up ---------------------------------------------------------------------------
@@ -207,7 +208,13 @@ class Run:
         return [t for t in self.targets if t in self.codec_ops]
 
     def set_up_peers(self) -> list[str]:
-        from enginewire.bench.peer_bench import ENGINE_SESSIONS, PROXIED, SESSIONS, TAPPED
+        from enginewire.bench.peer_bench import (
+            ENGINE_SESSIONS,
+            PROXIED,
+            SESSIONS,
+            TAPPED,
+            TapOutputRate,
+        )
 
         names = [t for t in self.targets if t in SESSIONS]
         baselines = []
@@ -236,6 +243,17 @@ class Run:
                     continue
                 self.stack.callback(session.close)
                 starting[(name, transport)] = session
+            if TAPPED in names:
+                # The tap's own rates: a tap of its own between a PUSH and a PULL.
+                try:
+                    rate = TapOutputRate(transport, TAP_OUTPUTS_PER_STEP, TAP_RATE_STEPS,
+                                         self.config.timeout)
+                except Exception as exc:
+                    self.results.notes.append(
+                        f"peers: the tap's output rate over {transport} could not start: {exc}")
+                else:
+                    self.stack.callback(rate.close)
+                    starting[(TAP_RATE, transport)] = rate
         for (name, transport), session in starting.items():
             try:
                 session.wait_ready()
@@ -243,7 +261,10 @@ class Run:
                 self.results.notes.append(
                     f"peers: {name} over {transport} did not get ready: {exc}")
                 continue
-            self.peers[(name, transport)] = session
+            if name == TAP_RATE:
+                self.tap_rates[transport] = session
+            else:
+                self.peers[(name, transport)] = session
         return names
 
     def set_up_explorer(self) -> None:
@@ -505,11 +526,11 @@ class Run:
             for name, measure in _rotate(contenders, round_index):
                 yield Step(f"peers {transport} {name}",
                            _bind(self._record, "peers", case, name, measure, units))
-            if any(name == TAPPED for name, where in self.peers if where == transport):
+            if transport in self.tap_rates:
                 rate_case = {"transport": transport, "outputs_per_step": TAP_OUTPUTS_PER_STEP}
                 yield Step(f"peers {transport} tap output rate",
                            _bind(self._record, "peers", rate_case, TAPPED,
-                                 _pair(partial(_tap_rate, transport, self.config.timeout)),
+                                 _pair(self.tap_rates[transport].measure),
                                  {"tap_steps_per_s": ("steps/s", "higher"),
                                   "tap_decoded_steps_per_s": ("steps/s", "higher")}))
 
@@ -546,13 +567,10 @@ def _micros(metric: str, call: Callable[[], Any], seconds: float) -> dict[str, f
 
 #: Request outputs per EngineCoreOutputs in the tap's rate figure (vLLM's max_num_seqs).
 TAP_OUTPUTS_PER_STEP = 256
+#: Steps of one round of the tap's rate figure.
 TAP_RATE_STEPS = 400
-
-
-def _tap_rate(transport: str, timeout: float) -> dict[str, float]:
-    from enginewire.bench.peer_bench import tap_output_rate
-
-    return tap_output_rate(transport, TAP_OUTPUTS_PER_STEP, TAP_RATE_STEPS, timeout)
+#: The key of the tap's rate session among the sessions being started.
+TAP_RATE = "tap output rate"
 
 
 def _round_trips(session: Any, count: int, prefix: str) -> tuple[dict[str, float], list]:

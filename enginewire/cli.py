@@ -19,50 +19,75 @@ from collections.abc import Sequence
 
 from .cliargs import EXIT_INTERNAL, Parser
 
-#: Modules that add subcommands, in the order they appear in ``--help``.
-COMMAND_MODULES = (
-    "enginewire.spec.commands",
-    "enginewire.reference.commands",
-    "enginewire.reference.ring.commands",
-    "enginewire.conformance.commands",
-    "enginewire.conformance.interop",
-    "enginewire.fuzz.commands",
-    "enginewire.fuzz.soak",
-    "enginewire.fuzz.explore.commands",
-    "enginewire.fuzz.mutants.commands",
-    "enginewire.bench.commands",
-    "enginewire.tap.commands",
-    "enginewire.docsite",
-)
+#: Modules that add subcommands, in the order they appear in ``--help``, with the commands
+#: each adds (tests/test_cli_errors.py holds the two together). A command line naming a command
+#: imports that module only: a child process such as ``serve-engine`` or ``tap`` starts in
+#: half the time. ``--help``, no command or an unknown one import them all.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "enginewire.spec.commands": ("spec", "compat"),
+    "enginewire.reference.commands": ("serve-engine", "frontend", "stubs"),
+    "enginewire.reference.ring.commands": ("ring",),
+    "enginewire.conformance.commands": ("check", "vectors"),
+    "enginewire.conformance.interop": ("interop",),
+    "enginewire.fuzz.commands": ("fuzz",),
+    "enginewire.fuzz.soak": ("soak",),
+    "enginewire.fuzz.explore.commands": ("explore",),
+    "enginewire.fuzz.mutants.commands": ("mutants",),
+    "enginewire.bench.commands": ("bench",),
+    "enginewire.tap.commands": ("tap", "replay"),
+    "enginewire.docsite": ("docs",),
+}
 
-#: Modules that register ``--target PREFIX:NAME`` providers with
-#: :func:`enginewire.conformance.targets.resolve.register_provider` when imported.
-TARGET_PROVIDER_MODULES = ("enginewire.fuzz.mutants",)
+#: ``--target PREFIX:NAME`` providers: prefix -> (the module that registers it with
+#: :func:`enginewire.conformance.targets.resolve.register_provider` when imported, its help
+#: line). Imported the first time a target names the prefix.
+TARGET_PROVIDERS = {
+    "mutant": ("enginewire.fuzz.mutants", "mutant:NAME (enginewire.fuzz.mutants)"),
+}
 #: Modules that add cells of whole topologies to ``enginewire interop`` with
-#: :func:`enginewire.conformance.interop.register_topology_cell` when imported.
+#: :func:`enginewire.conformance.interop.register_topology_cell` when imported (before the
+#: ``interop`` command is registered).
 INTEROP_CELL_MODULES = ("enginewire.tap.vllm_dp",)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_modules(command: str | None) -> list[str]:
+    """The modules that add ``command`` (all of them for None or a name none adds)."""
+    for module_name, commands in COMMAND_MODULES.items():
+        if command in commands:
+            return [module_name]
+    return list(COMMAND_MODULES)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of ``command`` alone when a module adds it."""
+    from enginewire.conformance.targets.resolve import register_provider_module
+
     parser = Parser(
         prog="enginewire",
         description="Wire specification and conformance suite for LLM engine IPC (vLLM V1).",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in TARGET_PROVIDER_MODULES + INTEROP_CELL_MODULES + COMMAND_MODULES:
+    for prefix, (module_name, help_line) in TARGET_PROVIDERS.items():
+        register_provider_module(prefix, module_name, help_line)
+    command_modules = _command_modules(command)
+    wanted = list(command_modules)
+    if "enginewire.conformance.interop" in command_modules:
+        wanted[:0] = INTEROP_CELL_MODULES
+    for module_name in wanted:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name is None or not module_name.startswith(exc.name):
                 raise
             continue
-        if module_name in COMMAND_MODULES:
+        if module_name in command_modules:
             module.register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv[0] if argv and not argv[0].startswith("-") else None)
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:

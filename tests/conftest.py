@@ -7,6 +7,10 @@
   its teardown: a non-daemon thread, whoever started it, or any thread this repository's code
   started (``_leftover_threads``).
 - Runs vLLM on its CPU platform (``VLLM_TARGET_DEVICE=cpu``).
+- Runs the tests on as many pytest-xdist workers as the process may use cores, at most
+  :data:`WORKERS_AT_MOST` (``-n auto`` in pyproject.toml's addopts). Every check above holds
+  per worker: each worker's session has its own ``TMPDIR`` for ipc files, and a segment
+  another worker still maps is not counted as leaked.
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if _vllm_version() is None:
         terminalreporter.write_sep("!", _MISSING_VLLM, red=True, bold=True)
+
+
+#: Most workers ``-n auto`` starts: each may load torch and vLLM (more than 1 GiB) and start
+#: engine and reader processes of its own.
+WORKERS_AT_MOST = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), WORKERS_AT_MOST))
 
 
 def _shm_segments() -> set[str]:

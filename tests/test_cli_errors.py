@@ -218,3 +218,60 @@ def test_serve_engine_flags_with_and_without_values(flags: list[str], local: boo
                                       *flags])
     assert reports_local(args) is local
     assert args.headless is headless
+
+
+# --- which modules a command line imports ------------------------------------------------------
+
+
+def test_each_command_module_adds_exactly_the_commands_its_entry_names() -> None:
+    """COMMAND_MODULES's table is what the modules register: a command missing from it would
+    import every module, one listed under the wrong module would not be found."""
+    import importlib
+
+    from enginewire.cli import COMMAND_MODULES
+    from enginewire.cliargs import Parser
+
+    subparsers = Parser(prog="enginewire").add_subparsers(dest="command")
+    for module_name, commands in COMMAND_MODULES.items():
+        before = set(subparsers.choices)
+        importlib.import_module(module_name).register(subparsers)
+        assert tuple(c for c in subparsers.choices if c not in before) == commands, module_name
+
+
+def test_a_named_command_imports_its_module_only() -> None:
+    code = ("import sys\nfrom enginewire.cli import build_parser\n"
+            "build_parser('serve-engine').parse_args(['serve-engine'])\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('enginewire.'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    loaded = set(done.stdout.split())
+    assert "enginewire.reference.commands" in loaded
+    assert not {"enginewire.fuzz.mutants", "enginewire.conformance.commands",
+                "enginewire.tap.vllm_dp", "enginewire.bench.commands"} & loaded, loaded
+
+
+def test_the_mutant_provider_is_imported_when_a_target_names_it() -> None:
+    code = ("import sys\nfrom enginewire.cli import build_parser\n"
+            "from enginewire.conformance.targets.resolve import load_target, providers\n"
+            "build_parser('check')\n"
+            "assert 'mutant' in providers()\n"
+            "assert 'enginewire.fuzz.mutants' not in sys.modules\n"
+            "from enginewire.conformance.targets.contract import TargetError\n"
+            "try:\n    load_target('mutant:no-such-mutant')\n"
+            "except TargetError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert "mutant:no-such-mutant: no such mutant" in done.stdout, done.stdout + done.stderr
+
+
+def test_interop_imports_the_topology_cells_and_help_lists_every_command(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from enginewire.cli import COMMAND_MODULES, build_parser
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for commands in COMMAND_MODULES.values():
+        for command in commands:
+            assert command in out
+    build_parser("interop")
+    assert "enginewire.tap.vllm_dp" in sys.modules

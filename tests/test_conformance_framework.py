@@ -462,6 +462,7 @@ def test_higher_layers_add_target_names_through_providers(
     from enginewire.conformance.targets import resolve
 
     monkeypatch.setattr(resolve, "_PROVIDERS", {})
+    monkeypatch.setattr(resolve, "_PROVIDER_MODULES", {})
     with pytest.raises(TargetError, match="none registered"):
         load_target("demo:one")
     seen: list[str] = []
@@ -480,6 +481,14 @@ def test_higher_layers_add_target_names_through_providers(
         resolve.register_provider("vllm", provide)
     with pytest.raises(ValueError, match="lower-case identifier"):
         resolve.register_provider("Bad-Prefix", provide)
+    # A provider named by its module: listed at once, imported when a target names it, and a
+    # module that does not register the prefix is a clear error.
+    resolve.register_provider_module("lazy", "json", "lazy:NAME (registers nothing)")
+    assert resolve.providers()["lazy"] == "lazy:NAME (registers nothing)"
+    with pytest.raises(TargetError, match="importing json did not register .* 'lazy'"):
+        load_target("lazy:one")
+    with pytest.raises(ValueError, match="built-in"):
+        resolve.register_provider_module("none", "json")
 
 
 def test_target_loading_errors_are_clear() -> None:

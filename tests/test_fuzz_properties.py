@@ -237,11 +237,24 @@ def test_rules_cite_existing_clauses() -> None:
 # --- reach --------------------------------------------------------------------------------------
 
 
+class _Drawn:
+    """A drawn value with a repr that cannot fail: ``find`` prints the draw it found, and
+    torch cannot print every tensor it can make (a 0-d ``float4_e2m1fn_x2`` raises)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"<drawn {type(self.value).__name__}>"
+
+
 def _reach(strategy: st.SearchStrategy[Any], predicate: Callable[[Any], bool]) -> Any:
     """Some draw of ``strategy`` satisfying ``predicate`` (fails the test if none in 2000)."""
-    return find(strategy, predicate, settings=settings(
+    return find(strategy.map(_Drawn), lambda drawn: predicate(drawn.value), settings=settings(
         max_examples=2000, database=None, phases=[Phase.generate], deadline=None,
-        suppress_health_check=list(PROFILE.suppress_health_check)))
+        suppress_health_check=list(PROFILE.suppress_health_check))).value
 
 
 def _nbytes(tensor: Any) -> int:

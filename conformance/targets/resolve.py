@@ -8,7 +8,8 @@ Names the suite knows itself: ``reference`` (default, :mod:`.reference`), ``vllm
 Layers above the suite add names through :func:`register_provider`: a provider owns a prefix
 (``mutant`` owns ``mutant:NAME``) and turns the text after the colon into a target. The suite
 never imports those layers; ``enginewire.fuzz.mutants`` registers the ``mutant`` provider
-when it is imported, and the ``enginewire`` command line imports it.
+when it is imported, and the ``enginewire`` command line names it through
+:func:`register_provider_module`, so it is imported only when a target uses its prefix.
 """
 
 from __future__ import annotations
@@ -33,16 +34,45 @@ def register_provider(prefix: str, provider: Provider, help: str = "") -> None:
     again replaces the provider (re-imports stay harmless). ``help`` is one line for error
     messages (e.g. ``"mutant:NAME, a mutant of enginewire.fuzz.mutants"``).
     """
+    _check_prefix(prefix)
+    _PROVIDERS[prefix] = (provider, help or f"{prefix}:NAME")
+
+
+def _check_prefix(prefix: str) -> None:
     if not prefix.isidentifier() or prefix != prefix.lower():
         raise ValueError(f"provider prefix must be a lower-case identifier, got {prefix!r}")
     if prefix in ("reference", "vllm", "none"):
         raise ValueError(f"provider prefix {prefix!r} is a built-in target name")
-    _PROVIDERS[prefix] = (provider, help or f"{prefix}:NAME")
+
+
+#: prefix -> (the module whose import registers it, its help line): providers not imported yet.
+_PROVIDER_MODULES: dict[str, tuple[str, str]] = {}
+
+
+def register_provider_module(prefix: str, module: str, help: str = "") -> None:
+    """Make ``--target PREFIX:NAME`` import ``module`` the first time it is used; importing
+    ``module`` must :func:`register_provider` the prefix. Until then the prefix costs nothing
+    (a command that resolves no such target never imports the provider's layer)."""
+    _check_prefix(prefix)
+    _PROVIDER_MODULES[prefix] = (module, help or f"{prefix}:NAME")
+
+
+def _provider(prefix: str) -> Provider | None:
+    if prefix not in _PROVIDERS and prefix in _PROVIDER_MODULES:
+        module = _PROVIDER_MODULES[prefix][0]
+        importlib.import_module(module)
+        if prefix not in _PROVIDERS:
+            raise TargetError(f"importing {module} did not register the target provider "
+                              f"{prefix!r}")
+    found = _PROVIDERS.get(prefix)
+    return None if found is None else found[0]
 
 
 def providers() -> dict[str, str]:
-    """The registered prefixes with their help lines."""
-    return {prefix: help for prefix, (_, help) in sorted(_PROVIDERS.items())}
+    """The registered prefixes (imported or not yet) with their help lines."""
+    found = {prefix: help for prefix, (_, help) in _PROVIDER_MODULES.items()}
+    found.update((prefix, help) for prefix, (_, help) in _PROVIDERS.items())
+    return dict(sorted(found.items()))
 
 
 def _from_module(text: str) -> Target:
@@ -82,8 +112,8 @@ def load_target(text: str = "reference", commands: Sequence[str] = (),
         target = vllm_target()
     elif text == "none":
         target = Target(name="external")
-    elif ":" in text and prefix in _PROVIDERS:
-        target = _PROVIDERS[prefix][0](text.partition(":")[2])
+    elif ":" in text and (provider := _provider(prefix)) is not None:
+        target = provider(text.partition(":")[2])
     elif ":" in text:
         target = _from_module(text)
     else:
