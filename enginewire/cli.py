@@ -16,6 +16,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from .cliargs import EXIT_INTERNAL, Parser
 
@@ -44,10 +45,15 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
 TARGET_PROVIDERS = {
     "mutant": ("enginewire.fuzz.mutants", "mutant:NAME (enginewire.fuzz.mutants)"),
 }
-#: Modules that add cells of whole topologies to ``enginewire interop`` with
-#: :func:`enginewire.conformance.interop.register_topology_cell` when imported (before the
-#: ``interop`` command is registered).
-INTEROP_CELL_MODULES = ("enginewire.tap.vllm_dp",)
+#: Command module -> the modules that extend its commands when imported (imported before it):
+#: ``interop`` gets cells of whole topologies
+#: (:func:`enginewire.conformance.interop.register_topology_cell`), ``spec match`` probes codec
+#: targets through the conformance suite
+#: (:func:`enginewire.spec.history.match.register_codec_matcher`).
+EXTENDED_BY: dict[str, tuple[str, ...]] = {
+    "enginewire.conformance.interop": ("enginewire.tap.vllm_dp",),
+    "enginewire.spec.commands": ("enginewire.conformance.commands",),
+}
 
 
 def _command_modules(command: str | None) -> list[str]:
@@ -56,6 +62,16 @@ def _command_modules(command: str | None) -> list[str]:
         if command in commands:
             return [module_name]
     return list(COMMAND_MODULES)
+
+
+def _import_present(module_name: str) -> Any:
+    """The module, or None when it is not installed (an optional part of enginewire)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module_name.startswith(exc.name):
+            raise
+        return None
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -70,17 +86,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for prefix, (module_name, help_line) in TARGET_PROVIDERS.items():
         register_provider_module(prefix, module_name, help_line)
     command_modules = _command_modules(command)
-    wanted = list(command_modules)
-    if "enginewire.conformance.interop" in command_modules:
-        wanted[:0] = INTEROP_CELL_MODULES
-    for module_name in wanted:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
-                raise
-            continue
-        if module_name in command_modules:
+    for module_name in command_modules:
+        for extension in EXTENDED_BY.get(module_name, ()):
+            _import_present(extension)
+    for module_name in command_modules:
+        module = _import_present(module_name)
+        if module is not None:
             module.register(subparsers)
     return parser
 

@@ -238,16 +238,29 @@ def test_each_command_module_adds_exactly_the_commands_its_entry_names() -> None
         assert tuple(c for c in subparsers.choices if c not in before) == commands, module_name
 
 
-def test_a_named_command_imports_its_module_only() -> None:
+def _modules_after_parsing(command: str) -> set[str]:
+    """The enginewire modules a fresh interpreter holds after ``build_parser(command)``."""
     code = ("import sys\nfrom enginewire.cli import build_parser\n"
-            "build_parser('serve-engine').parse_args(['serve-engine'])\n"
+            f"build_parser({command!r})\n"
             "print(' '.join(sorted(m for m in sys.modules if m.startswith('enginewire.'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, check=True)
-    loaded = set(done.stdout.split())
+    return set(done.stdout.split())
+
+
+def test_a_named_command_imports_its_module_only() -> None:
+    loaded = _modules_after_parsing("serve-engine")
     assert "enginewire.reference.commands" in loaded
     assert not {"enginewire.fuzz.mutants", "enginewire.conformance.commands",
                 "enginewire.tap.vllm_dp", "enginewire.bench.commands"} & loaded, loaded
+
+
+@pytest.mark.parametrize(("command", "extension"), [
+    ("interop", "enginewire.tap.vllm_dp"), ("spec", "enginewire.conformance.commands")])
+def test_a_command_gets_the_modules_that_extend_it(command: str, extension: str) -> None:
+    """Without them ``interop`` would lose its topology cells and ``spec match`` could not
+    probe a codec target (test_release_match.py drives that one end to end)."""
+    assert extension in _modules_after_parsing(command)
 
 
 def test_the_mutant_provider_is_imported_when_a_target_names_it() -> None:
@@ -264,14 +277,11 @@ def test_the_mutant_provider_is_imported_when_a_target_names_it() -> None:
     assert "mutant:no-such-mutant: no such mutant" in done.stdout, done.stdout + done.stderr
 
 
-def test_interop_imports_the_topology_cells_and_help_lists_every_command(
-        capsys: pytest.CaptureFixture[str]) -> None:
-    from enginewire.cli import COMMAND_MODULES, build_parser
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from enginewire.cli import COMMAND_MODULES
 
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
     for commands in COMMAND_MODULES.values():
         for command in commands:
             assert command in out
-    build_parser("interop")
-    assert "enginewire.tap.vllm_dp" in sys.modules
