@@ -411,7 +411,15 @@ class ReferenceEngine:
                 self._report_fatal()
                 return EXIT_DIED
         finally:
-            for sock in (*self._inputs, *self._outputs):
+            # Nothing the engine sends on an input socket is owed after it stops (its ready
+            # response at most, to a front end that may have gone before it was delivered),
+            # and the input DEALER has no LINGER (infinite): closed at linger 0, or that
+            # undelivered message would hold term() forever. (vLLM's input thread is a
+            # daemon that ends with its process, so it never waits.) The outputs keep their
+            # linger (transport.output-push-linger), which ENGINE_CORE_DEAD needs.
+            for sock in self._inputs:
+                sock.close(0)
+            for sock in self._outputs:
                 sock.close()
             self._ctx.term()
             self._ctx = None

@@ -263,6 +263,25 @@ def test_without_handshake_channel(frontends, engines) -> None:
     assert collect(frontend, {"x"})["x"] == (scripted_tokens([3], 2), FinishReason.STOP, 0)
 
 
+def test_an_engine_stops_though_its_ready_response_was_never_delivered() -> None:
+    """An engine on a thread whose front end never binds holds its ready response on the
+    input DEALER; asked to stop, it still ends (the input is closed at linger 0)."""
+    import threading
+
+    from enginewire.reference.engine import ReferenceEngine
+
+    engine = ReferenceEngine(EngineOptions(input_addresses=[ipc_address()],
+                                           output_addresses=[ipc_address()]))
+    status: list[int] = []
+    thread = threading.Thread(target=lambda: status.append(engine.run()), daemon=True)
+    thread.start()
+    time.sleep(0.2)  # connected and the ready response queued
+    engine.request_stop()
+    thread.join(TIMEOUT)
+    assert not thread.is_alive(), "the engine's thread still ran after stop"
+    assert status == [EXIT_CLEAN]
+
+
 def test_frontend_rejects_engine_with_wrong_local_flag(frontends, engines) -> None:
     frontend = frontends(1)
     engine = engines(handshake_address=frontend.handshake_address, local=False,
