@@ -99,3 +99,21 @@ def test_spec_match_reports_a_codec_program_that_cannot_start(
         f"enginewire spec match: error: --target-cmd codec: '{sys.executable}' exited at start "
         "with status 4 and wrote nothing on stderr"]
     assert "encoded no release's sample" not in captured.out
+
+
+def test_an_exit_between_the_liveness_check_and_the_first_write_failed_to_start() -> None:
+    """The race a loaded machine hits with ``true``: the program is alive when the request is
+    checked and gone when it is written. The write's broken pipe is the start failure, and
+    closing the stdin that still holds the unsent line raises nothing."""
+    from enginewire.conformance.targets.contract import TargetStartError
+    from enginewire.conformance.targets.external import LineRpc
+
+    rpc = LineRpc(["true"], surface="codec")
+    try:
+        rpc.peer.popen.wait(10)
+        rpc.peer.alive = lambda: True  # type: ignore[method-assign]  # the exit lands after it
+        with pytest.raises(TargetStartError, match="'true' exited at start with status 0"):
+            rpc.call("hello")
+    finally:
+        del rpc.peer.alive  # the instance attribute: the class's check again
+        rpc.close()

@@ -292,7 +292,12 @@ class ProcessPeer:
                 self.popen.wait(timeout)
         for stream in (self.popen.stdin, self.popen.stdout):
             if stream is not None:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:
+                    # Closing flushes what a failed write left in stdin's buffer, into a pipe
+                    # nobody reads any more: BrokenPipeError, and the stream is closed anyway.
+                    pass
         self.log.close()
         try:
             os.unlink(self.log.name)
@@ -372,6 +377,10 @@ class LineRpc:
             stdin.flush()
         except (BrokenPipeError, ValueError) as exc:
             self._pending.pop(seq, None)
+            # A program that exited before its first answer failed to start.
+            failure = None if self.answered else self._start_failure()
+            if failure is not None:
+                raise failure from exc
             raise ConnectionError(f"the target program closed its stdin: {exc}") from exc
         try:
             answer = future.result(rpc_timeout)
