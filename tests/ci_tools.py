@@ -1,9 +1,10 @@
-"""Programs some tests drive (node for the JavaScript codec, chromium for the HTML report).
+"""Programs some tests drive (node for the JavaScript codec, chromium for the HTML report),
+and the compiled part of the package (the ring's flag section, built where a C compiler is).
 
-On a developer's machine a missing program skips its tests, loudly (a warning and a skip
-reason that says SKIPPED LOUDLY). ``.ci/run`` makes sure the programs are installed and sets
-``ENGINEWIRE_REQUIRE_TOOLS=1``: then a missing program fails the test instead, so CI never
-passes with those tests skipped.
+On a developer's machine a missing program or an extension not built skips its tests, loudly
+(a warning and a skip reason that says SKIPPED LOUDLY). ``.ci/run`` makes sure the programs
+are installed and sets ``ENGINEWIRE_REQUIRE_TOOLS=1``: then anything missing fails the test
+instead, so CI never passes with those tests skipped.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
+from typing import NoReturn
 
 import pytest
 
@@ -24,11 +26,21 @@ def require_tool(*names: str, why: str) -> str:
         found = shutil.which(name)
         if found is not None:
             return found
-    missing = " / ".join(names)
+    _missing(f"{' / '.join(names)} is not installed", why)
+
+
+def require_built(built: bool, extension: str, why: str) -> None:
+    """Nothing where ``built``; else, for the compiled ``extension`` (a C file that ``pip
+    install`` builds where it finds a compiler), what :func:`require_tool` does for a program."""
+    if not built:
+        _missing(f"{extension} was not built (no C compiler at install time?)", why)
+
+
+def _missing(what: str, why: str) -> NoReturn:
     if os.environ.get(ENV) == "1":
-        pytest.fail(f"{missing} is not installed and {ENV}=1 requires it: {why}")
-    warnings.warn(f"{missing} is not installed: {why}", stacklevel=2)
-    pytest.skip(f"SKIPPED LOUDLY: {missing} is not installed: {why}")
+        pytest.fail(f"{what} and {ENV}=1 requires it: {why}")
+    warnings.warn(f"{what}: {why}", stacklevel=3)
+    pytest.skip(f"SKIPPED LOUDLY: {what}: {why}")
 
 
 #: Where chromium keeps the shared memory it means to unlink at once: a chromium process

@@ -11,7 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from ci_tools import ENV, chromium_segments, remove_chromium_leftovers, require_tool
+from ci_tools import (
+    ENV,
+    chromium_segments,
+    remove_chromium_leftovers,
+    require_built,
+    require_tool,
+)
 
 
 def test_missing_tool_fails_when_required(monkeypatch: pytest.MonkeyPatch,
@@ -29,6 +35,18 @@ def test_missing_tool_skips_loudly_otherwise(monkeypatch: pytest.MonkeyPatch,
     with pytest.warns(UserWarning, match="not installed"), \
             pytest.raises(pytest.skip.Exception, match="SKIPPED LOUDLY"):
         require_tool("node", why="untested")
+
+
+def test_an_extension_not_built_fails_when_required_and_skips_loudly_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="was not built.*requires it"):
+        require_built(False, "_express_flags", why="untested")
+    require_built(True, "_express_flags", why="untested")  # built: nothing happens
+    monkeypatch.delenv(ENV)
+    with pytest.warns(UserWarning, match="was not built"), \
+            pytest.raises(pytest.skip.Exception, match="SKIPPED LOUDLY"):
+        require_built(False, "_express_flags", why="untested")
 
 
 def test_present_tool_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

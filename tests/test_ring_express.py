@@ -15,9 +15,10 @@ import time
 from typing import Any
 
 import pytest
+from ci_tools import require_built
 from ring_helpers import RingEnv, pair, ring_env
 
-from enginewire.reference.ring import MessageQueue, MsgspecCodec, PickleCodec
+from enginewire.reference.ring import MessageQueue, MsgspecCodec, PickleCodec, express
 from enginewire.reference.ring.express import _left, reader_express, writer_express
 from enginewire.reference.ring.framing import (
     FIRST_DATA,
@@ -117,18 +118,78 @@ def _steps_enqueue(writer: RingWriter, codec: PayloadCodec, obj: Any, chunk_byte
     return None
 
 
+@pytest.fixture(params=["compiled", "python"])
+def flag_section(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each flag section the express path may run: the compiled one (which must have been
+    built where the tests run), and the Python one it falls back to."""
+    if request.param == "python":
+        monkeypatch.setattr(express, "COMPILED_FLAG_SECTION", None)
+    else:
+        _require_compiled()
+    return request.param
+
+
+def _require_compiled() -> None:
+    require_built(express.COMPILED_FLAG_SECTION is not None, "reference/ring/_express_flags.c",
+                  why="the compiled flag section goes untested (pip install -e . with a C "
+                      "compiler and Python's headers builds it)")
+
+
+def test_the_compiled_flag_section_is_the_one_used_where_it_was_built(
+        ring_env: RingEnv) -> None:
+    """A queue over shared memory runs the compiled flag section, not the Python one."""
+    _require_compiled()
+    writer, reader = pair(ring_env)
+    with writer, reader:
+        assert writer._writer is not None and reader._reader is not None
+        assert express.flag_section(writer._writer) is express.COMPILED_FLAG_SECTION
+        assert express.flag_section(reader._reader) is express.COMPILED_FLAG_SECTION
+        writer.enqueue(b"x" * 100, timeout=1)
+        assert reader.dequeue(timeout=1) == b"x" * 100
+
+
+def test_the_compiled_flag_section_refuses_what_it_cannot_do_safely() -> None:
+    """Offsets past the memory, a body that is not bytes, a read-only or released view: a
+    typed error, nothing written."""
+    _require_compiled()
+    assert express.COMPILED_FLAG_SECTION is not None
+    publish_single, read_single = express.COMPILED_FLAG_SECTION
+    memory = bytearray(64)
+    view = memoryview(memory)
+    with pytest.raises(IndexError):
+        publish_single(view, 0, 2, 60, b"body")  # the body would end past the memory
+    with pytest.raises(IndexError):
+        publish_single(view, -1, 2, 8, b"body")
+    with pytest.raises(IndexError):
+        read_single(view, 0, 64, 8, 16)  # the reader's flag is past the memory
+    with pytest.raises(TypeError):
+        publish_single(view, 0, 2, 8, bytearray(b"body"))  # type: ignore[arg-type]
+    with pytest.raises(BufferError):
+        publish_single(memoryview(bytes(64)), 0, 2, 8, b"body")  # read-only
+    assert memory == bytearray(64)
+    assert publish_single(view, 0, 2, 8, b"body") is True
+    assert read_single(view, 0, 1, 8, 16) == b"body"
+    assert read_single(view, 0, 1, 8, 16) is None  # released: nothing more for this reader
+    assert read_single(view, 0, 2, 8, 3) is False  # longer than the limit: left acquired
+    assert memory[:3] == b"\x01\x01\x00"
+    view.release()
+    with pytest.raises(ValueError):
+        read_single(view, 0, 2, 8, 16)
+
+
 @pytest.mark.parametrize("codec", [PickleCodec(oob_threshold=8), MsgspecCodec()],
                          ids=["pickle", "msgspec"])
 @pytest.mark.parametrize("n_reader", [1, 2, 3])
 @pytest.mark.parametrize("max_chunks", [1, 2, 3])
 @pytest.mark.parametrize("seed", range(3))
 def test_the_express_path_leaves_the_bytes_the_steps_leave(codec: PayloadCodec, n_reader: int,
-                                                           max_chunks: int, seed: int) -> None:
+                                                           max_chunks: int, seed: int,
+                                                           flag_section: str) -> None:
     """The express enqueue and dequeue against the steps, over the same random schedule of
     writes and reads (full and empty rings, messages that fit and that do not, several-buffer
     chunks, the readers running or not): the same results, the same messages handed to the
     general path, the same notifications, and every byte of the memory the same after every
-    call."""
+    call; with either flag section."""
     layout = RingLayout(n_reader=n_reader, max_chunk_bytes=48, max_chunks=max_chunks)
     fast, slow = BytearrayMemory(layout.total_size), _StepsOnlyMemory(layout.total_size)
     running = [False]
