@@ -148,6 +148,18 @@ def test_the_compiled_flag_section_is_the_one_used_where_it_was_built(
         assert reader.dequeue(timeout=1) == b"x" * 100
 
 
+def test_shared_memory_fences_with_the_compiled_full_fence_where_it_was_built() -> None:
+    """ShmMemory's fence (the steps' and the queue's full fence) is the processor's own, one
+    C call, where the extension was built; the lock pair is not a full fence on Arm."""
+    _require_compiled()
+    from enginewire.reference.ring import _express_flags, shm
+
+    assert shm.memory_fence is _express_flags.full_fence
+    memory = shm.ShmMemory(memoryview(bytearray(8)))
+    assert memory.fence is _express_flags.full_fence
+    assert memory.fence() is None
+
+
 def test_the_compiled_flag_section_refuses_what_it_cannot_do_safely() -> None:
     """Offsets past the memory, a body that is not bytes, a read-only or released view: a
     typed error, nothing written."""

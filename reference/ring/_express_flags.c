@@ -9,6 +9,9 @@
  *   publish_single(view, row, n_reader, chunk, body) -> bool
  *   read_single(view, row, own, chunk, limit) -> bytes | None | False
  *
+ * and full_fence(), the processor's full fence alone, which ShmMemory uses as its fence
+ * where this module was built (reference/ring/shm.py).
+ *
  * view: a writable, contiguous byte buffer of the whole ring (the memory's direct view);
  * row: offset of the chunk's metadata row (written flag, then n_reader read flags);
  * chunk: offset of the chunk; own: offset of this reader's read flag; limit: the longest
@@ -161,7 +164,17 @@ read_single(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return data;
 }
 
+static PyObject *
+full_fence(PyObject *module, PyObject *unused)
+{
+    FENCE_FULL();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"full_fence", full_fence, METH_NOARGS,
+     "full_fence() -> None: a full memory barrier (every load and store before it completes "
+     "before any after it starts), in one call."},
     {"publish_single", (PyCFunction)(void (*)(void))publish_single, METH_FASTCALL,
      "publish_single(view, row, n_reader, chunk, body) -> bool: the chunk was free and now "
      "holds body (head, body, read flags cleared, written set, with their fences)."},

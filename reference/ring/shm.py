@@ -28,8 +28,11 @@ from .liveness import segment_size
 if TYPE_CHECKING:
     from .protocol import DirectAccess
 
-#: One lock per process: taking and releasing it is a full memory barrier (CPython's lock is a
-#: pthread mutex or semaphore), which is what vLLM's ``memory_fence()`` relies on too.
+#: One lock per process: where the compiled fence was not built, taking and releasing it is the
+#: fence (CPython's lock is a semaphore or a pthread mutex), which is what vLLM's
+#: ``memory_fence()`` relies on too. On x86 each of the two is a locked instruction, a full
+#: barrier; on Arm the pair is an acquire followed by a release, which does not keep an
+#: earlier store before a later load, so there a full fence needs the compiled one.
 _FENCE_LOCK = threading.Lock()
 # Bound once: every message costs each end of a ring at least one fence.
 _fence_acquire = _FENCE_LOCK.acquire
@@ -41,10 +44,24 @@ _ATTACH_LOCK = threading.Lock()
 _HAS_TRACK_ARG = "track" in inspect.signature(shared_memory.SharedMemory.__init__).parameters
 
 
-def memory_fence() -> None:
-    """Full memory barrier between processes sharing memory (lock acquire plus release)."""
+def _lock_fence() -> None:
+    """The fence where the compiled one was not built: the lock taken and released."""
     _fence_acquire()
     _fence_release()
+
+
+def _compiled_fence() -> Callable[[], None] | None:
+    try:
+        from ._express_flags import full_fence
+    except ImportError:
+        return None
+    return full_fence
+
+
+#: Full memory barrier between processes sharing memory: the processor's own fence in one C
+#: call (``_express_flags.full_fence``: ``mfence`` on x86, ``dmb ish`` on Arm) where the
+#: package was built with a C compiler, else the lock taken and released (see _FENCE_LOCK).
+memory_fence: Callable[[], None] = _compiled_fence() or _lock_fence
 
 
 #: The acquire-release fence of this machine (clause ring.fence.acquire-release): None on x86,
