@@ -89,12 +89,12 @@ def _compiled_section() -> tuple[PublishSingle, ReadSingle] | None:
     """The compiled flag section (``_express_flags.c``), where it was built: it writes the
     one-buffer head itself, so only for the framing it knows."""
     try:
-        from . import _express_flags
+        from ._express_flags import publish_single, read_single
     except ImportError:
         return None
     if (FIRST_DATA, IN_RING) != (7, 0):
         return None
-    return _express_flags.publish_single, _express_flags.read_single
+    return publish_single, read_single
 
 
 #: The compiled flag section, or None where ``_express_flags`` was not built (no C compiler
