@@ -1191,18 +1191,25 @@ class Codec:
         has_mm_kwargs = self._mm_kwargs
         violated, check_item = self._violated, self._validate_mm_item
 
-        # The reference release has one such rule (sampling_params or pooling_params): it is
-        # checked without a loop.
-        single = rules[0] if len(rules) == 1 else None
+        if len(rules) == 1 and len(rules[0][2].fields) == 2 and not has_mm_kwargs:
+            # The reference release: one rule over two fields (sampling_params or
+            # pooling_params), checked without a loop or a tuple as "exactly one is None".
+            constraint = rules[0][2]
+            first, second = (operator.attrgetter(name) for name in constraint.fields)
+
+            def validate_pair(_kind: str, value: Any) -> None:
+                if (first(value) is None) is (second(value) is None):
+                    violated(constraint, value)
+                if has_mm and value.mm_features:
+                    for feature in value.mm_features:
+                        check_item(feature.data)
+
+            return validate_pair
 
         def validate(_kind: str, value: Any) -> None:
-            if single is not None:
-                if single[0](value).count(None) != single[1]:
-                    violated(single[2], value)
-            else:
-                for values, nones, constraint in rules:
-                    if values(value).count(None) != nones:
-                        violated(constraint, value)
+            for values, nones, constraint in rules:
+                if values(value).count(None) != nones:
+                    violated(constraint, value)
             if has_mm and value.mm_features:
                 for feature in value.mm_features:
                     check_item(feature.data)
