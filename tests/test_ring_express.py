@@ -160,6 +160,19 @@ def test_shared_memory_fences_with_the_compiled_full_fence_where_it_was_built() 
     assert memory.fence() is None
 
 
+def test_a_lock_fence_off_x86_is_reported() -> None:
+    """Without the compiled fence, a machine other than x86 gets a warning naming the clauses
+    its lock-pair fence may break; x86, or a built fence, gets none."""
+    from enginewire.reference.ring.shm import lock_fence_warning
+
+    warning = lock_fence_warning("aarch64", compiled=False)
+    assert warning is not None and "ring.writer.fence-after-written" in warning
+    assert "C compiler" in warning
+    assert lock_fence_warning("aarch64", compiled=True) is None
+    assert lock_fence_warning("x86_64", compiled=False) is None
+    assert lock_fence_warning("AMD64", compiled=False) is None
+
+
 def test_the_compiled_flag_section_refuses_what_it_cannot_do_safely() -> None:
     """Offsets past the memory, a body that is not bytes, a read-only or released view: a
     typed error, nothing written."""

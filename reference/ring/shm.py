@@ -15,6 +15,7 @@ import os
 import platform
 import secrets
 import threading
+import warnings
 from collections.abc import Callable
 from multiprocessing import resource_tracker, shared_memory
 from typing import TYPE_CHECKING, cast
@@ -63,6 +64,25 @@ def _compiled_fence() -> Callable[[], None] | None:
 #: package was built with a C compiler, else the lock taken and released (see _FENCE_LOCK).
 memory_fence: Callable[[], None] = _compiled_fence() or _lock_fence
 
+_X86 = ("x86_64", "amd64", "i386", "i686")
+
+
+def lock_fence_warning(machine: str, compiled: bool) -> str | None:
+    """Why the ring's full fence may be too weak on ``machine`` (``platform.machine()``), or
+    None: only where the compiled fence was not built and the machine is not x86, whose
+    locked instructions are full barriers."""
+    if compiled or machine.lower() in _X86:
+        return None
+    return (f"the ring's full fence on {machine} is a lock taken and released, an acquire "
+            f"followed by a release, which need not keep an earlier store before a later "
+            f"load (ring.writer.fence-after-written, ring.reader.fence-after-release): "
+            f"install enginewire where a C compiler is found, so that its compiled fence "
+            f"(reference/ring/_express_flags.c) is built")
+
+
+_WEAK_FENCE = lock_fence_warning(platform.machine(), memory_fence is not _lock_fence)
+if _WEAK_FENCE is not None:
+    warnings.warn(_WEAK_FENCE, RuntimeWarning, stacklevel=2)
 
 #: The acquire-release fence of this machine (clause ring.fence.acquire-release): None on x86,
 #: whose TSO already keeps every order such a fence asks for (Intel SDM vol. 3A, "Memory
@@ -70,7 +90,7 @@ memory_fence: Callable[[], None] = _compiled_fence() or _lock_fence
 #: loads, stores not with older loads or with other stores), so the ring calls nothing there;
 #: the full barrier everywhere else.
 acq_rel_fence: Callable[[], None] | None = (
-    None if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686") else memory_fence)
+    None if platform.machine().lower() in _X86 else memory_fence)
 
 
 #: The name of every segment enginewire creates starts so (then the creator's tag).
