@@ -13,6 +13,9 @@ beforehand) and ends when that request's first output is back in the front end's
 - ``reference+tap``: the ``reference`` session through ``enginewire tap``;
   ``router_dealer+proxy`` (the forwarding floor, with it): the ceiling's round trip through a
   ``zmq.proxy`` process, the least two more hops through a process in the middle can cost.
+- ``msgspec_peers`` (the codec floor, with ``reference``): peers that encode the ADD and
+  decode its outputs with bare msgspec per round trip, over the protocol's own topology (the
+  outputs on PUSH/PULL), and nothing else: what the reference's layers cost is its ratio to it.
 
 Each session is set up once for the run (the constructor starts the processes, ``wait_ready``
 waits for them, so several sessions start side by side); a round sends ``round_trips``
@@ -36,7 +39,7 @@ from typing import Any
 
 import zmq
 
-from enginewire.bench.results import PROXIED, TAPPED
+from enginewire.bench.results import CODEC_FLOOR, PROXIED, TAPPED
 
 SPAWN = multiprocessing.get_context("spawn")
 PROMPT = (1, 2, 3)
@@ -278,16 +281,20 @@ class BarePeers:
                                                   new_token_ids=[PROMPT[0] + 1],
                                                   finish_reason=structs.FinishReason.LENGTH)])
             reply = [bytes(memoryview(f).cast("B")) for f in codec.encode("outputs", outputs)]
-            parent, child = SPAWN.Pipe(duplex=False)
-            self.process = SPAWN.Process(target=bare_dealer,
-                                         args=(self._dealer_address(transport), reply, child),
-                                         daemon=True, name="enginewire-bench-dealer")
-            self.process.start()
-            child.close()
-            self._started = parent
+            self._start_peer(transport, reply)
         except BaseException:
             self.close()
             raise
+
+    def _start_peer(self, transport: str, reply: list[bytes]) -> None:
+        """Start the DEALER process that answers with ``reply``."""
+        parent, child = SPAWN.Pipe(duplex=False)
+        self.process = SPAWN.Process(target=bare_dealer,
+                                     args=(self._dealer_address(transport), reply, child),
+                                     daemon=True, name="enginewire-bench-dealer")
+        self.process.start()
+        child.close()
+        self._started = parent
 
     def _dealer_address(self, transport: str) -> str:
         """Where the DEALER process connects: the ROUTER itself."""
@@ -332,6 +339,116 @@ class BarePeers:
         self.context.term()
         if self.address:
             remove_ipc_file(self.address)
+
+
+def msgspec_engine(input_address: str, output_address: str, conn: Connection) -> None:
+    """The codec floor's engine: a DEALER with the engine's identity and a PUSH, as the
+    protocol has them. Each ADD is decoded by bare msgspec into the reference
+    ``EngineCoreRequest`` and answered with one ``EngineCoreOutputs`` for that request (one
+    token, finished), encoded by bare msgspec; until ``STOP`` or until the parent process is
+    gone."""
+    import msgspec
+
+    from enginewire.reference import structs
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, also on Ctrl-C
+    parent = os.getppid()
+    encode = msgspec.msgpack.Encoder().encode
+    decode = msgspec.msgpack.Decoder(structs.EngineCoreRequest).decode
+    output, outputs, length = (structs.EngineCoreOutput, structs.EngineCoreOutputs,
+                               structs.FinishReason.LENGTH)
+    context = zmq.Context()
+    dealer = context.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, BARE_IDENTITY)
+    push = context.socket(zmq.PUSH)
+    for sock in (dealer, push):
+        sock.setsockopt(zmq.LINGER, 0)
+    try:
+        dealer.connect(input_address)
+        push.connect(output_address)
+        dealer.send(b"HELLO")
+        conn.send("connected")
+        while True:
+            if not dealer.poll(200):
+                if os.getppid() != parent:
+                    return
+                continue
+            frames = dealer.recv_multipart()
+            if frames[0] == STOP:
+                return
+            request = decode(frames[1])
+            prompt = request.prompt_token_ids or PROMPT
+            push.send(encode(outputs(
+                engine_index=0, timestamp=time.monotonic(),
+                finished_requests=[request.request_id],  # type: ignore[arg-type]
+                outputs=[output(request_id=request.request_id, new_token_ids=[prompt[0] + 1],
+                                finish_reason=length)])))
+    finally:
+        dealer.close(linger=0)
+        push.close(linger=0)
+        context.term()
+        conn.close()
+
+
+class MsgspecPeers(BarePeers):
+    """The codec floor: the ceiling's sockets plus a PULL for the outputs (the protocol's
+    topology), with the ADD encoded and the outputs decoded here by bare msgspec per round
+    trip, and a DEALER/PUSH process doing the same on its side (:func:`msgspec_engine`). The
+    least a pair of Python peers speaking these messages costs; its ratio to the ceiling is the
+    floor under the reference's, and the reference's ratio to it is what the reference's
+    layers (sessions, checks, events) cost."""
+
+    name = CODEC_FLOOR
+    pull: Any = None
+    output_address = ""
+
+    def _start_peer(self, transport: str, reply: list[bytes]) -> None:
+        import msgspec
+
+        from enginewire.reference import structs
+
+        self.pull = self.context.socket(zmq.PULL)
+        self.pull.setsockopt(zmq.LINGER, 0)
+        self.pull.bind(_bind_address(transport))
+        self.output_address = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder = msgspec.msgpack.Decoder(structs.EngineCoreOutputs)
+        parent, child = SPAWN.Pipe(duplex=False)
+        self.process = SPAWN.Process(target=msgspec_engine,
+                                     args=(self.address, self.output_address, child),
+                                     daemon=True, name="enginewire-bench-msgspec-engine")
+        self.process.start()
+        child.close()
+        self._started = parent
+
+    def measure(self, count: int, prefix: str) -> list[float]:
+        from enginewire.reference.engine import generation_request
+
+        requests = [generation_request(f"{prefix}-{i}", PROMPT, max_tokens=1)
+                    for i in range(count)]
+        sock, pull, timeout_ms = self.socket, self.pull, int(self.timeout * 1000)
+        identity, type_frame = self.identity, self.request[0]
+        encode, decode = self.encoder.encode, self.decoder.decode
+        clock = time.perf_counter
+        found = []
+        for request in requests:
+            start = clock()
+            sock.send_multipart([identity, type_frame, encode(request)])
+            if not pull.poll(timeout_ms):
+                raise PeerError(f"no outputs within {self.timeout} s")
+            outputs = decode(pull.recv())
+            found.append(clock() - start)
+            _check(request.request_id, outputs)
+        return found
+
+    def close(self) -> None:
+        from enginewire.reference.addresses import remove_ipc_file
+
+        if self.pull is not None:
+            self.pull.close(linger=0)
+        super().close()
+        if self.output_address:
+            remove_ipc_file(self.output_address)
 
 
 def bare_proxy(router_address: str, listen: str, conn: Connection) -> None:
@@ -576,4 +693,4 @@ ENGINE_SESSIONS = ("reference", "vllm", TAPPED)
 #: Contender name -> session class.
 SESSIONS: dict[str, type] = {"reference": ReferencePeers, "vllm": VllmPeers,
                              "router_dealer": BarePeers, TAPPED: TappedPeers,
-                             PROXIED: ProxiedBarePeers}
+                             PROXIED: ProxiedBarePeers, CODEC_FLOOR: MsgspecPeers}

@@ -26,6 +26,7 @@ DISPLAY = {
     "msgspec": "raw msgspec (ceiling)",
     "router_dealer": "bare ROUTER/DEALER (ceiling)",
     "router_dealer+proxy": "bare ROUTER/DEALER through zmq.proxy (forwarding floor)",
+    "msgspec_peers": "bare sockets, raw msgspec, PUSH/PULL outputs (codec floor)",
     "minimal_ring": "minimal ring (ceiling)",
     # textbook contenders, with the figure an IPC chapter leads one to expect
     "pipe": "pipe, default 64 KiB buffer (textbook ~1.6 GB/s)",

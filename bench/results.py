@@ -33,6 +33,10 @@ VLLM = "vllm"
 TAPPED = "reference+tap"
 #: The bare ROUTER/DEALER round trip through a zmq.proxy process: the forwarding floor of a tap.
 PROXIED = "router_dealer+proxy"
+#: The same round trip between peers that do the least a Python peer of the protocol must: bare
+#: msgspec encodes and decodes of the ADD and its outputs over the protocol's own topology
+#: (ROUTER/DEALER in, PUSH/PULL out), nothing else: the codec floor under the reference.
+CODEC_FLOOR = "msgspec_peers"
 #: The suffix of a ring contender whose readers use zero-copy reads (``dequeue_borrowed``).
 BORROWED = "+borrowed"
 #: The suffix of a ring contender sending raw buffers (``enqueue_buffers``, no pickle) whose

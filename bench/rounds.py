@@ -209,6 +209,7 @@ class Run:
 
     def set_up_peers(self) -> list[str]:
         from enginewire.bench.peer_bench import (
+            CODEC_FLOOR,
             ENGINE_SESSIONS,
             PROXIED,
             SESSIONS,
@@ -219,11 +220,12 @@ class Run:
         names = [t for t in self.targets if t in SESSIONS]
         baselines = []
         if "reference" in names:
-            # The same session with enginewire tap in the middle: the tap's cost; and the bare
-            # round trip through a C forwarder: the least a process in the middle costs.
+            # The same session with enginewire tap in the middle: the tap's cost; the bare
+            # round trip through a C forwarder: the least a process in the middle costs; and
+            # peers that only encode and decode with bare msgspec: the codec floor.
             names.append(TAPPED)
-            baselines.append(PROXIED)
-            self.roles[PROXIED] = "baseline"
+            baselines += [PROXIED, CODEC_FLOOR]
+            self.roles[PROXIED] = self.roles[CODEC_FLOOR] = "baseline"
         for text in self.targets:
             if text not in SESSIONS:
                 self.results.notes.append(

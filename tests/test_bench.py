@@ -349,7 +349,8 @@ def test_tiny_run_measures_every_figure(tiny: Results, tmp_path: Path) -> None:
         for metric in ("encode_us", "decode_us"):
             for contender in ("reference", "msgspec"):
                 assert ("codec", metric, contender, (("workload", workload),)) in found
-    for contender in ("reference", "router_dealer", "reference+tap"):
+    for contender in ("reference", "router_dealer", "reference+tap", "router_dealer+proxy",
+                      "msgspec_peers"):
         assert ("peers", "rtt_p50_us", contender, (("transport", "ipc"),)) in found
     for metric in ("tap_steps_per_s", "tap_decoded_steps_per_s"):
         assert ("peers", metric, "reference+tap",
