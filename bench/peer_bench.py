@@ -33,7 +33,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -226,6 +226,26 @@ class VllmPeers:
                 remove_ipc_file(address)
 
 
+def answer_until_stop(dealer: zmq.Socket[Any], conn: Connection, parent: int,
+                      answer: Callable[[list[Any]], object], *, copy: bool) -> None:
+    """The loop of a bench engine process: HELLO on its connected ``dealer``, "connected" on
+    ``conn``, then every message (its frames as ``bytes``, or as ``zmq.Frame`` without
+    ``copy``) handed to ``answer``, until ``STOP`` or until process ``parent`` is no longer the
+    parent."""
+    dealer.send(b"HELLO")
+    conn.send("connected")
+    while True:
+        if not dealer.poll(200):
+            if os.getppid() != parent:
+                return
+            continue
+        frames: list[Any] = dealer.recv_multipart(0, copy)
+        first = frames[0]
+        if (first.bytes if isinstance(first, zmq.Frame) else first) == STOP:
+            return
+        answer(frames)
+
+
 def bare_dealer(address: str, reply: Sequence[bytes], conn: Connection) -> None:
     """The ceiling's engine: answer every message with ``reply`` until ``STOP`` or until the
     parent process is gone."""
@@ -237,17 +257,8 @@ def bare_dealer(address: str, reply: Sequence[bytes], conn: Connection) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(address)
-        sock.send(b"HELLO")
-        conn.send("connected")
-        while True:
-            if not sock.poll(200):
-                if os.getppid() != parent:
-                    return
-                continue
-            frames = sock.recv_multipart(copy=False)
-            if frames[0].bytes == STOP:
-                return
-            sock.send_multipart(reply)
+        answer_until_stop(sock, conn, parent, lambda _frames: sock.send_multipart(reply),
+                          copy=False)
     finally:
         sock.close(linger=0)
         context.term()
@@ -288,10 +299,15 @@ class BarePeers:
 
     def _start_peer(self, transport: str, reply: list[bytes]) -> None:
         """Start the DEALER process that answers with ``reply``."""
+        self._spawn(bare_dealer, self._dealer_address(transport), reply,
+                    name="enginewire-bench-dealer")
+
+    def _spawn(self, target: Callable[..., None], *args: Any, name: str) -> None:
+        """Start ``target(*args, conn)`` as the peer process; :meth:`wait_ready` waits for
+        what it reports on ``conn``."""
         parent, child = SPAWN.Pipe(duplex=False)
-        self.process = SPAWN.Process(target=bare_dealer,
-                                     args=(self._dealer_address(transport), reply, child),
-                                     daemon=True, name="enginewire-bench-dealer")
+        self.process = SPAWN.Process(target=target, args=(*args, child), daemon=True,
+                                     name=name)
         self.process.start()
         child.close()
         self._started = parent
@@ -363,26 +379,20 @@ def msgspec_engine(input_address: str, output_address: str, conn: Connection) ->
     push = context.socket(zmq.PUSH)
     for sock in (dealer, push):
         sock.setsockopt(zmq.LINGER, 0)
+
+    def answer(frames: list[bytes]) -> None:
+        request = decode(frames[1])
+        prompt = request.prompt_token_ids or PROMPT
+        push.send(encode(outputs(
+            engine_index=0, timestamp=time.monotonic(),
+            finished_requests=[request.request_id],  # type: ignore[arg-type]
+            outputs=[output(request_id=request.request_id, new_token_ids=[prompt[0] + 1],
+                            finish_reason=length)])))
+
     try:
         dealer.connect(input_address)
         push.connect(output_address)
-        dealer.send(b"HELLO")
-        conn.send("connected")
-        while True:
-            if not dealer.poll(200):
-                if os.getppid() != parent:
-                    return
-                continue
-            frames = dealer.recv_multipart()
-            if frames[0] == STOP:
-                return
-            request = decode(frames[1])
-            prompt = request.prompt_token_ids or PROMPT
-            push.send(encode(outputs(
-                engine_index=0, timestamp=time.monotonic(),
-                finished_requests=[request.request_id],  # type: ignore[arg-type]
-                outputs=[output(request_id=request.request_id, new_token_ids=[prompt[0] + 1],
-                                finish_reason=length)])))
+        answer_until_stop(dealer, conn, parent, answer, copy=True)
     finally:
         dealer.close(linger=0)
         push.close(linger=0)
@@ -413,13 +423,8 @@ class MsgspecPeers(BarePeers):
         self.output_address = self.pull.getsockopt_string(zmq.LAST_ENDPOINT)
         self.encoder = msgspec.msgpack.Encoder()
         self.decoder = msgspec.msgpack.Decoder(structs.EngineCoreOutputs)
-        parent, child = SPAWN.Pipe(duplex=False)
-        self.process = SPAWN.Process(target=msgspec_engine,
-                                     args=(self.address, self.output_address, child),
-                                     daemon=True, name="enginewire-bench-msgspec-engine")
-        self.process.start()
-        child.close()
-        self._started = parent
+        self._spawn(msgspec_engine, self.address, self.output_address,
+                    name="enginewire-bench-msgspec-engine")
 
     def measure(self, count: int, prefix: str) -> list[float]:
         from enginewire.reference.engine import generation_request
