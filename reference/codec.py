@@ -602,6 +602,45 @@ class Codec:
             validator(kind, value)
         return value
 
+    def express_decoder(self, kind: str) -> Callable[[Sequence[Frame]], Any]:
+        """The decode of the common message of struct kind ``kind`` in one call, for the
+        peers' express paths (:class:`~.connection.FrontendConnection` and
+        :class:`~.connection.EngineConnection`): a function of a message's frames that returns
+        what :meth:`decode` returns where the frames are exactly the kind's fixed frames (at
+        most one) as the very bytes expected and one msgpack frame as ``bytes`` that refers to
+        no out-of-band frame, and the value keeps the kind's rules; None for anything else,
+        without raising: :meth:`decode` of the same frames then says what is wrong (it decodes
+        them again: a decode has no side effects)."""
+        plan = self._struct_plans.get(kind)
+        if plan is None or len(plan[0]) > 1:
+            raise ValueError(f"{kind!r} is no struct kind with at most one fixed frame")
+        prefix, _, rules, _, payload_type = plan
+        count = len(prefix) + 1
+        head = prefix[0] if prefix else None
+        local = self._local
+
+        def decode(frames: Sequence[Frame]) -> Any:
+            if len(frames) != count or (head is not None and frames[0] != head):
+                return None
+            body = frames[-1]
+            if type(body) is not bytes:
+                return None
+            state = getattr(local, "codec", None) or self._thread()
+            decoder = state.decoders.get(payload_type) or self._decoder(state, payload_type)
+            used: set[int] = set()
+            state.frames, state.used = frames, used
+            try:
+                value = decoder.decode(body)
+                if rules is not None:
+                    rules(kind, value)
+            except Exception:  # every failure is the general path's to report
+                return None
+            finally:
+                state.frames, state.used = (), None
+            return None if used else value
+
+        return decode
+
     def encode_routed(self, kind: str, value: Any, rank: int) -> list[bytes | memoryview]:
         """The frames a ROUTER sends: the identity of ``rank``, then the message."""
         if kind not in self._routed_kinds:

@@ -49,7 +49,7 @@ from enginewire.spec.loader import REFERENCE_VLLM_VERSION, Spec
 
 from .codec import Codec, Frame, default_codec
 from .errors import FramingError, HandshakeError
-from .session import EngineSession, FrontendSession, get_field
+from .session import EngineSession, FrontendSession, get_field, untrack_finished
 
 # --- events ----------------------------------------------------------------------------------
 
@@ -205,6 +205,12 @@ class EngineConnection:
         self.identity: bytes = self.codec.encode_identity(rank)
         #: Request type frames (bytes) already read -> the message kind they name.
         self._kinds_by_type_frame: dict[bytes, str] = {}
+        #: The express path's decode of an ADD (:meth:`receive_add_express`; None: a codec of
+        #: another release, whose messages all take the general path) and the states where it
+        #: takes one.
+        self._decode_add = self.codec.express_decoder("add") \
+            if self.session.spec.version == REFERENCE_VLLM_VERSION else None
+        self._adding_states = self.session.machine.quiet_states("add", "accept_request")
 
     @property
     def state(self) -> str:
@@ -250,6 +256,21 @@ class EngineConnection:
         if kind == "start_dp_wave":
             events.append(DPWaveStarted(*payload))
         return events
+
+    def receive_add_express(self, frames: Sequence[Frame]) -> Any:
+        """The express path of the input channel: the message every request starts with, in
+        one call. Where ``frames`` are an ADD, its type frame and one msgpack frame holding an
+        EngineCoreRequest that keeps the request rules (no out-of-band tensor), and the session
+        serves, returns the request, tracked: what :meth:`receive` returns in
+        :class:`RequestAdded`. Returns None for any other message, having recorded nothing:
+        hand the same frames to :meth:`receive`, which reads them or says what is wrong."""
+        decode = self._decode_add
+        if decode is None or self.session.machine.state not in self._adding_states:
+            return None
+        request = decode(frames)
+        if request is not None:
+            self.session.requests.add(request.request_id)
+        return request
 
     # --- start-up without a handshake ----------------------------------------------------
 
@@ -326,6 +347,13 @@ class FrontendConnection:
         #: Engines that sent HELLO and have not been sent the init message yet.
         self._init_due: set[int] = set()
         version = self.session.spec.version
+        #: The express path's decode of request outputs (:meth:`receive_outputs_express`;
+        #: None: a codec of another release, whose messages all take the general path) and
+        #: the link states where it takes them.
+        self._decode_outputs = self.codec.express_decoder("outputs") \
+            if self.session.spec.version == REFERENCE_VLLM_VERSION else None
+        any_link = next(iter(self.session.engines.values()))
+        self._delivering_states = any_link.machine.quiet_states("outputs", "deliver_outputs")
         #: READY is the engine's ready response (0.9.0 holds the handshake on the input
         #: socket: history/constants.toml [[ready_response]] ``handshake``).
         self._ready_is_response = version != REFERENCE_VLLM_VERSION \
@@ -371,6 +399,27 @@ class FrontendConnection:
         socket is connected; the front end says when."""
         self.session.receive_ready_response(rank, None)
         return [ReadyResponse(rank, None)]
+
+    def receive_outputs_express(self, frames: Sequence[Frame]) -> Any:
+        """The express path of the output channel: the message every engine step sends, in
+        one call. Where ``frames`` are one msgpack frame holding an EngineCoreOutputs with
+        request outputs (no utility output, no out-of-band buffer) from a managed engine whose
+        link is in a state where outputs change nothing but the requests tracked, returns it,
+        with its finished requests untracked: what :meth:`receive` returns in
+        :class:`OutputsReceived`. Returns None for any other message, having recorded nothing:
+        hand the same frames to :meth:`receive`, which reads them or says what is wrong."""
+        decode, session = self._decode_outputs, self.session
+        if decode is None or session.dead:
+            return None
+        outputs = decode(frames)
+        if outputs is None:
+            return None
+        link = session.engines.get(outputs.engine_index)
+        if link is None or link.machine.state not in self._delivering_states:
+            return None
+        if link.requests:
+            untrack_finished(link.requests, outputs)
+        return outputs
 
     def _receive_output(self, frames: Sequence[Frame]) -> list[Event]:
         message = self.codec.decode_message("output", frames, sender="engine")

@@ -365,6 +365,9 @@ class ReferenceEngine:
             self._outputs_class = lambda **values: self.structs.make("EngineCoreOutputs",
                                                                      **values)
             self._finish_reason = lambda value: self.structs.finish_reason(value)
+        #: The connection's express path for an ADD (what :meth:`_handle` does with one, in
+        #: one call), decided when serving starts (:meth:`_express_path`).
+        self._express_add: Callable[[list[Any]], Any] | None = None
         #: The violations the engine logged and survived (counted per clause, recent sampled).
         self.violations = Violations()
         self._utilities: dict[str, Callable[..., Any]] = {
@@ -554,7 +557,19 @@ class ReferenceEngine:
         for sock in self._inputs:
             sock.socket.send_multipart(frames)
 
+    def _express_path(self) -> Callable[[list[Any]], Any] | None:
+        """The connection's express path for an ADD where every message would reach the
+        connection's own ``receive`` through this module's :meth:`_handle` and :meth:`_act`;
+        None where a subclass handles messages its own way or ``receive`` was replaced on the
+        connection (to watch or rewrite what comes): those see every message."""
+        cls = type(self)
+        if cls._handle is not ReferenceEngine._handle or cls._act is not ReferenceEngine._act \
+                or "receive" in vars(self.connection):
+            return None
+        return self.connection.receive_add_express
+
     def _serve(self) -> int:
+        self._express_add = self._express_path()
         # One poll over every input socket (zmq_poll, as zmq.Poller.poll calls it).
         items = poll_items([sock.socket for sock in self._inputs])
         dying, stopping = self._die.is_set, self._stop.is_set
@@ -597,8 +612,14 @@ class ReferenceEngine:
         :data:`MAX_MESSAGES_PER_POLL` messages, asking the socket whether another one waits
         (a receive that finds none raises, which costs several times the question)."""
         # (The serving loop checks the stop and death requests before it calls this.)
+        express, add = self._express_add, self._add
         for _ in range(MAX_MESSAGES_PER_POLL):
-            self._handle(receive_frames(sock))
+            frames = receive_frames(sock)
+            request = express(frames) if express is not None else None
+            if request is not None:
+                add(request)
+            else:
+                self._handle(frames)
             if not readable(sock) or self._die.is_set() or self._stop.is_set():
                 return
 

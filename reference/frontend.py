@@ -27,7 +27,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -148,6 +148,8 @@ class ReferenceFrontend:
             self.close()
             raise
         self._round_robin = itertools.cycle(range(engine_count))
+        #: Whether this class reads outputs as this module does (:meth:`_express_path`).
+        self._own_receive = type(self)._receive is ReferenceFrontend._receive
 
     def _open(self, channel: str, address: str) -> ChannelSocket:
         # Ready once connected: a connecting input is writable only once the engine is there.
@@ -338,11 +340,27 @@ class ReferenceFrontend:
         if not wait_readable(self._output_items, max(0, int(timeout * 1000))):
             return False
         sock, outputs = self._output.socket, self._outputs
+        express = self._express_path()
         for _ in range(MAX_MESSAGES_PER_PUMP):
-            self._receive(receive_frames(sock))
+            frames = receive_frames(sock)
+            found = express(frames) if express is not None else None
+            if found is not None:
+                outputs.append(found)
+            else:
+                self._receive(frames)
             if session.dead or (until_output and outputs) or not readable(sock):
                 break
         return True
+
+    def _express_path(self) -> Callable[[Sequence[Any]], Any] | None:
+        """The connection's express path for request outputs (what :meth:`_receive` does with
+        them, in one call) where every message would reach the connection's own ``receive``
+        through this module's :meth:`_receive`; None where a subclass reads messages its own
+        way or ``receive`` was replaced on the connection (to watch or rewrite what comes):
+        those see every message."""
+        if not self._own_receive or "receive" in vars(self.connection):
+            return None
+        return self.connection.receive_outputs_express
 
     def _receive(self, frames: list[Any]) -> None:
         for event in self.connection.receive("output", frames):

@@ -25,7 +25,7 @@ A session never changes state when it raises.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -150,6 +150,14 @@ class Machine:
     def can(self, event: str) -> bool:
         return (self.state, event) in self._transitions
 
+    def quiet_states(self, event: str, action: str) -> frozenset[str]:
+        """The states where ``event`` is a self-loop with ``action``: firing it there changes
+        nothing but what the action does (the peers' express paths take their message only
+        in these)."""
+        return frozenset(t.source for t in self.table.transitions
+                         if t.event == event and t.target == t.source
+                         and (t.action or "none") == action)
+
     def error_class(self, event: str) -> type[StateError]:
         if self.state in self.startup_states or event in self.startup_events:
             return HandshakeError
@@ -238,6 +246,24 @@ def _check_keys(message_spec: HandshakeMessage, message: Any, clause: str) -> No
 
 
 # --- front end -----------------------------------------------------------------------------
+
+
+def untrack_finished(
+    tracked: set[str], outputs: Any, read: Callable[[Any, str, Any], Any] = getattr
+) -> None:
+    """Drop from ``tracked`` the requests an EngineCoreOutputs finishes: those with a
+    finish_reason, and those its finished_requests lists. ``read`` reads a field of
+    ``outputs`` (getattr for the codec's structs, :func:`get_field` for maps)."""
+    listed = read(outputs, "finished_requests", None)
+    if listed:
+        tracked.difference_update(listed)
+    items = read(outputs, "outputs", None) or ()
+    try:  # the codec's structs (every decoded step): one pass, attributes only
+        finished = [output.request_id for output in items if output.finish_reason is not None]
+    except AttributeError:  # maps, or a struct of a release without the fields
+        finished = [get_field(output, "request_id") for output in items
+                    if get_field(output, "finish_reason") is not None]
+    tracked.difference_update(finished)
 
 
 @dataclass
@@ -516,19 +542,8 @@ class FrontendSession:
             self.pending_calls.pop(call_id, None)
             return _action(transition, link.rank, utility)
         transition = link.machine.fire("outputs", what="outputs")
-        tracked = link.requests
-        if tracked:  # untrack the finished ones (none to untrack when none is in flight)
-            listed = field(outputs, "finished_requests", None)
-            if listed:
-                tracked.difference_update(listed)
-            items = field(outputs, "outputs", None) or ()
-            try:  # the codec's structs (every decoded step): one pass, attributes only
-                finished = [output.request_id for output in items
-                            if output.finish_reason is not None]
-            except AttributeError:  # maps, or a struct of a release without the fields
-                finished = [get_field(output, "request_id") for output in items
-                            if get_field(output, "finish_reason") is not None]
-            tracked.difference_update(finished)
+        if link.requests:  # (none to untrack when none is in flight)
+            untrack_finished(link.requests, outputs, field)
         return _action(transition, link.rank, outputs)
 
     def receive_engine_dead(self) -> list[Action]:
