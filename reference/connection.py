@@ -26,6 +26,17 @@ Where each rule is checked, once:
 - states, transitions, handshake keys, pending calls, tracked requests: the sessions of
   :mod:`enginewire.reference.session`.
 
+Express paths. The message each side reads on every step, request outputs at the front end
+(:meth:`FrontendConnection.receive_outputs_express`) and an ADD at the engine
+(:meth:`EngineConnection.receive_add_express`), can also be taken in one call: the codec's
+decode of exactly that kind (:meth:`~enginewire.reference.codec.Codec.express_decoder`, its
+rules included), then the session's bookkeeping for a state where the message is a self-loop.
+Either returns the value ``receive`` would carry in its event, or None for any other message,
+having recorded nothing: the peer then hands the same frames to ``receive``, which reads them
+or raises what they break. The reference peers try them first (the per-message layers cost a
+third of the round trip otherwise, docs/bench.md); tests/test_peer_express.py runs both paths
+over the same messages and compares events, errors and sessions.
+
 Error policy. Like h11, a message that breaks the protocol raises: ``receive`` raises the
 :class:`~enginewire.reference.errors.ProtocolError` subclass naming the clause the *remote*
 side broke (h11's ``RemoteProtocolError``), ``send`` the one naming the clause the *local*
