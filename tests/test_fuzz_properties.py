@@ -239,7 +239,9 @@ def test_rules_cite_existing_clauses() -> None:
 
 class _Drawn:
     """A drawn value with a repr that cannot fail: ``find`` prints the draw it found, and
-    torch cannot print every tensor it can make (a 0-d ``float4_e2m1fn_x2`` raises)."""
+    torch cannot print every tensor it can make (a 0-d ``float4_e2m1fn_x2`` raises). Made
+    inside a composite strategy, not by ``.map``: Hypothesis prints a mapped value as the call
+    that made it, the unprintable draw as its argument."""
 
     __slots__ = ("value",)
 
@@ -252,7 +254,11 @@ class _Drawn:
 
 def _reach(strategy: st.SearchStrategy[Any], predicate: Callable[[Any], bool]) -> Any:
     """Some draw of ``strategy`` satisfying ``predicate`` (fails the test if none in 2000)."""
-    return find(strategy.map(_Drawn), lambda drawn: predicate(drawn.value), settings=settings(
+    @st.composite
+    def drawn(draw: st.DrawFn) -> _Drawn:
+        return _Drawn(draw(strategy))
+
+    return find(drawn(), lambda found: predicate(found.value), settings=settings(
         max_examples=2000, database=None, phases=[Phase.generate], deadline=None,
         suppress_health_check=list(PROFILE.suppress_health_check))).value
 
