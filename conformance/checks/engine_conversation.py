@@ -42,7 +42,6 @@ from enginewire.conformance.peers.zmq_peers import (
     decode,
     encode,
     identity_of,
-    recv,
     require_clients,
     require_handshake,
     require_identity,
@@ -137,11 +136,9 @@ def _still_serving(front: SuiteFrontend, ctx: Any, identity: bytes, after: str,
 def recv_input(front: SuiteFrontend, ctx: Any) -> list[bytes]:
     """The first message on input 0 (a release without the handshake: its ready message)."""
     try:
-        frames = recv(front.input_sockets[0], ctx.wait(10.0), "the engine's ready message")
+        return front.recv_input_frames(ctx.wait(10.0), "the engine's ready message")
     except TimeoutError as exc:
         raise CheckFailure("nothing came on input 0: the engine's ready message") from exc
-    front.heard = True
-    return frames
 
 
 # --- handshake -----------------------------------------------------------------------------
@@ -677,8 +674,7 @@ def _three(engine: EngineSurface, ctx: CheckContext) -> None:
                            "0000, 0100, 0200")
     for _ in range(0 if front.on_input else 3):  # on the input, READY was the response
         try:
-            recv(front.input_sockets[0], deadline - time.monotonic(),
-                 "a ready response on input 0")
+            front.recv_input_frames(deadline - time.monotonic(), "a ready response on input 0")
         except TimeoutError as exc:
             raise CheckFailure(f"READY from {sorted(i.hex() for i in readies)}, but "
                                f"{_why(exc)}") from exc
@@ -692,13 +688,12 @@ def _three_without_handshake(front: SuiteFrontend, ctx: Any) -> None:
     identities: set[bytes] = set()
     while len(identities) < 3:
         try:
-            frames = recv(front.input_sockets[0], deadline - time.monotonic(),
-                          "the engines' ready messages")
+            frames = front.recv_input_frames(deadline - time.monotonic(),
+                                             "the engines' ready messages")
         except TimeoutError as exc:
             raise CheckFailure(f"ready messages from {sorted(i.hex() for i in identities)} "
                                "only") from exc
         identities.add(frames[0])
-        front.heard = True
     _three_serve(front, ctx, identities, deadline)
 
 

@@ -532,6 +532,13 @@ class SuiteFrontend:
             self.spec.version, client_index=client, call_id=call_id, method=method, args=args))
         self.send_input(identity, [type_byte(self.spec, "utility"), payload], client)
 
+    def recv_input_frames(self, timeout: float, what: str) -> list[bytes]:
+        """A message on input 0 (a release without the handshake: an engine's ready
+        message), the engine's identity first where the release's input is a ROUTER."""
+        frames = recv(self.input_sockets[0], timeout, what)
+        self.heard = True
+        return frames
+
     def recv_output_frames(self, timeout: float, client: int = 0) -> list[bytes]:
         frames = recv(self.output_sockets[client], timeout, f"a message on output {client}")
         self.heard = True
