@@ -67,6 +67,16 @@ def _fence() -> None:
     memory.fence()
 
 
+def _lock_fence() -> None:
+    """``memory_fence`` as a lock taken and released is where it is no full fence: ordering
+    everything but an earlier store with a later load (the explorer's acquire-release fence)."""
+    memory = current_memory()
+    if memory is None:
+        raise RuntimeError("memory_fence called outside an explorer thread while the "
+                           "explorer's stand-in is installed")
+    memory.fence_acq_rel()
+
+
 def _yield() -> None:
     memory = current_memory()
     if memory is None:
@@ -84,18 +94,28 @@ class VllmTarget(RingTarget):
 
     ``fence_after_claim`` is a what-if, not vLLM's code: the writer's store of written flag 0
     (its claim of a chunk) is followed by a fence, as if ``acquire_write`` fenced there.
+
+    ``lock_fence`` is the what-if of a processor where vLLM's ``memory_fence`` (a
+    ``threading.Lock`` taken and released) is no full fence: on Arm the lock's acquire and
+    release order everything but an earlier store with a later load (vLLM issue 29389), which
+    is the explorer's acquire-release fence: under ``tso``, whose only reordering is that one,
+    it then orders nothing.
     """
 
-    def __init__(self, api: str = "acquire", *, fence_after_claim: bool = False) -> None:
+    def __init__(self, api: str = "acquire", *, fence_after_claim: bool = False,
+                 lock_fence: bool = False) -> None:
         if api not in ("acquire", "enqueue"):
             raise ValueError(f"api must be 'acquire' or 'enqueue', got {api!r}")
         self.api = api
         self.fence_after_claim = fence_after_claim
+        self.lock_fence = lock_fence
         #: ``enqueue`` frames its (pickled) message as the spec says; ``acquire`` moves raw bytes.
         self.framing = None if api == "acquire" else "valid"
         self.name = "vllm" if api == "acquire" else "vllm-enqueue"
         if fence_after_claim:
             self.name += "+fence-after-claim"
+        if lock_fence:
+            self.name += "+lock-fence"
 
     def layout(self, config: RingConfig) -> RingLayout:
         if self.api == "acquire":
@@ -108,7 +128,7 @@ class VllmTarget(RingTarget):
         return RingLayout(config.readers, chunk_bytes, config.chunks)
 
     def installed(self) -> contextlib.AbstractContextManager[None]:
-        return patched(_fence, _yield)
+        return patched(_lock_fence if self.lock_fence else _fence, _yield)
 
     def run_writer(self, context: ThreadContext) -> None:
         queue = _message_queue(context, writer=True, fence_after_claim=self.fence_after_claim)
