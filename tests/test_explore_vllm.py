@@ -59,9 +59,9 @@ def test_one_fence_after_the_claim_removes_the_weak_findings(config: RingConfig)
 @pytest.mark.parametrize("config", [RingConfig(2, 1, 2), RingConfig(1, 2, 3),
                                     RingConfig(2, 2, 2)], ids=RingConfig.spell)
 def test_vllm_needs_no_fence_between_a_store_and_a_later_load(config: RingConfig) -> None:
-    """vLLM's ``memory_fence`` is a lock taken and released, which on Arm orders everything
-    but an earlier store with a later load. Under tso, where that is the only reordering, the
-    what-if leaves its fences ordering nothing: vLLM's ring still passes every interleaving
+    """vLLM's ``memory_fence`` is a lock taken and released, which on Arm leaves at the least
+    an earlier store and a later load unordered. Under tso, where that is the only reordering,
+    the what-if leaves its fences ordering nothing: vLLM's ring still passes every interleaving
     (tests/test_explore_models.py shows tso finding what such a fence lets through)."""
     from enginewire.fuzz.explore.vllm_ring import VllmTarget
 

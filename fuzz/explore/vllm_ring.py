@@ -68,8 +68,8 @@ def _fence() -> None:
 
 
 def _lock_fence() -> None:
-    """``memory_fence`` as a lock taken and released is where it is no full fence: ordering
-    everything but an earlier store with a later load (the explorer's acquire-release fence)."""
+    """``memory_fence`` where a lock taken and released is no full fence: the explorer's
+    acquire-release fence, which leaves an earlier store and a later load unordered."""
     memory = current_memory()
     if memory is None:
         raise RuntimeError("memory_fence called outside an explorer thread while the "
@@ -97,9 +97,9 @@ class VllmTarget(RingTarget):
 
     ``lock_fence`` is the what-if of a processor where vLLM's ``memory_fence`` (a
     ``threading.Lock`` taken and released) is no full fence: on Arm the lock's acquire and
-    release order everything but an earlier store with a later load (vLLM issue 29389), which
-    is the explorer's acquire-release fence: under ``tso``, whose only reordering is that one,
-    it then orders nothing.
+    release are one-way barriers, which at the least leave an earlier store and a later load
+    unordered. Each fence runs as the explorer's acquire-release fence, which under ``tso``,
+    whose only reordering is that one, orders nothing (docs/explorer.md).
     """
 
     def __init__(self, api: str = "acquire", *, fence_after_claim: bool = False,
