@@ -73,6 +73,18 @@ def test_vllm_needs_no_fence_between_a_store_and_a_later_load(config: RingConfig
     assert lock.states != explore("vllm", config, model="tso").states
 
 
+def test_the_what_ifs_are_targets_by_name_and_their_findings_replay() -> None:
+    config = RingConfig(1, 1, 2)
+    assert explore("vllm+fence-after-claim", config, model="weak").ok
+    # Under weak the explorer runs the lock's acquire-release fence as a full one: vLLM's
+    # missing fence after the claim (finding 011) shows as it does without the what-if.
+    found = explore("vllm+lock-fence", config, model="weak", check="behavior")
+    [finding] = found.findings
+    assert str(finding.schedule).startswith("vllm+lock-fence/weak/1x1x2/")
+    assert replay(str(finding.schedule), check="behavior").findings[0].violation == \
+        finding.violation
+
+
 def test_the_trace_is_vllms_own_access_order() -> None:
     # vLLM's writer sums the read flags before it loads the written flag, its reader loads
     # its own read flag first; the reference does both the other way round.

@@ -34,7 +34,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--target", default="reference",
                         help="reference (default), vllm (acquire_write/acquire_read), "
-                             "vllm-enqueue (enqueue/dequeue), WRITER>READERS (one target's "
+                             "vllm-enqueue (enqueue/dequeue), vllm+fence-after-claim and "
+                             "vllm+lock-fence (what-ifs of vllm: a fence after the writer's "
+                             "claim; memory_fence as a lock that is no full fence), "
+                             "WRITER>READERS (one target's "
                              "writer with another's readers), package.module:attr naming a "
                              "RingTarget, or any target 'enginewire check --target' takes "
                              "(mutant:NAME, package.module:attr) whose ring has the "

@@ -77,8 +77,8 @@ def resolve_target(name: str) -> RingTarget:
     """``--target`` text to a ring target.
 
     - ``WRITER>READERS``: a :class:`PairedTarget` of the two, each resolved by this function;
-    - ``reference``, ``vllm``, ``vllm-enqueue``: the explorer's built-in targets
-      (:func:`~enginewire.fuzz.explore.builtin_rings.builtin_targets`);
+    - ``reference``, ``vllm``, ``vllm-enqueue`` and the vLLM what-ifs: the explorer's
+      built-in targets (:func:`~enginewire.fuzz.explore.builtin_rings.builtin_targets`);
     - ``package.module:attr`` naming a :class:`RingTarget` (an instance, a subclass, or a
       function returning one);
     - anything ``enginewire check --target`` resolves
