@@ -299,7 +299,8 @@ class ReferenceEngine:
     A thin loop over an :class:`~enginewire.reference.connection.EngineConnection`: one
     poll per batch of ready input sockets
     (:func:`~enginewire.reference.transport.wait_readable`), each message handed to
-    ``connection.receive``, each event acted on, each answer encoded by ``connection.send`` and
+    ``connection.receive`` (an ADD first to its express path, ``receive_add_express``), each
+    event acted on, each answer encoded by ``connection.send`` and
     written to its socket. Work per message is bounded: tokens are computed one per step
     (:func:`scripted_token`), never as a list of ``max_tokens``; the record of rejected
     messages (:attr:`violations`, a :class:`Violations`) is counted and sampled.

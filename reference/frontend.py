@@ -325,7 +325,8 @@ class ReferenceFrontend:
         """Read one batch from the output channel: one poll that waits at most ``timeout`` s,
         then every message the socket holds (at most :data:`MAX_MESSAGES_PER_PUMP`), each
         read without blocking, asking the socket whether another one waits; returns whether
-        one came. Utility replies resolve their futures; outputs are queued. A message that
+        one came. Utility replies resolve their futures; outputs are queued (request outputs
+        through the connection's express path, ``receive_outputs_express``). A message that
         breaks the spec raises its ProtocolError here (the session state is unchanged; the
         messages after it stay in the socket).
 
