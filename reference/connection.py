@@ -362,7 +362,7 @@ class FrontendConnection:
         #: None: a codec of another release, whose messages all take the general path) and
         #: the link states where it takes them.
         self._decode_outputs = self.codec.express_decoder("outputs") \
-            if self.session.spec.version == REFERENCE_VLLM_VERSION else None
+            if version == REFERENCE_VLLM_VERSION else None
         any_link = next(iter(self.session.engines.values()))
         self._delivering_states = any_link.machine.quiet_states("outputs", "deliver_outputs")
         #: READY is the engine's ready response (0.9.0 holds the handshake on the input

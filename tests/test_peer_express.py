@@ -11,6 +11,7 @@ or errors and their sessions afterwards must be the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import astuple
 from typing import Any
 
@@ -77,17 +78,32 @@ def _front_state(front: FrontendConnection) -> Any:
             {rank: (link.state, sorted(link.requests)) for rank, link in session.engines.items()})
 
 
-def _front_receives(front: FrontendConnection, frames: list[Any], express: bool
-                    ) -> tuple[Outcome, bool]:
-    """What the front end made of ``frames`` and whether the express path took them."""
+def _receives(connection: Any, channel: str, frames: list[Any],
+              express: Callable[[list[Any]], Any] | None = None,
+              event_of: Callable[[Any], Event] | None = None) -> tuple[Outcome, bool]:
+    """What ``connection`` made of ``frames`` (through ``express`` first, its value wrapped in
+    the event ``receive`` returns, where given) and whether the express path took them."""
     try:
-        if express:
-            outputs = front.receive_outputs_express(frames)
-            if outputs is not None:
-                return _outcome([OutputsReceived(outputs.engine_index, outputs)]), True
-        return _outcome(front.receive("output", frames)), False
+        if express is not None and event_of is not None:
+            value = express(frames)
+            if value is not None:
+                return _outcome([event_of(value)]), True
+        return _outcome(connection.receive(channel, frames)), False
     except ProtocolError as error:
         return _error(error), False
+
+
+def _compare(make: Callable[[], Any], state_of: Callable[[Any], Any], channel: str,
+             express: str, event_of: Callable[[Any], Event], frames: list[Any]) -> bool:
+    """Two connections made alike, one through ``receive`` only, the other through its method
+    ``express`` first: the same events or error and the same session afterwards. Returns
+    whether the express path took the message."""
+    general, fast = make(), make()
+    expected, _ = _receives(general, channel, frames)
+    got, taken = _receives(fast, channel, frames, getattr(fast, express), event_of)
+    assert _same(got, expected), (got, expected)
+    assert state_of(fast) == state_of(general)
+    return taken
 
 
 @st.composite
@@ -116,13 +132,10 @@ def _output_messages(draw: st.DrawFn) -> tuple[list[Any], list[str]]:
 
 def _check_frontend(frames: list[Any], tracked: list[str], pending_call: bool, dead: bool
                     ) -> bool:
-    """Both paths alike on one message; returns whether the express path took it."""
-    general, express = (_front(tracked, pending_call, dead) for _ in range(2))
-    expected, _ = _front_receives(general, frames, express=False)
-    got, taken = _front_receives(express, frames, express=True)
-    assert _same(got, expected), (got, expected)
-    assert _front_state(express) == _front_state(general)
-    return taken
+    """Both paths alike on one output message; returns whether the express path took it."""
+    return _compare(lambda: _front(tracked, pending_call, dead), _front_state, "output",
+                    "receive_outputs_express",
+                    lambda outputs: OutputsReceived(outputs.engine_index, outputs), frames)
 
 
 def _finishing_step(engine_index: int = 0) -> Any:
@@ -203,18 +216,6 @@ def _engine_state(engine: EngineConnection) -> Any:
     return session.machine.state, sorted(session.requests), sorted(session.pending_calls)
 
 
-def _engine_receives(engine: EngineConnection, frames: list[Any], express: bool
-                     ) -> tuple[Outcome, bool]:
-    try:
-        if express:
-            request = engine.receive_add_express(frames)
-            if request is not None:
-                return _outcome([RequestAdded(request)]), True
-        return _outcome(engine.receive("input", frames)), False
-    except ProtocolError as error:
-        return _error(error), False
-
-
 @st.composite
 def _input_messages(draw: st.DrawFn) -> list[Any]:
     """Frames for the input channel: mostly ADDs (some of a running request id), the other
@@ -231,13 +232,9 @@ def _input_messages(draw: st.DrawFn) -> list[Any]:
 
 
 def _check_engine(frames: list[Any], serving: bool) -> bool:
-    """Both paths alike on one message; returns whether the express path took it."""
-    general, express = (_engine(serving, ["running"]) for _ in range(2))
-    expected, _ = _engine_receives(general, frames, express=False)
-    got, taken = _engine_receives(express, frames, express=True)
-    assert _same(got, expected), (got, expected)
-    assert _engine_state(express) == _engine_state(general)
-    return taken
+    """Both paths alike on one input message; returns whether the express path took it."""
+    return _compare(lambda: _engine(serving, ["running"]), _engine_state, "input",
+                    "receive_add_express", RequestAdded, frames)
 
 
 #: (frames, serving): the cases every run compares, whatever the draws.

@@ -59,30 +59,27 @@ def _message_queue(context: ThreadContext, *, writer: bool,
                          row_view=_FencedClaimView if fence_after_claim and writer else RingView)
 
 
-def _fence() -> None:
+def _explorer_memory(stand_in: str) -> Any:
+    """The explorer memory of the calling thread, for the stand-in of vLLM's ``stand_in``."""
     memory = current_memory()
     if memory is None:
-        raise RuntimeError("memory_fence called outside an explorer thread while the "
+        raise RuntimeError(f"{stand_in} called outside an explorer thread while the "
                            "explorer's stand-in is installed")
-    memory.fence()
+    return memory
+
+
+def _fence() -> None:
+    _explorer_memory("memory_fence").fence()
 
 
 def _lock_fence() -> None:
     """``memory_fence`` where a lock taken and released is no full fence: the explorer's
     acquire-release fence, which leaves an earlier store and a later load unordered."""
-    memory = current_memory()
-    if memory is None:
-        raise RuntimeError("memory_fence called outside an explorer thread while the "
-                           "explorer's stand-in is installed")
-    memory.fence_acq_rel()
+    _explorer_memory("memory_fence").fence_acq_rel()
 
 
 def _yield() -> None:
-    memory = current_memory()
-    if memory is None:
-        raise RuntimeError("sched_yield called outside an explorer thread while the "
-                           "explorer's stand-in is installed")
-    memory.yield_()
+    _explorer_memory("sched_yield").yield_()
 
 
 class VllmTarget(RingTarget):
