@@ -48,7 +48,7 @@ def message(index: int, max_chunk_bytes: int) -> tuple[int, bytes]:
 def tensor_message(index: int) -> dict[str, Any]:
     """Message ``index`` of the tensor stream: torch tensors and numpy arrays of every kind the
     pickle codec treats differently (in band, out of band in the ring, overflowing, bfloat16,
-    0-d, empty, non-contiguous, requiring grad)."""
+    0-d, empty, non-contiguous, requiring grad, big-endian in Fortran order)."""
     import numpy
     import torch
 
@@ -71,6 +71,7 @@ def tensor_message(index: int) -> dict[str, Any]:
         "t": tensor,
         "g": torch.ones(3, requires_grad=True),
         "a": numpy.full(300_000 * (index % 2) + 5, index, dtype=numpy.int32),
+        "b": numpy.arange(3 * (index + 1), dtype=">f8").reshape(-1, 3).T,  # Fortran order
     }
 
 

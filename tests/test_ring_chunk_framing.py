@@ -4,11 +4,14 @@ lenient reader (slice by the prefix, unpickle) does not notice."""
 
 from __future__ import annotations
 
+import array
 import struct
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from enginewire.conformance.framework.outcomes import FAILED, PASSED
 from enginewire.conformance.framework.registry import all_checks, select
@@ -137,3 +140,40 @@ def test_single_copy_copies_the_one_buffer_of_a_small_chunk_and_nothing_else() -
     assert single_copy(chunk(encode_overflow()), 50) is None
     assert single_copy(chunk(encode_chunk([b"z" * 50]))[:56], 100) is None  # runs past
     assert single_copy(memoryview(bytearray(3)), 100) is None  # shorter than the head
+
+
+_PIECES = st.one_of(
+    st.binary(max_size=300),
+    st.binary(max_size=300).map(bytearray),
+    st.binary(max_size=300).map(memoryview),
+    st.lists(st.integers(-2**31, 2**31 - 1), max_size=40).map(
+        lambda values: array.array("i", values)),  # items wider than a byte
+)
+
+
+@given(st.lists(_PIECES, min_size=2, max_size=6))
+def test_split_head_is_the_chunk_in_two_pieces(buffers: list[Any]) -> None:
+    """split_head's head followed by its body (the last buffer, uncopied) is the chunk
+    write_chunk frames: what try_publish writes for a message of several buffers."""
+    from enginewire.reference.ring.framing import LEADING_BYTES_MAX, encode_chunk, split_head
+
+    parts = split_head(buffers)
+    leading = sum(nbytes(buffer) for buffer in buffers[:-1])
+    if leading > LEADING_BYTES_MAX:
+        assert parts is None
+        return
+    assert parts is not None
+    head, body = parts
+    assert body is buffers[-1]
+    assert head + memoryview(body).cast("B").tobytes() == encode_chunk(buffers)
+
+
+def test_split_head_leaves_one_buffer_and_large_leading_buffers_to_the_steps() -> None:
+    from enginewire.reference.ring.framing import LEADING_BYTES_MAX, split_head
+
+    assert split_head([b"only"]) is None  # one buffer: single_head's message
+    assert split_head([]) is None
+    assert split_head([b"x" * (LEADING_BYTES_MAX + 1), b"oob"]) is None
+    assert split_head([b"x" * LEADING_BYTES_MAX, b"oob"]) is not None
+    assert split_head([b"x" * (LEADING_BYTES_MAX // 2), b"y" * (LEADING_BYTES_MAX // 2 + 1),
+                       b"oob"]) is None

@@ -183,6 +183,51 @@ def test_the_leaf_shape_passes_exactly_one_bytes_or_str_object() -> None:
         assert (loaded == [stream]) == fast, stream[:16]
 
 
+def test_the_global_first_shortcut_marks_only_streams_that_load_a_global() -> None:
+    """_loads_a_global_first sends a stream to the allow-list without the checks for streams
+    that load no global: it holds only for streams that load one (pickletools as the oracle),
+    never for one those checks would pass, and for what a pickler writes for an instance or
+    an array."""
+    import random
+
+    import numpy as np
+
+    from enginewire.reference.ring.payload import (
+        _loads_a_global_first,
+        _names_no_global,
+        _opcodes_no_global,
+        leaf_stream,
+    )
+
+    def fast(stream: bytes) -> bool:
+        return leaf_stream(stream) or _names_no_global(stream) or _opcodes_no_global(stream)
+
+    for value in (_MakeDirs("x"), Colour.RED, np.arange(3), {"k": np.arange(3)}):
+        stream = pickle.dumps(value, protocol=5)
+        assert _loads_a_global_first(stream) == (not isinstance(value, dict)), value
+    assert _loads_a_global_first(PickleCodec().encode(np.arange(3))[0])
+    rng = random.Random(11)
+    values: list[Any] = [os.makedirs, Colour.RED, _MakeDirs("x"), {1, 2}, b"\x8c\x94\x93",
+                         "\x94\x8c", [1.5, b"\x63"], bytearray(b"c" * 40), np.arange(4), None]
+    streams = [pickle.dumps(value, protocol=protocol)
+               for protocol in range(0, 6) for value in values]
+    for _ in range(3000):  # the streams above with one byte changed
+        mutated = bytearray(rng.choice(streams))
+        mutated[rng.randrange(len(mutated))] = rng.randrange(256)
+        streams.append(bytes(mutated))
+    marked = 0
+    for stream in streams:
+        if not _loads_a_global_first(stream):
+            continue
+        marked += 1
+        assert not fast(stream), stream[:24]
+        try:
+            assert _has_global(stream), stream[:24]
+        except ValueError:
+            pass  # not a pickle pickletools can read past the global
+    assert marked > 100
+
+
 def test_plain_leaves_pickle_to_the_bytes_of_the_kept_pickler() -> None:
     """The codec's pickle.dumps shortcut for plain leaves writes what its pickler writes."""
     import io

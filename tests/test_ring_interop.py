@@ -25,6 +25,7 @@ from ring_helpers import (
     vllm_reader,
 )
 
+from enginewire.reference.errors import UnsafePickleError
 from enginewire.reference.ring import Handle, MessageQueue
 from enginewire.reference.ring.framing import needs_overflow
 from enginewire.reference.ring.payload import PickleCodec
@@ -125,20 +126,17 @@ def test_reference_writer_vllm_readers(ring_env: RingEnv, readers: Readers) -> N
     ]
 
 
-def test_reference_pickle_bytes_equal_vllms_without_tensors() -> None:
-    """For objects without tensors the main and out-of-band buffers are vLLM's, byte for byte."""
+def _vllm_pickle(obj: Any) -> list[Any]:
+    """``[main, oob...]`` as vLLM's enqueue makes them (its rule spelled out, its reducer)."""
     import copyreg
     import io
     import pickle
 
-    import numpy
     from vllm.distributed.device_communicators import shm_broadcast
 
-    obj = {"ids": list(range(50)), "big": numpy.arange(300_000, dtype=numpy.int64),
-           "small": numpy.arange(10), "name": "x" * 300}
     buffers: list[Any] = []
 
-    def callback(buffer: pickle.PickleBuffer) -> bool:  # vLLM's rule, spelled out
+    def callback(buffer: pickle.PickleBuffer) -> bool:
         raw = buffer.raw()
         if len(raw) < 1024 * 1024:
             return True
@@ -151,6 +149,84 @@ def test_reference_pickle_bytes_equal_vllms_without_tensors() -> None:
         pickler.dispatch_table = {**copyreg.dispatch_table,
                                   shm_broadcast.torch.Tensor: shm_broadcast._reduce_tensor}
         pickler.dump(obj)
-        vllm_buffers = [stream.getvalue(), *buffers]
+        return [stream.getvalue(), *buffers]
+
+
+def _vllm_unpickle(buffers: list[Any]) -> Any:
+    """What vLLM's dequeue does with a message's buffers (shm_broadcast.py:1000-1003)."""
+    import pickle
+
+    return pickle.loads(buffers[0], buffers=[bytearray(b) for b in buffers[1:]])
+
+
+def test_reference_pickle_bytes_equal_vllms_without_tensors_or_arrays() -> None:
+    """For objects without tensors or numpy arrays the main and out-of-band buffers are
+    vLLM's, byte for byte (an out-of-band PickleBuffer included)."""
+    import pickle
+
+    obj = {"ids": list(range(50)), "big": pickle.PickleBuffer(bytearray(range(256)) * 5000),
+           "small": pickle.PickleBuffer(b"s" * 10), "name": "x" * 300, "t": (1.5, None)}
     ours = PickleCodec().encode(obj)
-    assert [bytes(b) for b in ours] == [bytes(b) for b in vllm_buffers]
+    assert len(ours) == 2
+    assert [bytes(b) for b in ours] == [bytes(b) for b in _vllm_pickle(obj)]
+
+
+def _arrays() -> dict[str, Any]:
+    import numpy
+
+    big = numpy.arange(300_000, dtype=numpy.int64)
+    return {
+        "big": big,  # out of band
+        "small": numpy.arange(10),
+        "big-endian, Fortran order": numpy.arange(12, dtype=">f8").reshape(3, 4).T,
+        "unicode": numpy.array(["ab", "c"]),
+        "0-d": numpy.array(7, dtype=numpy.int16),
+        "empty": numpy.empty((0, 3), dtype=numpy.float32),
+        "bool": numpy.array([True, False]),
+        # numpy's own reduction, byte for byte as vLLM's:
+        "strided": big[::1000],
+        "structured": numpy.array([(1, [2, 3])], dtype=[("x", "<i4"), ("y", "<f4", (2,))]),
+        "datetime": numpy.array([0, 10**18], dtype="datetime64[ns]"),
+        "with metadata": numpy.zeros(3, dtype=numpy.dtype("<f4", metadata={"unit": "m"})),
+        "objects": numpy.array([1, "a"], dtype=object),
+        "subclass": numpy.arange(4).view(numpy.recarray),
+    }
+
+
+#: The arrays the reference pickles with numpy's own reduction (vLLM's bytes).
+_NUMPYS_OWN = {"strided", "structured", "datetime", "with metadata", "objects", "subclass"}
+
+
+@pytest.mark.parametrize("case", sorted(_arrays()))
+def test_reference_pickled_arrays_read_back_in_vllm_as_the_same_array(case: str) -> None:
+    """An array in a message pickles as numpy's reduction with its dtype spelled as a string
+    (payload._array_reducer), so its stream differs from vLLM's; vLLM's reader rebuilds the
+    same array from it (dtype, shape, values, memory order), and the reference's allow-list
+    reader reads both streams. Arrays whose dtype a string cannot carry, and arrays numpy does
+    not hand over as a buffer, go as numpy's own reduction: vLLM's bytes (numpy.rec.recarray is
+    not in the allow-list: the reference reader refuses that one either way)."""
+    import numpy
+    from ring_helpers import same_value
+
+    array = _arrays()[case]
+    obj = {"a": array, "n": 1}
+    ours, theirs = PickleCodec().encode(obj), _vllm_pickle(obj)
+    assert len(ours) == len(theirs)
+    assert ([bytes(b) for b in ours] == [bytes(b) for b in theirs]) == (case in _NUMPYS_OWN)
+    for buffers in (ours, theirs):
+        readings = [_vllm_unpickle(buffers)]
+        if case == "subclass":
+            with pytest.raises(UnsafePickleError):
+                PickleCodec().decode(buffers[0], [bytearray(b) for b in buffers[1:]])
+        else:
+            readings.append(
+                PickleCodec().decode(buffers[0], [bytearray(b) for b in buffers[1:]]))
+        for got in readings:
+            value = got["a"]
+            assert type(value) is type(array) and value.dtype == array.dtype
+            assert value.dtype.metadata == array.dtype.metadata
+            assert value.flags.f_contiguous == array.flags.f_contiguous or case == "strided"
+            if case == "objects":
+                assert value.tolist() == array.tolist()
+            else:
+                assert same_value(numpy.asarray(value), numpy.asarray(array)), case

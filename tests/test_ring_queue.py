@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -494,8 +495,8 @@ def test_a_writer_that_waits_for_a_full_ring_delivers_every_message_once(
 def test_enqueue_writes_the_bytes_enqueue_buffers_writes(ring_env: RingEnv) -> None:
     """enqueue publishes a one-buffer pickle stream itself (not through enqueue_buffers): the
     chunk it leaves is byte for byte the one enqueue_buffers leaves for the codec's buffers,
-    the frame of the spec; messages of several buffers, too large ones and a closed end take
-    the general path as before."""
+    the frame of the spec; too large messages and a closed end take the general path as
+    before."""
     writer, reader = pair(ring_env, max_chunk_bytes=256, max_chunks=1)
     objects = [b"", b"x" * 200, bytearray(b"abc"), "text", 7, None, {"a": [1, 2]}, (3.5,)]
     with writer, reader:
@@ -529,6 +530,65 @@ def test_enqueue_writes_the_bytes_enqueue_buffers_writes(ring_env: RingEnv) -> N
         writer.enqueue(b"closed", timeout=0.1)
     with pytest.raises(QueueClosed):
         reader.dequeue(timeout=0.1)
+
+
+def test_a_message_of_several_buffers_is_published_in_one_call(ring_env: RingEnv) -> None:
+    """A small main buffer in front of out-of-band buffers goes through try_publish as one
+    head and one body (framing.split_head), also when the ring is full and the writer waits;
+    the chunk is encode_chunk's, byte for byte. A message whose leading buffers exceed
+    LEADING_BYTES_MAX, an overflowing one and a one-buffer one of no bytes take the steps and
+    leave the same bytes."""
+    import numpy as np
+
+    from enginewire.reference.ring import RingWriter
+    from enginewire.reference.ring.framing import LEADING_BYTES_MAX
+
+    published: list[int] = []
+
+    class CountingWriter(RingWriter):
+        def try_publish(self, head: object, body: object) -> bool | None:
+            published.append(len(head))  # type: ignore[arg-type]
+            return super().try_publish(head, body)  # type: ignore[arg-type]
+
+    chunk_bytes = 2 * LEADING_BYTES_MAX
+    writer, reader = pair(ring_env, max_chunk_bytes=chunk_bytes, max_chunks=1)
+    messages: list[list[Any]] = [
+        [b"main", b"oob"],
+        [b"", bytearray(b"a" * 100), np.arange(50, dtype=">i4")],
+        [b"m" * 10, b"", b"last"],
+        [b"x" * (LEADING_BYTES_MAX + 1), b"oob"],  # leading buffers too large: the steps
+        [b""],  # one buffer of no bytes: the steps
+    ]
+    by_one_call = [True, True, True, False, False]
+    with writer, reader:
+        old = writer.ring_writer
+        assert old is not None
+        writer._writer = CountingWriter(old.memory, old.layout)
+        for buffers, one_call in zip(messages, by_one_call, strict=True):
+            published.clear()
+            writer.enqueue_buffers(buffers, timeout=1)
+            chunk = writer.memory.read(0, framed_size(buffers))  # type: ignore[union-attr]
+            assert bytes(chunk) == encode_chunk(buffers)
+            chunk.release()
+            assert bool(published) == one_call, buffers
+            got = reader.dequeue_buffers(timeout=1)
+            assert got == [memoryview(b).cast("B").tobytes() for b in buffers]
+        # A full ring: the writer waits by calling try_publish again, the message lands once.
+        writer.enqueue_buffers([b"first", b"1"], timeout=1)
+        later = threading.Timer(0.05, lambda: got_later.append(reader.dequeue_buffers(timeout=1)))
+        got_later: list[object] = []
+        later.start()
+        published.clear()
+        writer.enqueue_buffers([b"second", b"2"], timeout=STEP_TIMEOUT)
+        later.join(STEP_TIMEOUT)
+        assert len(published) >= 2  # the miss, then the call that published
+        assert got_later == [[b"first", bytearray(b"1")]]
+        assert reader.dequeue_buffers(timeout=1) == [b"second", bytearray(b"2")]
+        overflowing = [b"m", b"z" * chunk_bytes]
+        published.clear()
+        writer.enqueue_buffers(overflowing, timeout=1)
+        assert published == []
+        assert reader.dequeue_buffers(timeout=1) == overflowing
 
 
 def test_the_per_message_paths_use_the_ends_current_protocol_objects(ring_env: RingEnv) -> None:

@@ -106,6 +106,44 @@ def single_head(length: int) -> bytes:
     return head
 
 
+#: The most bytes :func:`split_head` copies into a head: the buffers in front of the last one
+#: (a pickle stream in front of an array's out-of-band buffer) are joined to the framing so
+#: that a message is written in two pieces; above this a join costs more than the writes.
+LEADING_BYTES_MAX = 16 * 1024
+
+
+def split_head(buffers: Sequence[Buffer]) -> tuple[bytes, Buffer] | None:
+    """``(head, body)`` with ``head + body`` the in-ring chunk :func:`write_chunk` writes for a
+    message of two or more buffers: the framing and every buffer but the last, joined, and the
+    last buffer itself (uncopied). None where the buffers in front of the last hold more than
+    :data:`LEADING_BYTES_MAX` bytes or the message cannot be framed (then
+    :func:`write_chunk`, which says why). The caller checks :func:`needs_overflow` first.
+
+    How a message with one large out-of-band buffer goes through the queue's one-call publish
+    (``RingWriter.try_publish(head, body)``) like a one-buffer message.
+    """
+    count = len(buffers)
+    if not 2 <= count <= MAX_BUFFERS:
+        return None
+    first = buffers[0]
+    first_len = nbytes(first)
+    pieces: list[Buffer] = [_HEADER.pack(IN_RING, count, first_len), first]
+    leading = first_len
+    for buffer in buffers[1:-1]:
+        length = nbytes(buffer)
+        leading += length
+        pieces.append(_LENGTH.pack(length))
+        pieces.append(buffer)
+    if leading > LEADING_BYTES_MAX:
+        return None
+    body = buffers[-1]
+    body_len = nbytes(body)
+    if body_len > MAX_BUFFER_BYTES:
+        return None
+    pieces.append(_LENGTH.pack(body_len))
+    return b"".join(pieces), body
+
+
 def _check_encodable(buffers: Sequence[Buffer]) -> None:
     if not 1 <= len(buffers) <= MAX_BUFFERS:
         raise RingError("ring.framing.buffer-count",

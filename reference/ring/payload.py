@@ -6,9 +6,11 @@ A codec turns an object into ``[main, oob_1, ..., oob_n]`` (see :mod:`.framing`)
   writes: pickle protocol 5 with a ``buffer_callback`` that sends every ``PickleBuffer`` of
   1 MiB or more out of band (clause ring.payload.oob-threshold), and CPU tensors reduced to
   ``_rebuild_tensor(PickleBuffer(bytes), shape, dtype_name)`` the way vLLM reduces them
-  (clause ring.payload.tensor-reducer). It never imports vLLM: vLLM's rebuild function is named
-  in the stream through ``importlib.import_module`` and, when reading, both spellings are mapped
-  to :func:`rebuild_tensor`.
+  (clause ring.payload.tensor-reducer). It never imports vLLM: vLLM's rebuild function is
+  named in the stream through ``importlib.import_module`` and, when reading, both spellings are
+  mapped to :func:`rebuild_tensor`. Numpy arrays are the one difference from vLLM's bytes:
+  numpy's own reduction with the dtype spelled as a string (:func:`_array_reducer`), which
+  every reader turns into the same array, at a third of the cost.
 - :class:`MsgspecCodec` is a fast path between enginewire peers only: one msgpack buffer.
 
 Unpickling runs code chosen by whoever wrote the bytes (clause ring.payload.trusted-only, vLLM
@@ -29,7 +31,7 @@ import pickletools
 import struct
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pickle import PickleBuffer
 from types import SimpleNamespace
 from typing import Any, Protocol, cast
@@ -38,7 +40,7 @@ import msgspec
 
 from enginewire.spec import load
 
-from ..errors import PayloadError
+from ..errors import PayloadError, UnsafePickleError
 from .allowlist import AllowList, guarded_getattr, guarded_import, spec_entries
 from .framing import Buffer
 
@@ -254,6 +256,65 @@ def _reduce_tensor(tensor: Any) -> tuple[Any, ...]:
     return cast("tuple[Any, ...]", tensor.__reduce_ex__(pickle.HIGHEST_PROTOCOL))
 
 
+#: How many dtypes an array reducer remembers the spelling of (then it starts again).
+_SPELLINGS_MAX = 256
+
+
+def _array_reducer(numpy: Any) -> Callable[[Any], tuple[Any, ...]] | None:
+    """The ring pickler's reducer for numpy arrays: numpy's own reduction under protocol 5
+    (``numpy._core.numeric._frombuffer(PickleBuffer(array), dtype, shape, order)``, so large
+    arrays go out of band) with the dtype spelled as its ``dtype.str`` (``'<f4'``), as vLLM
+    spells a tensor's dtype by its name; None where this numpy reduces arrays another way.
+
+    Pickling the dtype object is most of the cost of pickling an array: a global, a call and
+    a state tuple, rebuilt by ``dtype.__setstate__`` on the other end, some 5 µs per message
+    either side. ``frombuffer`` takes the string and makes the equal dtype, so any reader,
+    vLLM's ``pickle.loads`` included, rebuilds the same array (tests/test_ring_interop.py).
+    Arrays numpy would not hand over as a buffer (not contiguous, a subclass, objects,
+    datetimes), and dtypes whose string does not make them again (structured, with metadata),
+    get numpy's own reduction.
+    """
+    rebuild = numpy.ones(1).__reduce_ex__(pickle.HIGHEST_PROTOCOL)[0]
+    if getattr(rebuild, "__name__", None) != "_frombuffer":
+        return None
+    make_dtype, empty = numpy.dtype, numpy.empty
+    #: id(dtype) -> (dtype, its spelling or None); the dtype is kept so that its id is not
+    #: reused while the entry lives.
+    spellings: dict[int, tuple[Any, str | None]] = {}
+
+    def spelling(dtype: Any) -> str | None:
+        if dtype.names is not None or dtype.subdtype is not None or dtype.metadata is not None:
+            return None
+        try:
+            again = make_dtype(dtype.str)
+            # numpy's own choice for the dtype (objects, datetimes and empty items are not
+            # handed over as a buffer)
+            numpys = empty(1, dtype).__reduce_ex__(pickle.HIGHEST_PROTOCOL)[0]
+        except (TypeError, ValueError):
+            return None
+        if numpys is not rebuild or type(again) is not type(dtype) or again != dtype:
+            return None
+        return cast(str, dtype.str)
+
+    def reduce_array(array: Any) -> tuple[Any, ...]:
+        dtype = array.dtype
+        known = spellings.get(id(dtype))
+        if known is None or known[0] is not dtype:
+            if len(spellings) >= _SPELLINGS_MAX:
+                spellings.clear()
+            known = spellings[id(dtype)] = (dtype, spelling(dtype))
+        name = known[1]
+        flags = array.flags
+        if name is not None:
+            if flags.c_contiguous:
+                return rebuild, (PickleBuffer(array), name, array.shape, "C")
+            if flags.f_contiguous:
+                return rebuild, (PickleBuffer(array), name, array.shape, "F")
+        return cast("tuple[Any, ...]", array.__reduce_ex__(pickle.HIGHEST_PROTOCOL))
+
+    return reduce_array
+
+
 def _import_module_mapped(name: str) -> Any:
     if name == VLLM_SHM_MODULE:
         return _VLLM_SHIM
@@ -298,11 +359,39 @@ def safe_allow_list() -> AllowList:
 
 
 class _SafeUnpickler(pickle.Unpickler):
-    """Resolves globals through the allow-list only."""
+    """Resolves globals through an allow-list only: :func:`_safe_load` sets the instance's
+    ``find_class`` (a Python ``__init__`` would cost a frame per message); without it, every
+    global is refused."""
 
-    def __init__(self, file: Any, *, buffers: Any, allow: AllowList) -> None:
-        super().__init__(file, buffers=buffers)
-        self.find_class = allow.find_class  # type: ignore[method-assign]
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafePickleError("ring.payload.pickle-allow-list", "no allow-list was given",
+                                expected="a global of the allow-list", got=f"{module}.{name}")
+
+
+def _safe_load(file: Any, oob: Sequence[Buffer], allow: AllowList) -> Any:
+    """Unpickle from ``file`` resolving globals through ``allow`` only."""
+    unpickler = _SafeUnpickler(file, buffers=oob)
+    unpickler.find_class = allow.find_class  # type: ignore[method-assign]
+    return unpickler.load()
+
+
+def _loads_a_global_first(data: bytes) -> bool:
+    """True when a framed stream's first opcodes are two memoized short strings and
+    STACK_GLOBAL: what a protocol 4 or 5 pickler writes first for an object it reduces
+    through a global (an instance of a class, an array). Such a stream loads a global, so
+    the checks for streams that load none (:func:`leaf_stream`, :func:`_names_no_global`,
+    :func:`_opcodes_no_global`) would all fail: the allow-list decides at once.
+
+    False for any other stream (the checks then run): a shortcut, never a verdict on safety.
+    """
+    at = _FRAMED_BYTES
+    if len(data) < at + 8 or data[0] != 0x80 or data[2] != 0x95 or data[at] != 0x8C:
+        return False
+    at += 2 + data[at + 1]
+    if data[at:at + 2] != b"\x94\x8c" or at + 3 >= len(data):
+        return False
+    at += 3 + data[at + 2]
+    return data[at:at + 2] == b"\x94\x93"
 
 
 class _ViewReader:
@@ -359,11 +448,16 @@ class _Pickling:
         self.buffers: list[Buffer] | None = None
         self.copyreg_seen = dict(copyreg.dispatch_table)
         self.torch = sys.modules.get("torch")
+        self.numpy = sys.modules.get("numpy")
         table = dict(self.copyreg_seen)
         if self.torch is not None:
             table[self.torch.Tensor] = _reduce_tensor
             table[_VllmRebuildRef] = _reduce_rebuild_ref
             table[_VllmModuleRef] = _reduce_module_ref
+        if self.numpy is not None and self.numpy.ndarray not in table:
+            reduce_array = _array_reducer(self.numpy)
+            if reduce_array is not None:
+                table[self.numpy.ndarray] = reduce_array
         self.pickler = pickle.Pickler(self.output, protocol=pickle.HIGHEST_PROTOCOL,
                                       buffer_callback=self.out_of_band)
         self.pickler.dispatch_table = table
@@ -371,7 +465,8 @@ class _Pickling:
         self.clear_memo = self.pickler.clear_memo
 
     def current(self) -> bool:
-        return (sys.modules.get("torch") is self.torch
+        modules = sys.modules
+        return (modules.get("torch") is self.torch and modules.get("numpy") is self.numpy
                 and copyreg.dispatch_table == self.copyreg_seen)
 
     def out_of_band(self, buffer: PickleBuffer) -> bool:
@@ -444,15 +539,16 @@ class PickleCodec:
                   else memoryview(main).nbytes) <= SCAN_BYTES_MAX:
                 data = bytes(main)
             else:
-                return _SafeUnpickler(_ViewReader(main), buffers=oob, allow=allow).load()
-            if leaf_stream(data) or _names_no_global(data) or _opcodes_no_global(data):
+                return _safe_load(_ViewReader(main), oob, allow)
+            if (not _loads_a_global_first(data)
+                    and (leaf_stream(data) or _names_no_global(data)
+                         or _opcodes_no_global(data))):
                 # One bytes or str object, or no opcode that loads a global: nothing in the
                 # stream can be called, so the C unpickler's fast path is as safe as the
                 # allow-list. The checks read a private copy: the writer cannot change what
                 # was checked before it is unpickled.
                 return pickle.loads(data, buffers=oob) if oob else pickle.loads(data)
-            with io.BytesIO(data) as stream:
-                return _SafeUnpickler(stream, buffers=oob, allow=allow).load()
+            return _safe_load(io.BytesIO(data), oob, allow)
         if type(main) is bytes:
             data = main
         elif type(main) is memoryview and main.nbytes <= SCAN_BYTES_MAX:

@@ -61,6 +61,7 @@ from .framing import (
     needs_overflow,
     single_buffer,
     single_head,
+    split_head,
     write_chunk,
 )
 from .layout import RingLayout
@@ -568,23 +569,32 @@ class MessageQueue:
             if self._resources.closed:
                 raise QueueClosed("the queue is closed")
         else:
+            # The common messages (one buffer, or a small pickle stream in front of one large
+            # out-of-band buffer, that fit) in one protocol call per attempt: the memory
+            # events of the steps below (RingWriter.try_publish), the chunk's bytes in two
+            # writes.
+            parts: tuple[Buffer, Buffer] | None = None
             if len(buffers) == 1:
-                # The common message (one buffer that fits), in one protocol call per attempt:
-                # the memory events of the steps below (RingWriter.try_publish).
                 first = buffers[0]
                 size = len(first) if type(first) is bytes else nbytes(first)
                 if OVERFLOW_BASE + size < self._chunk_bytes and 0 < size <= MAX_BUFFER_BYTES:
-                    head = cached_single_head(size) or single_head(size)
-                    notify_readers = writer.try_publish(head, first)
-                    if notify_readers is None:
-                        notify_readers = self._wait_to_publish(writer.try_publish, head, first,
-                                                               timeout)
-                    if notify_readers and not self._readers_running():
-                        notify()
-                    if self._remote_socket is not None:
-                        self._send_multipart(self._remote_socket, buffers)
-                    return
-            overflow = needs_overflow(buffers, self._chunk_bytes)
+                    parts = cached_single_head(size) or single_head(size), first
+                overflow = parts is None and needs_overflow(buffers, self._chunk_bytes)
+            else:
+                overflow = needs_overflow(buffers, self._chunk_bytes)
+                if not overflow:
+                    parts = split_head(buffers)
+            if parts is not None:
+                head, body = parts
+                notify_readers = writer.try_publish(head, body)
+                if notify_readers is None:
+                    notify_readers = self._wait_to_publish(writer.try_publish, head, body,
+                                                           timeout)
+                if notify_readers and not self._readers_running():
+                    notify()
+                if self._remote_socket is not None:
+                    self._send_multipart(self._remote_socket, buffers)
+                return
             if writer.try_acquire() is None:
                 self._wait_for_chunk(writer, timeout)
             try:
