@@ -682,3 +682,27 @@ def test_a_miss_yields_once_and_checks_again_before_the_wait(
         with pytest.raises(ProtocolTimeout):
             reader.dequeue(timeout=0.01)  # nothing during the yield: the wait, as before
         assert waits == ["ring.reader.timeout"] * 2
+
+
+def test_a_writer_timeout_names_the_readers_that_hold_the_chunk(ring_env: RingEnv) -> None:
+    """The writer's timeout says which local readers have not read the chunk it waits for, and
+    which process each is: a reader that closed its end (a clean close clears its liveness
+    entry, so it is not dead to the liveness check) shows as no process attached."""
+    import os
+
+    for closes in (False, True):
+        writer, reader = pair(ring_env, max_chunk_bytes=256, max_chunks=2)
+        with writer, reader:
+            writer.enqueue(b"one", timeout=1)
+            writer.enqueue(b"two", timeout=1)
+            assert reader.dequeue(timeout=1) == b"one"  # chunk 0 read, chunk 1 not
+            writer.enqueue(b"three", timeout=1)  # into chunk 0
+            if closes:
+                reader.close()
+            with pytest.raises(ProtocolTimeout) as caught:
+                writer.enqueue(b"four", timeout=0.2)  # chunk 1: unread
+            message = str(caught.value)
+            assert caught.value.clause == "ring.writer.timeout"
+            assert "chunk 1 is still unread by reader 0" in message
+            assert ("no process attached" in message) == closes
+            assert (f"pid {os.getpid()}" in message) == (not closes)

@@ -621,11 +621,14 @@ class MessageQueue:
         it by the same call, which changes nothing until the chunk is free (no claim, no step
         path per message); whether the readers need a notification."""
         liveness = self._resources.liveness
-        return bool(self._wait_for(
-            functools.partial(publish, head, body),
-            timeout, clause="ring.writer.timeout",
-            what="a free chunk (every local reader done with it)",
-            liveness=None if liveness is None else liveness.check_readers))
+        try:
+            return bool(self._wait_for(
+                functools.partial(publish, head, body),
+                timeout, clause="ring.writer.timeout",
+                what="a free chunk (every local reader done with it)",
+                liveness=None if liveness is None else liveness.check_readers))
+        except ProtocolTimeout as exc:
+            raise self._held_up(exc) from None
 
     def _publish_after_miss(self, writer: RingWriter, head: Buffer, body: Buffer,
                             timeout: float | None) -> None:
@@ -676,10 +679,49 @@ class MessageQueue:
     def _wait_for_chunk(self, writer: RingWriter, timeout: float | None) -> None:
         """After one failed claim: wait for the next chunk to be free and claim it."""
         liveness = self._resources.liveness
-        self._wait_for(writer.try_acquire, timeout,
-                       clause="ring.writer.timeout",
-                       what="a free chunk (every local reader done with it)",
-                       liveness=None if liveness is None else liveness.check_readers)
+        try:
+            self._wait_for(writer.try_acquire, timeout,
+                           clause="ring.writer.timeout",
+                           what="a free chunk (every local reader done with it)",
+                           liveness=None if liveness is None else liveness.check_readers)
+        except ProtocolTimeout as exc:
+            raise self._held_up(exc) from None
+
+    def _held_up(self, timeout: ProtocolTimeout) -> ProtocolTimeout:
+        """``timeout`` of a writer's wait for a free chunk, saying which local readers have not
+        read the chunk and which process each is: a reader that closed its end (or was
+        collected) clears its liveness entry, so it is not dead to the liveness check
+        (ring.liveness.peer-dead) and the writer can only time out; the error says so."""
+        writer, layout = self._writer, self.layout
+        if writer is None or layout is None:
+            return timeout
+        try:
+            row = writer.memory.read(layout.metadata_row_offset(writer.index),
+                                     layout.metadata_size)
+            flags = bytes(row)
+            if isinstance(row, memoryview):
+                row.release()
+        except (IndexError, ValueError, TypeError):
+            return timeout  # the mapping is gone (the queue was closed meanwhile)
+        record = self._resources.liveness
+        unread = []
+        for rank, flag in enumerate(flags[1:]):
+            if flag:
+                continue
+            process = None if record is None else record.reader(rank)
+            if record is None:
+                unread.append(f"reader {rank}")
+            elif process is None:
+                unread.append(f"reader {rank} (no process attached: it closed its end or "
+                              "never attached)")
+            else:
+                unread.append(f"reader {rank} (pid {process.pid})")
+        if not unread:
+            return timeout
+        return ProtocolTimeout(
+            timeout.clause,
+            f"{timeout.message}: chunk {writer.index} is still unread by {', '.join(unread)}",
+            expected=timeout.expected, got=timeout.got)
 
     def _wait_for(self, acquire: Callable[[], _Found | None], timeout: float | None, *,
                   clause: str, what: str,

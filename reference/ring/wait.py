@@ -155,7 +155,7 @@ class Backoff:
 
     def expire(self) -> ProtocolTimeout:
         return ProtocolTimeout(self.clause, f"timed out waiting for {self.what}",
-                               expected=f"within {self.timeout} s",
+                               expected=f"within {self.timeout:.3f} s",
                                got=f"{time.monotonic() - self.started:.3f} s")
 
     def pause(self) -> None:
