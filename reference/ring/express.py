@@ -182,10 +182,10 @@ class QueueEnd(Protocol):
     def enqueue_buffers(self, buffers: Any, timeout: float | None = ...) -> None: ...
 
     def _publish_after_miss(self, writer: RingWriter, head: Buffer, body: Buffer,
-                            timeout: float | None) -> None: ...
+                            timeout: float | None, started: float | None = ...) -> None: ...
 
     def _dequeue_rest(self, got: bytes | int | None, tried: bool,
-                      timeout: float | None) -> Any: ...
+                      timeout: float | None, started: float | None = ...) -> Any: ...
 
     def _drain_notify(self, now: float) -> None: ...
 
@@ -269,7 +269,7 @@ def writer_express(writer: RingWriter, codec: PayloadCodec,
             if not (_turns(chunk_free, (row, first, end),
                            started + (yield_for if timeout is None else min(yield_for, timeout)))
                     and publish_single(buf, row, n_reader, chunks[index], body)):
-                queue._publish_after_miss(writer, head, body, _left(timeout, started))
+                queue._publish_after_miss(writer, head, body, timeout, started)
                 return
         writer._fenced = True  # the flag section ends with a full fence
         index += 1
@@ -347,7 +347,7 @@ def reader_express(reader: RingReader, codec: PayloadCodec, policy: WaitPolicy,
                       started + (yield_for if timeout is None else min(yield_for, timeout))):
                 data = read_single(buf, row, own, chunks[index], limit)
             if data is None:
-                return queue._dequeue_rest(None, False, _left(timeout, started))
+                return queue._dequeue_rest(None, False, timeout, started)
         if data is False:
             reader._held = index  # acquired: the general path reads and releases it
             return queue._dequeue_rest(index, True, timeout)
@@ -376,9 +376,3 @@ def _turns(ready: Callable[..., bool], args: tuple[int, ...], until: float) -> b
         if time.monotonic() >= until:
             return False
     return False
-
-
-def _left(timeout: float | None, started: float) -> float | None:
-    """What is left of ``timeout`` (None: no deadline) after the turns that began at
-    ``started``; the queue's wait gets that, so that the call as a whole keeps its timeout."""
-    return None if timeout is None else timeout - (time.monotonic() - started)

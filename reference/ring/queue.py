@@ -616,26 +616,29 @@ class MessageQueue:
             self._send_multipart(remote_socket, buffers)
 
     def _wait_to_publish(self, publish: Callable[[Buffer, Buffer], bool | None],
-                         head: Buffer, body: Buffer, timeout: float | None) -> bool:
+                         head: Buffer, body: Buffer, timeout: float | None,
+                         started: float | None = None) -> bool:
         """After one ``publish`` (``RingWriter.try_publish``) found the chunk not free: wait for
         it by the same call, which changes nothing until the chunk is free (no claim, no step
-        path per message); whether the readers need a notification."""
+        path per message); whether the readers need a notification. ``started``: when the
+        caller's wait began (default now), from which ``timeout`` counts."""
         liveness = self._resources.liveness
         try:
             return bool(self._wait_for(
                 functools.partial(publish, head, body),
                 timeout, clause="ring.writer.timeout",
                 what="a free chunk (every local reader done with it)",
-                liveness=None if liveness is None else liveness.check_readers))
+                liveness=None if liveness is None else liveness.check_readers,
+                started=started))
         except ProtocolTimeout as exc:
             raise self._held_up(exc) from None
 
     def _publish_after_miss(self, writer: RingWriter, head: Buffer, body: Buffer,
-                            timeout: float | None) -> None:
-        """The express enqueue found the chunk not free after its first turns: wait for it
-        by the steps (``RingWriter.try_publish``), then send the notification the flags call
-        for."""
-        notify_readers = self._wait_to_publish(writer.try_publish, head, body, timeout)
+                            timeout: float | None, started: float | None = None) -> None:
+        """The express enqueue found the chunk not free after its first turns, which began at
+        ``started``: wait for it by the steps (``RingWriter.try_publish``) until ``timeout``
+        after that, then send the notification the flags call for."""
+        notify_readers = self._wait_to_publish(writer.try_publish, head, body, timeout, started)
         notify = self._notify
         if notify_readers and notify is not None and not self._readers_running():
             notify()
@@ -726,15 +729,17 @@ class MessageQueue:
     def _wait_for(self, acquire: Callable[[], _Found | None], timeout: float | None, *,
                   clause: str, what: str,
                   block: Callable[[float], bool | None] | None = None,
-                  liveness: Callable[[], None] | None = None) -> _Found:
+                  liveness: Callable[[], None] | None = None,
+                  started: float | None = None) -> _Found:
         """After one failed ``acquire``: check again back to back, then between yields, then
         back off (the waiting of :mod:`.wait`) until it returns a chunk index, the deadline
-        passes or the queue is shut down."""
+        (``timeout`` after ``started``, default now) passes or the queue is shut down."""
         policy = self.wait_policy
         index = spin(acquire, policy, timeout)
         if index is not None:
             return index
-        started = time.monotonic()
+        if started is None:
+            started = time.monotonic()
         if timeout is None or timeout > 0:
             index = spin_yield(acquire, policy, timeout, started)
             if index is not None:
@@ -772,9 +777,11 @@ class MessageQueue:
             return express(self, timeout)
         return self._dequeue_rest(None, False, timeout)
 
-    def _dequeue_rest(self, got: bytes | int | None, tried: bool, timeout: float | None) -> Any:
+    def _dequeue_rest(self, got: bytes | int | None, tried: bool, timeout: float | None,
+                      started: float | None = None) -> Any:
         """:meth:`dequeue` past its express path (``tried``: ``got`` is what it found, the
-        index of a chunk it acquired or None when nothing was readable) or without one."""
+        index of a chunk it acquired or None when nothing was readable; ``started``: when its
+        first turns began, from which ``timeout`` counts) or without one."""
         if self._resources.closed:
             raise QueueClosed("the queue is closed")
         reader = self._reader
@@ -782,9 +789,8 @@ class MessageQueue:
             if self._held_views is not None:
                 self._release_held()
             # The deadline of an overflowed message's receive counts from the start of this
-            # call; read from the clock only when there is a wait to measure (not on every
-            # message).
-            started: float | None = None
+            # call (or of the express path's turns); read from the clock only when there is a
+            # wait to measure (not on every message).
             if not self._pending_overflow:
                 # (the wait below calls it again and again)
                 read_single: Callable[[], bytes | int | None] = functools.partial(
@@ -792,12 +798,14 @@ class MessageQueue:
                 if not tried:
                     got = read_single()
                 if got is None:
-                    started = time.monotonic()
+                    if started is None:
+                        started = time.monotonic()
                     # (mypy cannot solve the wait's type variable from this union)
                     got = cast("bytes | int", self._wait_for(
                         read_single, timeout,
                         clause="ring.reader.timeout", what="a readable chunk",
-                        block=self._block_on_notify, liveness=self._writer_liveness()))
+                        block=self._block_on_notify, liveness=self._writer_liveness(),
+                        started=started))
                 if type(got) is bytes:
                     now = time.monotonic()
                     if now - self._last_notify_drain >= NOTIFY_POLL_INTERVAL_S:
