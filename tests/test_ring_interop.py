@@ -25,6 +25,7 @@ from ring_helpers import (
     vllm_reader,
 )
 
+from enginewire.conformance.peers.ring_peer import pickle_buffers, unpickle_buffers
 from enginewire.reference.errors import UnsafePickleError
 from enginewire.reference.ring import Handle, MessageQueue
 from enginewire.reference.ring.framing import needs_overflow
@@ -126,39 +127,6 @@ def test_reference_writer_vllm_readers(ring_env: RingEnv, readers: Readers) -> N
     ]
 
 
-def _vllm_pickle(obj: Any) -> list[Any]:
-    """``[main, oob...]`` as vLLM's enqueue makes them (its rule spelled out, its reducer)."""
-    import copyreg
-    import io
-    import pickle
-
-    from vllm.distributed.device_communicators import shm_broadcast
-
-    buffers: list[Any] = []
-
-    def callback(buffer: pickle.PickleBuffer) -> bool:
-        raw = buffer.raw()
-        if len(raw) < 1024 * 1024:
-            return True
-        buffers.append(raw)
-        return False
-
-    with io.BytesIO() as stream:
-        pickler = pickle.Pickler(stream, protocol=pickle.HIGHEST_PROTOCOL,
-                                 buffer_callback=callback)
-        pickler.dispatch_table = {**copyreg.dispatch_table,
-                                  shm_broadcast.torch.Tensor: shm_broadcast._reduce_tensor}
-        pickler.dump(obj)
-        return [stream.getvalue(), *buffers]
-
-
-def _vllm_unpickle(buffers: list[Any]) -> Any:
-    """What vLLM's dequeue does with a message's buffers (shm_broadcast.py:1000-1003)."""
-    import pickle
-
-    return pickle.loads(buffers[0], buffers=[bytearray(b) for b in buffers[1:]])
-
-
 def test_reference_pickle_bytes_equal_vllms_without_tensors_or_arrays() -> None:
     """For objects without tensors or numpy arrays the main and out-of-band buffers are
     vLLM's, byte for byte (an out-of-band PickleBuffer included)."""
@@ -168,7 +136,7 @@ def test_reference_pickle_bytes_equal_vllms_without_tensors_or_arrays() -> None:
            "small": pickle.PickleBuffer(b"s" * 10), "name": "x" * 300, "t": (1.5, None)}
     ours = PickleCodec().encode(obj)
     assert len(ours) == 2
-    assert [bytes(b) for b in ours] == [bytes(b) for b in _vllm_pickle(obj)]
+    assert [bytes(b) for b in ours] == [bytes(b) for b in pickle_buffers(obj)]
 
 
 def _arrays() -> dict[str, Any]:
@@ -210,11 +178,11 @@ def test_reference_pickled_arrays_read_back_in_vllm_as_the_same_array(case: str)
 
     array = _arrays()[case]
     obj = {"a": array, "n": 1}
-    ours, theirs = PickleCodec().encode(obj), _vllm_pickle(obj)
+    ours, theirs = PickleCodec().encode(obj), pickle_buffers(obj)
     assert len(ours) == len(theirs)
     assert ([bytes(b) for b in ours] == [bytes(b) for b in theirs]) == (case in _NUMPYS_OWN)
     for buffers in (ours, theirs):
-        readings = [_vllm_unpickle(buffers)]
+        readings = [unpickle_buffers(buffers)]
         if case == "subclass":
             with pytest.raises(UnsafePickleError):
                 PickleCodec().decode(buffers[0], [bytearray(b) for b in buffers[1:]])

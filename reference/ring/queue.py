@@ -622,16 +622,8 @@ class MessageQueue:
         it by the same call, which changes nothing until the chunk is free (no claim, no step
         path per message); whether the readers need a notification. ``started``: when the
         caller's wait began (default now), from which ``timeout`` counts."""
-        liveness = self._resources.liveness
-        try:
-            return bool(self._wait_for(
-                functools.partial(publish, head, body),
-                timeout, clause="ring.writer.timeout",
-                what="a free chunk (every local reader done with it)",
-                liveness=None if liveness is None else liveness.check_readers,
-                started=started))
-        except ProtocolTimeout as exc:
-            raise self._held_up(exc) from None
+        return bool(self._wait_for_free_chunk(functools.partial(publish, head, body), timeout,
+                                              started))
 
     def _publish_after_miss(self, writer: RingWriter, head: Buffer, body: Buffer,
                             timeout: float | None, started: float | None = None) -> None:
@@ -681,12 +673,19 @@ class MessageQueue:
 
     def _wait_for_chunk(self, writer: RingWriter, timeout: float | None) -> None:
         """After one failed claim: wait for the next chunk to be free and claim it."""
+        self._wait_for_free_chunk(writer.try_acquire, timeout)
+
+    def _wait_for_free_chunk(self, attempt: Callable[[], _Found | None], timeout: float | None,
+                             started: float | None = None) -> _Found:
+        """The writer's wait: repeat ``attempt`` (a claim, or a whole publish) until the next
+        chunk is free, checking that the local readers still run; a timeout names the readers
+        that hold the chunk (:meth:`_held_up`)."""
         liveness = self._resources.liveness
         try:
-            self._wait_for(writer.try_acquire, timeout,
-                           clause="ring.writer.timeout",
-                           what="a free chunk (every local reader done with it)",
-                           liveness=None if liveness is None else liveness.check_readers)
+            return self._wait_for(attempt, timeout, clause="ring.writer.timeout",
+                                  what="a free chunk (every local reader done with it)",
+                                  liveness=None if liveness is None else liveness.check_readers,
+                                  started=started)
         except ProtocolTimeout as exc:
             raise self._held_up(exc) from None
 
